@@ -1,0 +1,183 @@
+/*
+ * mxmoe public C API.
+ *
+ * A torch-free interface to the core: every entry point takes plain tensor views, returns a status,
+ * and on failure leaves a message retrievable with mxmoe_last_error() (thread-local). Nothing is
+ * written to an output before validation passes. The numerics are those of shared MX_SPEC.md.
+ *
+ * Conventions
+ *  - mxmoe_tensor describes a strided view; shapes and strides are in elements, up to 4 dims.
+ *    device = -1 for host memory, >= 0 for a CUDA device ordinal. CUDA entry points launch on
+ *    `stream` (a cudaStream_t, NULL = legacy default) and never synchronize the host.
+ *  - Scale tensors hold one E8M0 byte per 32-element MX block along the quantized axis, also for the
+ *    coarse (1x128, 128x128) encodings, where the coarse block's byte is repeated.
+ *  - offs: int32 cumulative end rows of G token groups (offs[G-1] <= M; empty groups allowed). It may
+ *    live on the device; kernels clamp it instead of trusting it. mxmoe_check_offsets() validates it.
+ *  - Groups along the quantized axis ("grouped compact" scale layout): a block never crosses a
+ *    group boundary, the last block of a group may be partial (missing rows count as zeros), and
+ *    group g's blocks start at index sum_{h<g} ceil(size_h/32). The scale axis then has capacity
+ *    mxmoe_grouped_scale_capacity(M, G) = ceil(M/32) + G; unused entries are written as 0.
+ */
+#ifndef MXMOE_MXMOE_H_
+#define MXMOE_MXMOE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define MXMOE_API __declspec(dllexport)
+#else
+#define MXMOE_API __attribute__((visibility("default")))
+#endif
+
+#define MXMOE_MAX_DIMS 4
+#define MXMOE_BLOCK 32 /* elements per MX block */
+
+typedef enum {
+  MXMOE_OK = 0,
+  MXMOE_ERR_INVALID_ARGUMENT = 1, /* bad shape, dtype, device, stride or value */
+  MXMOE_ERR_UNSUPPORTED = 2,      /* valid request this build/device cannot serve */
+  MXMOE_ERR_CUDA = 3,             /* a CUDA runtime call failed */
+  MXMOE_ERR_INTERNAL = 4
+} mxmoe_status;
+
+typedef enum {
+  MXMOE_DTYPE_BF16 = 0,
+  MXMOE_DTYPE_F32 = 1,
+  MXMOE_DTYPE_E4M3 = 2, /* float8_e4m3fn */
+  MXMOE_DTYPE_E8M0 = 3, /* float8_e8m0fnu */
+  MXMOE_DTYPE_I32 = 4,
+  MXMOE_DTYPE_F64 = 5
+} mxmoe_dtype;
+
+typedef enum {
+  MXMOE_SCALE_RCEIL = 0, /* training default, torchao/cuBLAS compatible */
+  MXMOE_SCALE_FLOOR = 1,
+  MXMOE_SCALE_CEIL = 2,
+  MXMOE_SCALE_EVEN = 3
+} mxmoe_scale_mode;
+
+typedef struct {
+  void* data;
+  mxmoe_dtype dtype;
+  int32_t ndim;
+  int64_t shape[MXMOE_MAX_DIMS];
+  int64_t strides[MXMOE_MAX_DIMS]; /* in elements */
+  int32_t device;                  /* -1 host, >= 0 CUDA ordinal */
+} mxmoe_tensor;
+
+/* Message of the last failed call on this thread ("" if none). */
+MXMOE_API const char* mxmoe_last_error(void);
+MXMOE_API const char* mxmoe_version(void);
+/* 1 if the library was built with CUDA kernels. */
+MXMOE_API int mxmoe_has_cuda(void);
+
+/* ---- Scalar codecs (host), exactly as MX_SPEC.md ------------------------------------------ */
+MXMOE_API uint8_t mxmoe_e8m0_from_amax(float amax, mxmoe_scale_mode mode);
+MXMOE_API float mxmoe_e8m0_to_float(uint8_t s);
+MXMOE_API uint8_t mxmoe_e4m3_from_float(float y); /* RNE, saturating to +-448, NaN kept */
+MXMOE_API float mxmoe_e4m3_to_float(uint8_t q);
+
+/* ---- Quantize ----------------------------------------------------------------------------------
+ * x: (R, C) or (G, R, C), bf16 or f32, any strides.
+ * The scale block is block_r x block_c, one of:
+ *   1x32, 1x128      blocks along C (rows independent)            -> scale_c
+ *   32x1, 128x1      blocks along R (columns independent)          -> scale_r
+ *   128x128          square tiles, both orientations available     -> scale_c and/or scale_r
+ * Outputs (each may be NULL; at least one data and one scale output must be given):
+ *   q       (.., R, C) e4m3, the quantized elements in x's orientation
+ *   qt      (.., C, R) e4m3, the same elements transposed (wgrad / dgrad operand layout)
+ *   scale_c (.., R, C/32) e8m0: the byte of the block holding each 32-run along C
+ *   scale_r (.., C, nR) e8m0: the byte of the block holding each 32-run along R, stored with C
+ *           leading so it pairs with qt; nR = R/32, or with offs the grouped capacity ceil(R/32)+G
+ * offs (optional, 2D x only): int32 (G,) groups along R; blocks along R never cross a group end;
+ *   rows after offs[G-1] are not part of any group: their q/qt entries are written as 0.
+ * Requirements: C % 32 == 0 when blocks run along C; R % 32 == 0 when blocks run along R and offs
+ *   is NULL. Coarse blocks at an edge are partial (cover what remains).
+ */
+typedef struct {
+  int32_t block_r;
+  int32_t block_c;
+  mxmoe_scale_mode mode;
+} mxmoe_quant_config;
+
+MXMOE_API mxmoe_status mxmoe_quantize(const mxmoe_tensor* x, const mxmoe_tensor* offs,
+                                      mxmoe_quant_config cfg, mxmoe_tensor* q, mxmoe_tensor* qt,
+                                      mxmoe_tensor* scale_c, mxmoe_tensor* scale_r, void* stream);
+
+/* ---- Dequantize --------------------------------------------------------------------------------
+ * q: (R, C) or (G, R, C) e4m3. axis selects the scale orientation:
+ *   axis = 1: scale (.., R, nC), blocks along C (nC = C/32, or with offs ceil(C/32)+G)
+ *   axis = 0: scale (.., C, nR), blocks along R (nR = R/32, or with offs ceil(R/32)+G)
+ * offs (optional, 2D only): groups along the blocked axis (grouped compact scale layout).
+ * out: q's shape, bf16 or f32. Elements outside every group are written as 0.
+ */
+MXMOE_API mxmoe_status mxmoe_dequantize(const mxmoe_tensor* q, const mxmoe_tensor* scale,
+                                        int32_t axis, const mxmoe_tensor* offs, mxmoe_tensor* out,
+                                        void* stream);
+
+/* Scale axis capacity for M rows in G groups: ceil(M/32) + G. */
+MXMOE_API int64_t mxmoe_grouped_scale_capacity(int64_t m, int64_t g);
+
+/* ---- Blocked ("swizzled") scale layout (MX_SPEC.md) ------------------------------------------ */
+typedef enum {
+  MXMOE_BLOCKED_WHOLE = 0,      /* scale (H, W) -> (ceil(H/128)*128 * ceil(W/4)*4) bytes */
+  MXMOE_BLOCKED_GROUPS_M = 1,   /* scale (M, W), groups of rows (offs): (M + 128*G) rows */
+  MXMOE_BLOCKED_GROUPS_K = 2,   /* scale (R, cap) in grouped compact layout along columns, offs in
+                                   tokens: columns ceil(M/32) + 4*G ... see mxmoe_blocked_size */
+  MXMOE_BLOCKED_PER_EXPERT = 3  /* scale (G, R, C): (G, ceil(R/128)*128 * ceil(C/4)*4) */
+} mxmoe_blocked_kind;
+
+/* Bytes of the blocked buffer (static upper bound, no device->host sync needed).
+ * For GROUPS_M: h = M (rows), w = scale columns, g = groups.
+ * For GROUPS_K: h = R (scale rows), w = M (tokens), g = groups.
+ * For WHOLE: h, w the scale shape; g ignored. For PER_EXPERT: g experts of (h, w). */
+MXMOE_API int64_t mxmoe_blocked_size(mxmoe_blocked_kind kind, int64_t h, int64_t w, int64_t g);
+
+/* scale -> blocked (1-D e8m0 buffer of mxmoe_blocked_size bytes; padding bytes are zero). */
+MXMOE_API mxmoe_status mxmoe_scales_to_blocked(const mxmoe_tensor* scale, mxmoe_blocked_kind kind,
+                                               const mxmoe_tensor* offs, mxmoe_tensor* blocked,
+                                               void* stream);
+/* blocked -> scale (the inverse; scale is the output, its shape says what to read). */
+MXMOE_API mxmoe_status mxmoe_scales_from_blocked(const mxmoe_tensor* blocked,
+                                                 mxmoe_blocked_kind kind, const mxmoe_tensor* offs,
+                                                 mxmoe_tensor* scale, void* stream);
+
+/* ---- Grouped GEMMs on MX operands (fp32 accumulation) ----------------------------------------
+ * Both operands are contracted along their last dim, scales along that dim (1 byte per 32).
+ *
+ * mxmoe_grouped_mm_mx: out[m, n] = sum_k A[m, k] * B[g(m), n, k]  (+ bias[g(m), n])
+ *   A (M, K) e4m3 + a_scale (M, K/32); B (G, N, K) e4m3 + b_scale (G, N, K/32)
+ *   offs (G,) groups of rows of A; rows past offs[G-1] are written as 0.
+ *   forward: A = x, B = W.   dgrad: A = dY, B = W quantized along N, viewed (G, K, N).
+ *   bias: optional (G, N) bf16/f32. out: (M, N) bf16 or f32.
+ *
+ * mxmoe_grouped_mm_mx_kgroups (wgrad): out[g, n, k] = sum_{m in group g} A[n, m] * B[k, m]
+ *   A (N, M) e4m3 + a_scale (N, cap); B (K, M) e4m3 + b_scale (K, cap), grouped compact scale layout
+ *   along M (cap = ceil(M/32) + G). out: (G, N, K) bf16 or f32; empty groups give zeros.
+ */
+MXMOE_API mxmoe_status mxmoe_grouped_mm_mx(const mxmoe_tensor* a, const mxmoe_tensor* a_scale,
+                                           const mxmoe_tensor* b, const mxmoe_tensor* b_scale,
+                                           const mxmoe_tensor* offs, const mxmoe_tensor* bias,
+                                           mxmoe_tensor* out, void* stream);
+
+MXMOE_API mxmoe_status mxmoe_grouped_mm_mx_kgroups(const mxmoe_tensor* a,
+                                                   const mxmoe_tensor* a_scale,
+                                                   const mxmoe_tensor* b,
+                                                   const mxmoe_tensor* b_scale,
+                                                   const mxmoe_tensor* offs, mxmoe_tensor* out,
+                                                   void* stream);
+
+/* Checked mode for device-resident offsets: validates non-decreasing, >= 0 and <= m (syncs the
+ * stream when offs is on a device). */
+MXMOE_API mxmoe_status mxmoe_check_offsets(const mxmoe_tensor* offs, int64_t m, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MXMOE_MXMOE_H_ */

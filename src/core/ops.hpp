@@ -1,0 +1,90 @@
+// Internal operation descriptors shared by the C API (validation, in api.cpp) and the backends
+// (cpu/, cuda/). api.cpp validates once and normalizes every view to a fixed rank, so a backend
+// receives only well-formed arguments and never re-checks them.
+#pragma once
+
+#include <cstdint>
+
+#include "mxmoe/mxmoe.h"
+
+namespace mxmoe {
+
+// An optional view: `present` false means the caller passed NULL.
+struct OptTensor {
+  bool present = false;
+  mxmoe_tensor t{};
+};
+
+// x (B, R, C); 2D inputs arrive with B = 1. Outputs normalized the same way:
+//   q (B, R, C), qt (B, C, R), scale_c (B, R, C/32), scale_r (B, C, n_r).
+// offs only with B == 1: groups along R. Blocks along R use grouped compact layout then.
+struct QuantizeArgs {
+  mxmoe_tensor x{};
+  OptTensor offs;
+  mxmoe_quant_config cfg{};
+  OptTensor q, qt, scale_c, scale_r;
+  int64_t n_r = 0;  // length of scale_r's last dim (R/32, or ceil(R/32) + G with offs)
+  void* stream = nullptr;
+};
+
+// q (B, R, C) e4m3 -> out (B, R, C).
+//   axis 1: scale (B, R, n), blocks along C;  axis 0: scale (B, C, n), blocks along R.
+// offs only with B == 1: groups along the blocked axis (grouped compact layout, n = cap).
+struct DequantizeArgs {
+  mxmoe_tensor q{};
+  mxmoe_tensor scale{};
+  int32_t axis = 1;
+  OptTensor offs;
+  mxmoe_tensor out{};
+  void* stream = nullptr;
+};
+
+// Blocked scale layouts. scale is (B, H, W) (B = 1 except PER_EXPERT); blocked is 1-D bytes.
+// GROUPS_M: offs groups the H rows. GROUPS_K: offs (in tokens, m_tokens total) groups the W
+// columns of the grouped compact layout.
+struct BlockedArgs {
+  mxmoe_tensor scale{};
+  mxmoe_tensor blocked{};
+  mxmoe_blocked_kind kind = MXMOE_BLOCKED_WHOLE;
+  OptTensor offs;
+  int64_t m_tokens = 0;  // GROUPS_K only
+  void* stream = nullptr;
+};
+
+// out (M, N) = A (M, K) . B[g] (N, K)^T per row group (+ bias (G, N)).
+struct GroupedMMArgs {
+  mxmoe_tensor a{}, a_scale{}, b{}, b_scale{}, offs{};
+  OptTensor bias;
+  mxmoe_tensor out{};
+  void* stream = nullptr;
+};
+
+// out (G, N, K) = A (N, M)[:, group] . B (K, M)[:, group]^T; scales grouped compact along M.
+struct GroupedMMKArgs {
+  mxmoe_tensor a{}, a_scale{}, b{}, b_scale{}, offs{};
+  mxmoe_tensor out{};
+  void* stream = nullptr;
+};
+
+namespace cpu {
+void quantize(const QuantizeArgs& args);
+void dequantize(const DequantizeArgs& args);
+void scales_to_blocked(const BlockedArgs& args);
+void scales_from_blocked(const BlockedArgs& args);
+void grouped_mm(const GroupedMMArgs& args);
+void grouped_mm_kgroups(const GroupedMMKArgs& args);
+}  // namespace cpu
+
+#if defined(MXMOE_WITH_CUDA)
+namespace cuda {
+void quantize(const QuantizeArgs& args);
+void dequantize(const DequantizeArgs& args);
+void scales_to_blocked(const BlockedArgs& args);
+void scales_from_blocked(const BlockedArgs& args);
+void grouped_mm(const GroupedMMArgs& args);
+void grouped_mm_kgroups(const GroupedMMKArgs& args);
+void check_offsets(const mxmoe_tensor& offs, int64_t m, void* stream);
+}  // namespace cuda
+#endif
+
+}  // namespace mxmoe
