@@ -1,6 +1,224 @@
-#include "ops.hpp"
+// Grouped GEMMs on MX operands, the CPU reference: operands are dequantized to fp32 once per group
+// (mxmoe::dequantize_element, bit-exact), then a cache-blocked fp32 GEMM accumulates in fp32.
+//
+// Both entry points reduce to the same per-group product C (rows x cols) = X (rows x L) . Y^T with
+// X row-major and Y stored transposed (L x cols) so the inner loop runs along contiguous output
+// columns: a multiply and an add per element with no reduction, which vectorizes without
+// reassociation (the build forbids fast-math and FMA contraction). Each output element is summed
+// over L in order 0..L-1, and the tiling does not depend on the thread count, so results are
+// deterministic whatever MXMOE_NUM_THREADS is.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
 #include "common/error.hpp"
-namespace mxmoe { namespace cpu {
-void grouped_mm(const GroupedMMArgs&) { fail_status(MXMOE_ERR_UNSUPPORTED, "not implemented yet"); }
-void grouped_mm_kgroups(const GroupedMMKArgs&) { fail_status(MXMOE_ERR_UNSUPPORTED, "not implemented yet"); }
-}}
+#include "common/parallel.hpp"
+#include "common/tensor.hpp"
+#include "mxmoe/mx_format.hpp"
+#include "ops.hpp"
+
+namespace mxmoe {
+namespace cpu {
+namespace {
+
+constexpr int64_t kMR = 4;    // micro-tile rows (register blocking)
+constexpr int64_t kNR = 16;   // micro-tile columns; Y^T rows are padded to a multiple of this
+constexpr int64_t kMC = 64;   // rows per task
+constexpr int64_t kNC = 256;  // columns per task
+constexpr int64_t kKC = 256;  // reduction slice kept hot in cache
+
+// Eight floats; the unaligned, aliasing variant is how memory is read and written.
+typedef float v8f __attribute__((vector_size(32)));
+typedef float v8f_u __attribute__((vector_size(32), aligned(4), may_alias));
+
+// c[r][0..16) += sum_{l<len} x[r*ldx + l] * y[l*ldy + 0..16) for r < ROWS, c row stride ldc.
+// Accumulators live in registers across the slice; loading the running sum from c and continuing
+// keeps the summation order sequential in l. Compiled for AVX2 where available.
+template <int ROWS>
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+void micro_kernel(const float* x, int64_t ldx, const float* y, int64_t ldy, float* c, int64_t ldc,
+                  int64_t len) {
+  v8f acc[ROWS][2];
+  for (int r = 0; r < ROWS; ++r) {
+    acc[r][0] = *reinterpret_cast<const v8f_u*>(c + r * ldc);
+    acc[r][1] = *reinterpret_cast<const v8f_u*>(c + r * ldc + 8);
+  }
+  for (int64_t l = 0; l < len; ++l) {
+    const v8f y0 = *reinterpret_cast<const v8f_u*>(y + l * ldy);
+    const v8f y1 = *reinterpret_cast<const v8f_u*>(y + l * ldy + 8);
+    for (int r = 0; r < ROWS; ++r) {
+      const float xv = x[r * ldx + l];
+      acc[r][0] += xv * y0;
+      acc[r][1] += xv * y1;
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) {
+    *reinterpret_cast<v8f_u*>(c + r * ldc) = acc[r][0];
+    *reinterpret_cast<v8f_u*>(c + r * ldc + 8) = acc[r][1];
+  }
+}
+
+void micro(int64_t rows, const float* x, int64_t ldx, const float* y, int64_t ldy, float* c,
+           int64_t ldc, int64_t len) {
+  switch (rows) {
+    case 4: micro_kernel<4>(x, ldx, y, ldy, c, ldc, len); break;
+    case 3: micro_kernel<3>(x, ldx, y, ldy, c, ldc, len); break;
+    case 2: micro_kernel<2>(x, ldx, y, ldy, c, ldc, len); break;
+    default: micro_kernel<1>(x, ldx, y, ldy, c, ldc, len); break;
+  }
+}
+
+// C = X (rows x len, row stride len) . Yt (len x cols_p, cols_p = cols padded to kNR), then
+// store(row, col0, values, count) for each row of each output tile.
+template <typename Store>
+void gemm(const float* x, const float* yt, int64_t rows, int64_t cols, int64_t len, Store store) {
+  const int64_t cols_p = round_up(cols, kNR);
+  const int64_t mt = ceil_div(rows, kMC), nt = ceil_div(cols, kNC);
+  // Enough work per thread to pay for starting it (~100k multiply-adds).
+  const int64_t task_work = std::max<int64_t>(1, std::min(rows, kMC) * std::min(cols_p, kNC) * len);
+  parallel_for(mt * nt, std::max<int64_t>(1, (1 << 17) / task_work), [&](int64_t lo, int64_t hi) {
+    std::vector<float> tile(static_cast<size_t>(kMC * kNC));
+    for (int64_t t = lo; t < hi; ++t) {
+      const int64_t m0 = (t / nt) * kMC, n0 = (t % nt) * kNC;
+      const int64_t mr = std::min(kMC, rows - m0), nc = std::min(kNC, cols_p - n0);
+      std::fill(tile.begin(), tile.begin() + kMC * kNC, 0.0f);
+      for (int64_t l0 = 0; l0 < len; l0 += kKC) {
+        const int64_t lc = std::min(kKC, len - l0);
+        for (int64_t j = 0; j < nc; j += kNR)
+          for (int64_t i = 0; i < mr; i += kMR)
+            micro(std::min(kMR, mr - i), x + (m0 + i) * len + l0, len, yt + l0 * cols_p + n0 + j,
+                  cols_p, tile.data() + i * kNC + j, kNC, lc);
+      }
+      const int64_t valid = std::min(nc, cols - n0);
+      for (int64_t i = 0; i < mr; ++i) store(m0 + i, n0, tile.data() + i * kNC, valid);
+    }
+  });
+}
+
+// A strided 2-D view of MX data: element (r, l) at data[r*rs + l*ls], its scale byte at
+// scale[r*srs + (l/32)*sbs] (pointers already offset to the group's first element and block).
+struct MxView {
+  const uint8_t* data;
+  int64_t rs, ls;
+  const uint8_t* scale;
+  int64_t srs, sbs;
+  float at(int64_t r, int64_t l) const {
+    return dequantize_element(data[r * rs + l * ls], scale[r * srs + (l / kBlock) * sbs]);
+  }
+};
+
+// dst (rows x len, row-major) = dequantized v. Parallel over rows.
+void dequant_rows(const MxView& v, int64_t rows, int64_t len, float* dst) {
+  parallel_for(rows, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, len)),
+               [&](int64_t lo, int64_t hi) {
+                 for (int64_t r = lo; r < hi; ++r)
+                   for (int64_t l = 0; l < len; ++l) dst[r * len + l] = v.at(r, l);
+               });
+}
+
+// dst (len x cols_p) = dequantized v (cols x len) transposed, padding columns zero. Done in 32x32
+// tiles so both the source rows and the destination rows stay in cache whatever v's strides are.
+void dequant_transposed(const MxView& v, int64_t cols, int64_t len, float* dst) {
+  const int64_t cols_p = round_up(cols, kNR);
+  const int64_t lt = ceil_div(len, 32);
+  parallel_for(lt, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, 32 * cols_p)),
+               [&](int64_t lo, int64_t hi) {
+                 for (int64_t tl = lo; tl < hi; ++tl) {
+                   const int64_t l0 = tl * 32, l1 = std::min(len, l0 + 32);
+                   for (int64_t c0 = 0; c0 < cols; c0 += 32) {
+                     const int64_t c1 = std::min(cols, c0 + 32);
+                     for (int64_t c = c0; c < c1; ++c)
+                       for (int64_t l = l0; l < l1; ++l) dst[l * cols_p + c] = v.at(c, l);
+                   }
+                   for (int64_t l = l0; l < l1; ++l)
+                     std::fill(dst + l * cols_p + cols, dst + (l + 1) * cols_p, 0.0f);
+                 }
+               });
+}
+
+// Row `row` of a 2-D output view from fp32 values (+ optional bias row), converted to out's dtype.
+struct RowStore {
+  const mxmoe_tensor& out;
+  int64_t base;  // element offset of the output matrix
+  const mxmoe_tensor* bias;
+  int64_t bias_base;
+  void operator()(int64_t row, int64_t col0, const float* v, int64_t count) const {
+    const int64_t o = base + row * out.strides[out.ndim - 2];
+    const int64_t cs = out.strides[out.ndim - 1];
+    for (int64_t j = 0; j < count; ++j) {
+      float y = v[j];
+      if (bias != nullptr) y = y + load_f32(*bias, bias_base + (col0 + j) * bias->strides[1]);
+      store_f32(out, o + (col0 + j) * cs, y);
+    }
+  }
+};
+
+void zero_rows(const mxmoe_tensor& out, int64_t base, int64_t r0, int64_t r1, int64_t cols) {
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      store_f32(out, base + r * out.strides[out.ndim - 2] + c * out.strides[out.ndim - 1], 0.0f);
+}
+
+}  // namespace
+
+void grouped_mm(const GroupedMMArgs& a) {
+  const int64_t M = a.a.shape[0], K = a.a.shape[1], N = a.b.shape[1];
+  const Groups g = groups_from_offsets(a.offs, M);
+  const int64_t np = round_up(N, kNR);
+  std::vector<float> x, yt(static_cast<size_t>(K * np));
+  const auto* A = static_cast<const uint8_t*>(a.a.data);
+  const auto* As = static_cast<const uint8_t*>(a.a_scale.data);
+  const auto* B = static_cast<const uint8_t*>(a.b.data);
+  const auto* Bs = static_cast<const uint8_t*>(a.b_scale.data);
+  for (int64_t i = 0; i < g.count(); ++i) {
+    const int64_t s = g.start[i], rows = g.end[i] - s;
+    if (rows == 0) continue;  // this expert's weights are not needed
+    const MxView av{A + s * a.a.strides[0], a.a.strides[0], a.a.strides[1],
+                    As + s * a.a_scale.strides[0], a.a_scale.strides[0], a.a_scale.strides[1]};
+    const MxView bv{B + i * a.b.strides[0], a.b.strides[1], a.b.strides[2],
+                    Bs + i * a.b_scale.strides[0], a.b_scale.strides[1], a.b_scale.strides[2]};
+    x.resize(static_cast<size_t>(rows * K));
+    dequant_rows(av, rows, K, x.data());
+    dequant_transposed(bv, N, K, yt.data());
+    const mxmoe_tensor* bias = a.bias.present ? &a.bias.t : nullptr;
+    const int64_t bias_base = bias ? i * bias->strides[0] : 0;
+    gemm(x.data(), yt.data(), rows, N, K,
+         RowStore{a.out, s * a.out.strides[0], bias, bias_base});
+  }
+  // Rows past the last group belong to no expert.
+  zero_rows(a.out, 0, g.count() ? g.end.back() : 0, M, N);
+}
+
+void grouped_mm_kgroups(const GroupedMMKArgs& a) {
+  const int64_t N = a.a.shape[0], M = a.a.shape[1], K = a.b.shape[0];
+  const Groups g = groups_from_offsets(a.offs, M);
+  const int64_t kp = round_up(K, kNR);
+  std::vector<float> x, yt;
+  const auto* A = static_cast<const uint8_t*>(a.a.data);
+  const auto* As = static_cast<const uint8_t*>(a.a_scale.data);
+  const auto* B = static_cast<const uint8_t*>(a.b.data);
+  const auto* Bs = static_cast<const uint8_t*>(a.b_scale.data);
+  for (int64_t i = 0; i < g.count(); ++i) {
+    const int64_t s = g.start[i], len = g.end[i] - s, base = i * a.out.strides[0];
+    if (len == 0) {
+      zero_rows(a.out, base, 0, N, K);
+      continue;
+    }
+    // Group i's tokens [s, s+len); their scales start at compact block block_start[i].
+    const int64_t blk = g.block_start[i];
+    const MxView av{A + s * a.a.strides[1], a.a.strides[0], a.a.strides[1],
+                    As + blk * a.a_scale.strides[1], a.a_scale.strides[0], a.a_scale.strides[1]};
+    const MxView bv{B + s * a.b.strides[1], a.b.strides[0], a.b.strides[1],
+                    Bs + blk * a.b_scale.strides[1], a.b_scale.strides[0], a.b_scale.strides[1]};
+    x.resize(static_cast<size_t>(N * len));
+    yt.resize(static_cast<size_t>(len * kp));
+    dequant_rows(av, N, len, x.data());
+    dequant_transposed(bv, K, len, yt.data());
+    gemm(x.data(), yt.data(), N, K, len, RowStore{a.out, base, nullptr, 0});
+  }
+}
+
+}  // namespace cpu
+}  // namespace mxmoe

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The one script for the GPU machine (device tool): builds the CUDA library and tests unless a
+# carried build is present, runs the GPU tests and the benchmarks, and prints short tables last.
+#
+#   On the dev machine (nvcc 13.0 is there):  bash scripts/device_run.sh --build-only
+#   Then on the device, carrying build-cuda:  bash scripts/device_run.sh [STEP ...]
+#
+# Steps are scripts/device.d/NN-name.sh, run in order (all when none is named); each gets
+# MXMOE_BUILD (the build dir), MXMOE_LIBRARY (libmxmoe.so), OUT (results folder) in its env.
+# Results (logs, JSON) go under $OUT when the device tool sets it, else ./out/device.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export MXMOE_BUILD=${MXMOE_BUILD:-$PWD/build-cuda}
+export OUT=${OUT:-$PWD/out/device}
+mkdir -p "$OUT"
+
+build() {
+  cmake -S . -B "$MXMOE_BUILD" -G Ninja -DMXMOE_CUDA=ON -DMXMOE_BUILD_TESTS=ON >"$OUT/cmake.log" 2>&1 \
+    && ninja -C "$MXMOE_BUILD" -j"$(nproc)" >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+}
+
+if [[ "${1:-}" == "--build-only" ]]; then build; echo "built $MXMOE_BUILD"; exit 0; fi
+[[ -f "$MXMOE_BUILD/src/core/libmxmoe.so" ]] || build
+export MXMOE_LIBRARY="$MXMOE_BUILD/src/core/libmxmoe.so"
+export LD_LIBRARY_PATH="$MXMOE_BUILD/src/core:${LD_LIBRARY_PATH:-}"
+export PYTHONPATH="$PWD/python:${PYTHONPATH:-}"
+export PYTHONUNBUFFERED=1
+
+{ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader
+  python3 -c 'import torch; print("torch", torch.__version__)'; git rev-parse --short HEAD 2>/dev/null; date -u; } \
+  | tee "$OUT/device.txt"
+
+status=0
+steps=("$@")
+[[ ${#steps[@]} -eq 0 ]] && steps=(scripts/device.d/*.sh)
+for step in "${steps[@]}"; do
+  [[ -f "$step" ]] || step=$(ls scripts/device.d/*"$step"*.sh 2>/dev/null | head -1)
+  echo "=== $step"
+  bash "$step" || { echo "FAILED: $step"; status=1; }
+done
+# Short tables last (each step writes $OUT/table-*.txt).
+for t in "$OUT"/table-*.txt; do [[ -f "$t" ]] && { echo; cat "$t"; }; done
+exit $status
