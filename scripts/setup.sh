@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Prepares a fresh machine for mxmoe (idempotent; quick when everything is already there):
+#   - system packages: a C++17 compiler, CMake, Ninja, GoogleTest;
+#   - a virtual environment .venv with torch 2.13 (CPU wheel on this kind of machine; pinned so
+#     pip never pulls a multi-GB CUDA build), the build/test dependencies and mxmoe itself.
+# nvcc is optional: when present, the C++ build also compiles the CUDA kernels (sm_90a, sm_100a).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v cmake >/dev/null || need_apt+=(cmake)
+command -v ninja >/dev/null || need_apt+=(ninja-build)
+command -v g++ >/dev/null || need_apt+=(g++)
+[[ -f /usr/include/gtest/gtest.h ]] || need_apt+=(libgtest-dev)
+if ((${#need_apt[@]})); then
+  echo "setup: installing ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if [[ ! -x .venv/bin/python ]]; then
+  echo "setup: creating .venv"
+  python3 -m venv .venv
+fi
+PY=.venv/bin/python
+stamp=.venv/.mxmoe-deps-v1
+if [[ ! -f $stamp ]]; then
+  echo "setup: installing Python dependencies (torch 2.13 CPU, build and test tools)"
+  $PY -m pip install -q --upgrade pip >/dev/null
+  $PY -m pip install -q "torch==2.13.0" "scikit-build-core>=0.10" "cmake>=3.24" ninja pytest numpy matplotlib tqdm \
+    "nvidia-cutlass==4.2.0.0"
+  touch $stamp
+fi
+# The Python package: CPU build of libmxmoe (the CUDA kernels are compiled by the C++ build in
+# scripts/test.sh; a GPU machine installs with MXMOE_CUDA=ON). Reinstalled when sources change.
+src_hash=$(cat CMakeLists.txt pyproject.toml $(git ls-files src include python 2>/dev/null || find src include python -type f) 2>/dev/null | sha1sum | cut -c1-16)
+if [[ ! -f .venv/.mxmoe-src-$src_hash ]]; then
+  echo "setup: building and installing mxmoe"
+  rm -f .venv/.mxmoe-src-*
+  $PY -m pip install -q --no-build-isolation --no-deps -C cmake.define.MXMOE_CUDA="${MXMOE_CUDA:-OFF}" \
+    -C build-dir=build/py . >/dev/null
+  touch .venv/.mxmoe-src-$src_hash
+fi
