@@ -21,9 +21,9 @@ namespace mxmoe {
 namespace cpu {
 namespace {
 
-constexpr int64_t kMR = 4;    // micro-tile rows (register blocking)
+constexpr int64_t kMR = 6;    // micro-tile rows (register blocking)
 constexpr int64_t kNR = 16;   // micro-tile columns; Y^T rows are padded to a multiple of this
-constexpr int64_t kMC = 64;   // rows per task
+constexpr int64_t kMC = 72;   // rows per task
 constexpr int64_t kNC = 256;  // columns per task
 constexpr int64_t kKC = 256;  // reduction slice kept hot in cache
 
@@ -63,6 +63,8 @@ void micro_kernel(const float* x, int64_t ldx, const float* y, int64_t ldy, floa
 void micro(int64_t rows, const float* x, int64_t ldx, const float* y, int64_t ldy, float* c,
            int64_t ldc, int64_t len) {
   switch (rows) {
+    case 6: micro_kernel<6>(x, ldx, y, ldy, c, ldc, len); break;
+    case 5: micro_kernel<5>(x, ldx, y, ldy, c, ldc, len); break;
     case 4: micro_kernel<4>(x, ldx, y, ldy, c, ldc, len); break;
     case 3: micro_kernel<3>(x, ldx, y, ldy, c, ldc, len); break;
     case 2: micro_kernel<2>(x, ldx, y, ldy, c, ldc, len); break;
@@ -97,6 +99,18 @@ void gemm(const float* x, const float* yt, int64_t rows, int64_t cols, int64_t l
   });
 }
 
+// e4m3 code -> value, from dequantize_element at unit scale (byte 127). code value * 2^(s-127) is
+// then the same single fp32 multiply dequantize_element does, so the bits are identical (NaN
+// codes and the NaN scale give the canonical NaN either way), at a table lookup per element.
+const float* e4m3_table() {
+  static const auto table = [] {
+    std::vector<float> t(256);
+    for (int q = 0; q < 256; ++q) t[q] = dequantize_element(static_cast<uint8_t>(q), 127);
+    return t;
+  }();
+  return table.data();
+}
+
 // A strided 2-D view of MX data: element (r, l) at data[r*rs + l*ls], its scale byte at
 // scale[r*srs + (l/32)*sbs] (pointers already offset to the group's first element and block).
 struct MxView {
@@ -104,35 +118,52 @@ struct MxView {
   int64_t rs, ls;
   const uint8_t* scale;
   int64_t srs, sbs;
-  float at(int64_t r, int64_t l) const {
-    return dequantize_element(data[r * rs + l * ls], scale[r * srs + (l / kBlock) * sbs]);
-  }
+  float scale_of(int64_t r, int64_t l) const { return e8m0_to_f32(scale[r * srs + (l / kBlock) * sbs]); }
 };
 
 // dst (rows x len, row-major) = dequantized v. Parallel over rows.
 void dequant_rows(const MxView& v, int64_t rows, int64_t len, float* dst) {
+  const float* lut = e4m3_table();
   parallel_for(rows, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, len)),
                [&](int64_t lo, int64_t hi) {
                  for (int64_t r = lo; r < hi; ++r)
-                   for (int64_t l = 0; l < len; ++l) dst[r * len + l] = v.at(r, l);
+                   for (int64_t l0 = 0; l0 < len; l0 += kBlock) {
+                     const float sv = v.scale_of(r, l0);
+                     const uint8_t* src = v.data + r * v.rs;
+                     for (int64_t l = l0; l < std::min(len, l0 + kBlock); ++l)
+                       dst[r * len + l] = lut[src[l * v.ls]] * sv;
+                   }
                });
 }
 
-// dst (len x cols_p) = dequantized v (cols x len) transposed, padding columns zero. Done in 32x32
-// tiles so both the source rows and the destination rows stay in cache whatever v's strides are.
+// dst (len x cols_p) = dequantized v (cols x len) transposed, padding columns zero. Works on
+// tiles of one scale block (32 along len) by 32 columns staged in a small buffer, read in the
+// source's contiguous order and written out as contiguous destination rows (writing columns of
+// dst directly would hit the same cache sets with a power-of-two row length).
 void dequant_transposed(const MxView& v, int64_t cols, int64_t len, float* dst) {
+  const float* lut = e4m3_table();
   const int64_t cols_p = round_up(cols, kNR);
-  const int64_t lt = ceil_div(len, 32);
-  parallel_for(lt, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, 32 * cols_p)),
+  parallel_for(ceil_div(len, kBlock), std::max<int64_t>(1, (1 << 16) / (kBlock * cols_p)),
                [&](int64_t lo, int64_t hi) {
+                 float tile[kBlock][32];
+                 float sv[32];
                  for (int64_t tl = lo; tl < hi; ++tl) {
-                   const int64_t l0 = tl * 32, l1 = std::min(len, l0 + 32);
+                   const int64_t l0 = tl * kBlock, nl = std::min<int64_t>(len - l0, kBlock);
                    for (int64_t c0 = 0; c0 < cols; c0 += 32) {
-                     const int64_t c1 = std::min(cols, c0 + 32);
-                     for (int64_t c = c0; c < c1; ++c)
-                       for (int64_t l = l0; l < l1; ++l) dst[l * cols_p + c] = v.at(c, l);
+                     const int64_t nc = std::min<int64_t>(cols - c0, 32);
+                     for (int64_t c = 0; c < nc; ++c) sv[c] = v.scale_of(c0 + c, l0);
+                     const uint8_t* src = v.data + c0 * v.rs + l0 * v.ls;
+                     if (v.rs <= v.ls) {  // columns contiguous (the dgrad view of W)
+                       for (int64_t l = 0; l < nl; ++l)
+                         for (int64_t c = 0; c < nc; ++c) tile[l][c] = lut[src[c * v.rs + l * v.ls]] * sv[c];
+                     } else {
+                       for (int64_t c = 0; c < nc; ++c)
+                         for (int64_t l = 0; l < nl; ++l) tile[l][c] = lut[src[c * v.rs + l * v.ls]] * sv[c];
+                     }
+                     for (int64_t l = 0; l < nl; ++l)
+                       std::memcpy(dst + (l0 + l) * cols_p + c0, tile[l], sizeof(float) * nc);
                    }
-                   for (int64_t l = l0; l < l1; ++l)
+                   for (int64_t l = l0; l < l0 + nl; ++l)
                      std::fill(dst + l * cols_p + cols, dst + (l + 1) * cols_p, 0.0f);
                  }
                });
