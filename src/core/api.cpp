@@ -3,6 +3,7 @@
 // Nothing is written before validation passes.
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "common/error.hpp"
 #include "common/tensor.hpp"
@@ -56,11 +57,19 @@ void check_output(const mxmoe_tensor& t, const char* name, mxmoe_dtype dtype,
   check_contiguous(t, name);
 }
 
+// out must share no memory with any (present) input.
+void check_no_overlap_inputs(const mxmoe_tensor& out,
+                             std::initializer_list<std::pair<const mxmoe_tensor*, const char*>> inputs) {
+  for (const auto& in : inputs)
+    if (in.first != nullptr) check_no_overlap(out, "out", *in.first, in.second);
+}
+
 void check_backend(int32_t device, const char* name) {
+  if (device < -1) fail(name, ": expected device -1 (host) or a CUDA ordinal >= 0, got ", device);
 #if !defined(MXMOE_WITH_CUDA)
   if (device >= 0)
-    fail_status(MXMOE_ERR_UNSUPPORTED, name, ": tensors on ", device_str(device),
-                " need a build with CUDA; this libmxmoe was built without it");
+    fail_status(MXMOE_ERR_UNSUPPORTED, name, ": expected a host tensor (this libmxmoe has no CUDA), got one on ",
+                device_str(device));
 #else
   (void)device;
   (void)name;
@@ -132,7 +141,7 @@ mxmoe_status mxmoe_quantize(const mxmoe_tensor* x_, const mxmoe_tensor* offs_,
   if (offs_ != nullptr) {
     const mxmoe_tensor& offs = require(offs_, "offs");
     check_offs_view(offs, x);
-    if (x.ndim != 2) fail("offs: token groups need a 2D x, got x with shape ", shape_str(x));
+    if (x.ndim != 2) fail("offs: expected a 2D x for token groups, got x with shape ", shape_str(x));
     groups = offs.shape[0];
   }
   if (along_c && C % kBlock != 0)
@@ -145,9 +154,9 @@ mxmoe_status mxmoe_quantize(const mxmoe_tensor* x_, const mxmoe_tensor* offs_,
   if (scale_c_ == nullptr && scale_r_ == nullptr)
     fail("scale_c, scale_r: expected at least one scale output, got none");
   if (scale_c_ != nullptr && !along_c)
-    fail("scale_c: blocks along the last dim are needed for it, got block ", cfg.block_r, "x", cfg.block_c);
+    fail("scale_c: expected blocks along the last dim for it, got block ", cfg.block_r, "x", cfg.block_c);
   if (scale_r_ != nullptr && !along_r)
-    fail("scale_r: blocks along dim -2 are needed for it, got block ", cfg.block_r, "x", cfg.block_c);
+    fail("scale_r: expected blocks along dim -2 for it, got block ", cfg.block_r, "x", cfg.block_c);
 
   QuantizeArgs a;
   a.x = as_3d(x);
@@ -172,6 +181,7 @@ mxmoe_status mxmoe_quantize(const mxmoe_tensor* x_, const mxmoe_tensor* offs_,
     const mxmoe_tensor& t = require(o.t, o.name);
     check_output(t, o.name, o.dtype, o.shape, x.device);
     check_no_overlap(t, o.name, x, "x");
+    if (offs_ != nullptr) check_no_overlap(t, o.name, *offs_, "offs");
     for (auto& other : outs)
       if (&other < &o && other.t != nullptr) check_no_overlap(t, o.name, *other.t, other.name);
     o.dst->present = true;
@@ -204,7 +214,7 @@ mxmoe_status mxmoe_dequantize(const mxmoe_tensor* q_, const mxmoe_tensor* scale_
   if (offs_ != nullptr) {
     const mxmoe_tensor& offs = require(offs_, "offs");
     check_offs_view(offs, q);
-    if (q.ndim != 2) fail("offs: groups need a 2D q, got q with shape ", shape_str(q));
+    if (q.ndim != 2) fail("offs: expected a 2D q for groups, got q with shape ", shape_str(q));
     n = ceil_div(blocked_len, kBlock) + offs.shape[0];
   } else {
     if (blocked_len % kBlock != 0)
@@ -219,6 +229,7 @@ mxmoe_status mxmoe_dequantize(const mxmoe_tensor* q_, const mxmoe_tensor* scale_
   check_contiguous(out, "out");
   check_no_overlap(out, "out", q, "q");
   check_no_overlap(out, "out", scale, "scale");
+  if (offs_ != nullptr) check_no_overlap(out, "out", *offs_, "offs");
   if (q.device >= 0 && (!is_contiguous(q) || !is_contiguous(scale)))
     fail("q, scale: expected contiguous tensors on ", device_str(q.device));
   DequantizeArgs a;
@@ -245,7 +256,7 @@ namespace {
 
 BlockedArgs validate_blocked(const mxmoe_tensor* scale_, mxmoe_blocked_kind kind,
                              const mxmoe_tensor* offs_, const mxmoe_tensor* blocked_,
-                             const char* blocked_name, void* stream) {
+                             const char* blocked_name, bool to_blocked, void* stream) {
   const mxmoe_tensor& scale = require(scale_, "scale");
   check_dtype(scale, "scale", {MXMOE_DTYPE_E8M0});
   check_backend(scale.device, "scale");
@@ -291,6 +302,12 @@ BlockedArgs validate_blocked(const mxmoe_tensor* scale_, mxmoe_blocked_kind kind
   check_device(blocked, blocked_name, scale.device);
   check_contiguous(blocked, blocked_name);
   check_no_overlap(blocked, blocked_name, scale, "scale");
+  if (a.offs.present) {
+    if (to_blocked)
+      check_no_overlap(blocked, blocked_name, a.offs.t, "offs");
+    else
+      check_no_overlap(scale, "scale", a.offs.t, "offs");
+  }
   a.scale = as_3d(scale);
   a.blocked = blocked;
   return a;
@@ -305,7 +322,7 @@ mxmoe_status mxmoe_scales_to_blocked(const mxmoe_tensor* scale, mxmoe_blocked_ki
                                      const mxmoe_tensor* offs, mxmoe_tensor* blocked,
                                      void* stream) {
   MXMOE_API_BEGIN
-  BlockedArgs a = validate_blocked(scale, kind, offs, blocked, "blocked", stream);
+  BlockedArgs a = validate_blocked(scale, kind, offs, blocked, "blocked", true, stream);
   if (a.scale.device >= 0) {
 #if defined(MXMOE_WITH_CUDA)
     cuda::scales_to_blocked(a);
@@ -320,7 +337,7 @@ mxmoe_status mxmoe_scales_from_blocked(const mxmoe_tensor* blocked, mxmoe_blocke
                                        const mxmoe_tensor* offs, mxmoe_tensor* scale,
                                        void* stream) {
   MXMOE_API_BEGIN
-  BlockedArgs a = validate_blocked(scale, kind, offs, blocked, "blocked", stream);
+  BlockedArgs a = validate_blocked(scale, kind, offs, blocked, "blocked", false, stream);
   if (a.scale.device >= 0) {
 #if defined(MXMOE_WITH_CUDA)
     cuda::scales_from_blocked(a);
@@ -372,8 +389,8 @@ mxmoe_status mxmoe_grouped_mm_mx(const mxmoe_tensor* a_, const mxmoe_tensor* a_s
   check_shape(out, "out", {M, N});
   check_device(out, "out", a.device);
   check_contiguous(out, "out");
-  for (auto* in : {&a, &as, &b, &bs, &offs})
-    check_no_overlap(out, "out", *in, "an input");
+  check_no_overlap_inputs(
+      out, {{&a, "a"}, {&as, "a_scale"}, {&b, "b"}, {&bs, "b_scale"}, {&offs, "offs"}, {bias_, "bias"}});
   args.a = a;
   args.a_scale = as;
   args.b = b;
@@ -424,8 +441,7 @@ mxmoe_status mxmoe_grouped_mm_mx_kgroups(const mxmoe_tensor* a_, const mxmoe_ten
   check_shape(out, "out", {G, N, K});
   check_device(out, "out", a.device);
   check_contiguous(out, "out");
-  for (auto* in : {&a, &as, &b, &bs, &offs})
-    check_no_overlap(out, "out", *in, "an input");
+  check_no_overlap_inputs(out, {{&a, "a"}, {&as, "a_scale"}, {&b, "b"}, {&bs, "b_scale"}, {&offs, "offs"}});
   GroupedMMKArgs args;
   args.a = a;
   args.a_scale = as;

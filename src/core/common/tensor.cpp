@@ -68,12 +68,13 @@ const mxmoe_tensor& require(const mxmoe_tensor* t, const char* name) {
   if (t == nullptr) fail(name, ": expected a tensor, got NULL");
   if (t->ndim < 0 || t->ndim > MXMOE_MAX_DIMS)
     fail(name, ": expected 0..", MXMOE_MAX_DIMS, " dims, got ", t->ndim);
-  if (dtype_size(t->dtype) == 0) fail(name, ": unknown dtype code ", static_cast<int>(t->dtype));
+  if (dtype_size(t->dtype) == 0) fail(name, ": expected a known dtype code, got ", static_cast<int>(t->dtype));
   for (int i = 0; i < t->ndim; ++i) {
-    if (t->shape[i] < 0) fail(name, ": negative size ", t->shape[i], " at dim ", i);
-    if (t->strides[i] < 0) fail(name, ": negative stride ", t->strides[i], " at dim ", i);
+    if (t->shape[i] < 0) fail(name, ": expected sizes >= 0, got ", t->shape[i], " at dim ", i);
+    if (t->strides[i] < 0) fail(name, ": expected strides >= 0, got ", t->strides[i], " at dim ", i);
   }
-  if (t->data == nullptr && numel(*t) > 0) fail(name, ": data pointer is NULL for ", shape_str(*t));
+  if (t->data == nullptr && numel(*t) > 0)
+    fail(name, ": expected a data pointer for shape ", shape_str(*t), ", got NULL");
   return *t;
 }
 
@@ -105,7 +106,10 @@ void check_device(const mxmoe_tensor& t, const char* name, int32_t device) {
 }
 
 void check_contiguous(const mxmoe_tensor& t, const char* name) {
-  if (!is_contiguous(t)) fail(name, ": expected a contiguous tensor of shape ", shape_str(t));
+  if (!is_contiguous(t)) {
+    std::vector<int64_t> strides(t.strides, t.strides + t.ndim);
+    fail(name, ": expected a contiguous tensor of shape ", shape_str(t), ", got strides ", shape_str(strides));
+  }
 }
 
 namespace {
