@@ -1,0 +1,243 @@
+"""`python -m mxmoe bench`: end-to-end MXFP8 grouped GEMM vs bf16 on the GPU (BENCH.md method).
+
+Prints the seeds' table (A_shape, B_shape, recipe, bf16_e2e_us, scaled_e2e_us, scaled_e2e_speedup,
+bf16_fwd_us, scaled_fwd_us, scaled_fwd_speedup; e2e = forward + backward) for the BENCH.md shapes and
+the chosen recipes, eager and torch.compile'd, with the step's peak memory next to bf16's, and a
+single MoE layer (router + experts) forward+backward. Every ratio is against bf16
+`torch._grouped_mm` measured in the same run (the machines are shared; absolute times drift).
+Rows also go to <out>/e2e.json. A benchmark, not a test: nothing here asserts a time.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+from dataclasses import asdict, dataclass
+from typing import Callable, List, Optional
+
+import torch
+
+SHAPES = {
+    # name: list of (M, N, K, G, jagged)
+    "seeds": [(16640, 8192, 5120, g, False) for g in (1, 4, 16, 64)],
+    "scout": [(128000, 8192, 5120, g, False) for g in (1, 8)],
+    "dsv3": [(128000, 2048, 7168, g, False) for g in (1, 8)],
+    "jagged": [(16384, 4096, 2048, g, True) for g in (8, 32)],
+}
+
+
+@dataclass
+class Row:
+    A_shape: str
+    B_shape: str
+    recipe: str
+    compiled: bool
+    bf16_e2e_us: float
+    scaled_e2e_us: float
+    scaled_e2e_speedup: float
+    bf16_fwd_us: float
+    scaled_fwd_us: float
+    scaled_fwd_speedup: float
+    bf16_peak_mib: float
+    scaled_peak_mib: float
+    peak_mem_ratio: float
+    date: str = ""
+    commit: str = ""
+    device: str = ""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shapes", default="seeds,scout,dsv3,jagged", help=f"comma list of {', '.join(SHAPES)}")
+    p.add_argument("--recipes", default="mxfp8_rceil,mxfp8_rceil_tile128")
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--compile", choices=["both", "eager", "compiled"], default="both")
+    p.add_argument("--reps", type=int, default=10, help="timed repetitions per measurement (median)")
+    p.add_argument("--no-moe-layer", action="store_true", help="skip the single MoE layer benchmark")
+    p.add_argument("--out", default=os.environ.get("OUT", "out/bench"), help="folder for e2e.json")
+
+
+def _offsets(m: int, g: int, jagged: bool, device) -> torch.Tensor:
+    """Equal groups (multiples of 128 rows) or, for the jagged shapes, random sizes with empty groups
+    and sizes that are not multiples of 32."""
+    gen = torch.Generator().manual_seed(1234 + g)
+    if jagged:
+        w = torch.rand(g, generator=gen)
+        w[torch.randperm(g, generator=gen)[: max(1, g // 8)]] = 0  # some empty groups
+        sizes = (w / w.sum() * m).floor().long()
+        sizes[-1] += m - sizes.sum()
+    else:
+        base = (m // g) // 128 * 128
+        sizes = torch.full((g,), base, dtype=torch.long)
+        sizes[-1] += m - sizes.sum()
+    return torch.cumsum(sizes, 0).to(torch.int32).to(device)
+
+
+def _time_us(fn: Callable[[], None], reps: int) -> float:
+    """Median of CUDA-event timings after warm-up."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0)
+    return statistics.median(times)
+
+
+def _peak_mib(fn: Callable[[], None]) -> float:
+    """Peak memory allocated during one call, above what was allocated before it."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def _env() -> dict:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = ""
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit,
+        "device": torch.cuda.get_device_name(),
+    }
+
+
+def bench_grouped_mm(shape, recipe: str, backend: str, compiled: bool, reps: int) -> Row:
+    import mxmoe
+
+    m, n, k, g, jagged = shape
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    a = torch.randn(m, k, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(g, n, k, device=dev, dtype=torch.bfloat16).mul_(k**-0.5).requires_grad_(True)
+    dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+    offs = _offsets(m, g, jagged, dev)
+
+    def bf16(a, w, offs):
+        return torch._grouped_mm(a, w.transpose(-2, -1), offs=offs)
+
+    def scaled(a, w, offs):
+        return mxmoe.grouped_mm(a, w.transpose(-2, -1), offs, recipe=recipe, backend=backend)
+
+    if compiled:
+        bf16 = torch.compile(bf16, fullgraph=True, dynamic=True)
+        scaled = torch.compile(scaled, fullgraph=True, dynamic=True)
+
+    def fwd(f):
+        def run():
+            with torch.no_grad():
+                f(a, w, offs)
+        return run
+
+    def e2e(f):
+        def run():
+            a.grad = None
+            w.grad = None
+            f(a, w, offs).backward(dy)
+        return run
+
+    bf16_fwd, scaled_fwd = _time_us(fwd(bf16), reps), _time_us(fwd(scaled), reps)
+    bf16_e2e, scaled_e2e = _time_us(e2e(bf16), reps), _time_us(e2e(scaled), reps)
+    a.grad = w.grad = None
+    bf16_peak, scaled_peak = _peak_mib(e2e(bf16)), _peak_mib(e2e(scaled))
+    return Row(
+        A_shape=str((m, k)), B_shape=str((g, n, k)), recipe=recipe, compiled=compiled,
+        bf16_e2e_us=bf16_e2e, scaled_e2e_us=scaled_e2e, scaled_e2e_speedup=bf16_e2e / scaled_e2e,
+        bf16_fwd_us=bf16_fwd, scaled_fwd_us=scaled_fwd, scaled_fwd_speedup=bf16_fwd / scaled_fwd,
+        bf16_peak_mib=bf16_peak, scaled_peak_mib=scaled_peak, peak_mem_ratio=scaled_peak / bf16_peak,
+    )
+
+
+def bench_moe_layer(recipe: str, backend: str, reps: int, tokens: int = 16384, dim: int = 4096,
+                    hidden: int = 2048, experts: int = 8, top_k: int = 2) -> Optional[dict]:
+    """One MoE layer (router + top-k + permute + SwiGLU experts via torch._grouped_mm + unpermute),
+    forward+backward, bf16 vs the same module converted with mxmoe.convert."""
+    import copy
+
+    import mxmoe
+    from mxmoe.demo.model import MoE, MoEModelArgs  # the demo's TorchTitan-style MoE layer
+
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    layer = MoE(MoEModelArgs(dim=dim, moe_hidden=hidden, num_experts=experts, top_k=top_k))
+    layer.init_weights(0.02)
+    layer = layer.to(dev, torch.bfloat16)
+    mx_layer = mxmoe.convert(copy.deepcopy(layer), recipe=recipe, backend=backend)
+    x = torch.randn(tokens, dim, device=dev, dtype=torch.bfloat16, requires_grad=True)
+
+    def step(mod):
+        def run():
+            x.grad = None
+            for p in mod.parameters():
+                p.grad = None
+            mod(x.view(1, tokens, dim)).float().square().mean().backward()
+        return run
+
+    bf16_us, mx_us = _time_us(step(layer), reps), _time_us(step(mx_layer), reps)
+    return {"layer": f"MoE tokens={tokens} dim={dim} hidden={hidden} experts={experts} top{top_k}",
+            "recipe": recipe, "bf16_us": bf16_us, "scaled_us": mx_us, "speedup": bf16_us / mx_us}
+
+
+def _fmt(col: str, v) -> str:
+    if col.endswith("speedup") or col == "peak_mem_ratio":
+        return f"{v:.3f}x"
+    return f"{v:.1f}" if isinstance(v, float) else str(v)
+
+
+def _table(rows: List[dict], cols: List[str]) -> str:
+    cells = [[_fmt(c, r[c]) for c in cols] for r in rows]
+    widths = [max([len(c)] + [len(x[i]) for x in cells]) for i, c in enumerate(cols)]
+    line = lambda xs: "  ".join(x.ljust(w) for x, w in zip(xs, widths))
+    return "\n".join([line(cols), line(["-" * w for w in widths])] + [line(x) for x in cells])
+
+
+def main(args) -> int:
+    if not torch.cuda.is_available():
+        print("mxmoe bench needs a CUDA device (BENCH.md: benchmarks run on the GPU machine)")
+        return 2
+    env = _env()
+    print(f"device {env['device']}, torch {torch.__version__}, commit {env['commit']}, {env['date']}")
+    modes = {"both": [False, True], "eager": [False], "compiled": [True]}[args.compile]
+    rows = []
+    for name in args.shapes.split(","):
+        for shape in SHAPES[name]:
+            for recipe in args.recipes.split(","):
+                for compiled in modes:
+                    try:
+                        row = bench_grouped_mm(shape, recipe, args.backend, compiled, args.reps)
+                    except Exception as e:  # report and keep going: one failing case must not hide the rest
+                        print(f"FAILED {shape} {recipe} compiled={compiled}: {type(e).__name__}: {e}")
+                        continue
+                    row.date, row.commit, row.device = env["date"], env["commit"], env["device"]
+                    rows.append(asdict(row))
+                    print(_table([rows[-1]], list(rows[-1])[:10]).splitlines()[-1], flush=True)
+                    torch.cuda.empty_cache()
+    layers = []
+    if not args.no_moe_layer:
+        for recipe in args.recipes.split(","):
+            try:
+                layers.append(bench_moe_layer(recipe, args.backend, args.reps))
+            except Exception as e:
+                print(f"FAILED MoE layer {recipe}: {type(e).__name__}: {e}")
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "e2e.json"), "w") as f:
+        json.dump({"rows": rows, "moe_layer": layers, **env}, f, indent=1)
+    cols = ["A_shape", "B_shape", "recipe", "compiled", "bf16_e2e_us", "scaled_e2e_us", "scaled_e2e_speedup",
+            "bf16_fwd_us", "scaled_fwd_us", "scaled_fwd_speedup", "peak_mem_ratio"]
+    print()
+    print(_table(rows, cols) if rows else "no rows")
+    for layer in layers:
+        print(f"{layer['layer']} {layer['recipe']}: bf16 {layer['bf16_us']:.0f} us, mxmoe {layer['scaled_us']:.0f} us, "
+              f"{layer['speedup']:.3f}x")
+    return 0
