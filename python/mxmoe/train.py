@@ -1,0 +1,474 @@
+"""`python -m mxmoe train`: train the demo MoE language model twice -- bf16 expert GEMMs, then MXFP8
+expert GEMMs through `mxmoe.convert` -- from the same init and data order, and compare the loss curves.
+
+What differs between the two runs is only the expert GEMMs:
+  bf16   the model's `torch._grouped_mm` calls take bf16 operands (fp32 accumulation) and give bf16
+         results. On CUDA these are real bf16 GEMMs. On CPU torch's bf16 grouped GEMM is ~75x slower
+         than fp32, so they are emulated exactly: fp32 GEMMs on bf16-rounded operands, rounded back to
+         bf16. Rounding through autograd also rounds the output grad and the dgrad/wgrad results, so
+         backward has bf16 GEMM numerics too.
+  mxfp8  `mxmoe.convert(model, recipe=...)` routes the same calls through `mxmoe.grouped_mm`
+         (forward, dgrad and wgrad on MXFP8 operands).
+The rest of the model runs in fp32 on CPU and under bf16 autocast on CUDA, identically in both runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from .backends import BACKENDS
+from .conversion import convert
+from .demo.data import SyntheticLanguage, make_batches
+from .demo.model import MoEModelArgs, MoETransformer
+from .recipes import RECIPES
+
+BASELINE = "bf16"
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 300
+    batch_size: int = 16
+    seq_len: int = 128
+    dim: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    num_experts: int = 8
+    top_k: int = 2
+    moe_hidden: int = 256
+    lr: float = 3e-3
+    warmup_steps: int = 20
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    seed: int = 0
+    recipe: str = "mxfp8_rceil"
+    backend: str = "auto"
+    device: str = "auto"
+    eval_batches: int = 8
+    tolerance: float = 0.02  # MX_SPEC.md: MXFP8 training loss within 1-2% of bf16
+
+    def model_args(self, vocab_size: int) -> MoEModelArgs:
+        return MoEModelArgs(
+            vocab_size=vocab_size, dim=self.dim, n_layers=self.n_layers, n_heads=self.n_heads,
+            max_seq_len=self.seq_len, num_experts=self.num_experts, top_k=self.top_k,
+            moe_hidden=self.moe_hidden,
+        )
+
+
+@dataclass
+class RunResult:
+    name: str
+    precision: str
+    losses: list[float] = field(default_factory=list)  # training loss at every step
+    eval_loss: float = float("nan")  # held-out loss after training
+    tokens_per_s: float = float("nan")
+    wall_s: float = float("nan")
+    expert_load: list[list[float]] = field(default_factory=list)  # per layer, fraction per expert
+
+
+# -- precision of the expert GEMMs ----------------------------------------------------------------------
+
+
+def _round_bf16(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.bfloat16).to(t.dtype)
+
+
+class Bf16GroupedMM(TorchFunctionMode):
+    """Runs every `torch._grouped_mm` in bf16 (see the module docstring), leaving other ops alone."""
+
+    def __init__(self, emulate: bool):
+        super().__init__()
+        self.emulate = emulate
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not torch._grouped_mm:
+            return func(*args, **kwargs)
+        a, b, *rest = args
+        if self.emulate:
+            return _round_bf16(func(_round_bf16(a), _round_bf16(b), *rest, **kwargs))
+        return func(a.to(torch.bfloat16), b.to(torch.bfloat16), *rest, **kwargs).to(a.dtype)
+
+
+def baseline_description(device: torch.device) -> str:
+    if device.type == "cuda":
+        return "bf16 expert GEMMs (torch._grouped_mm in bf16); rest of the model under bf16 autocast"
+    return (
+        "bf16 expert GEMMs emulated on CPU: fp32 torch._grouped_mm on bf16-rounded operands, outputs "
+        "and grads rounded to bf16 (= bf16 GEMM numerics; real CPU bf16 GEMMs are ~75x slower); "
+        "rest of the model fp32"
+    )
+
+
+def _backend_description(backend: str, device: torch.device) -> str:
+    from .backends import resolve_backend
+
+    resolved = resolve_backend(backend, device)
+    return backend if resolved == backend else f"{backend} -> {resolved}"
+
+
+# -- training -------------------------------------------------------------------------------------------
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is available")
+    return torch.device(name)
+
+
+def _lr_lambda(cfg: TrainConfig):
+    def f(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        t = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
+
+    return f
+
+
+def _loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    logits = model(batch[:, :-1])
+    return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train_one(
+    name: str,
+    cfg: TrainConfig,
+    vocab_size: int,
+    batches: torch.Tensor,
+    eval_batches: torch.Tensor,
+    device: torch.device,
+    progress: bool = True,
+) -> RunResult:
+    """One training run. name is BASELINE or an MXFP8 recipe; the init depends only on cfg.seed."""
+    torch.manual_seed(cfg.seed)
+    model = MoETransformer(cfg.model_args(vocab_size)).to(device)
+    if name == BASELINE:
+        precision = baseline_description(device)
+        gemm_ctx = lambda: Bf16GroupedMM(emulate=device.type != "cuda")  # noqa: E731
+    else:
+        precision = (f"MXFP8 expert GEMMs: mxmoe.convert(model, recipe={name!r}, "
+                     f"backend={cfg.backend!r}) ({_backend_description(cfg.backend, device)})")
+        convert(model, recipe=name, backend=cfg.backend)
+        gemm_ctx = contextlib.nullcontext
+    if device.type == "cuda":
+        amp = lambda: torch.autocast("cuda", dtype=torch.bfloat16)  # noqa: E731
+    else:
+        amp = contextlib.nullcontext
+
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                            betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
+    losses = torch.zeros(cfg.steps, device=device)  # kept on the device: no per-step host sync
+    load = [torch.zeros(cfg.num_experts, device=device) for _ in model.moe_layers()]
+    batches = batches.to(device)
+
+    # Throughput excludes the first steps (allocator warm-up, lazy init).
+    timed_from = min(2, cfg.steps - 1)
+    bar = _progress(cfg.steps, name, progress)
+    t_start = t_timed = time.perf_counter()
+    model.train()
+    for step in range(cfg.steps):
+        if step == timed_from:
+            _sync(device)
+            t_timed = time.perf_counter()
+        with gemm_ctx(), amp():
+            loss = _loss(model, batches[step])
+        # Backward outside the mode: autograd replays the recorded (already rounded) graph.
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        sched.step()
+        for acc, moe in zip(load, model.moe_layers()):
+            acc.add_(moe.tokens_per_expert)
+        model.update_expert_bias()
+        losses[step] = loss.detach()
+        if bar is not None:
+            bar.update(1)
+            if step % 10 == 0 or step == cfg.steps - 1:
+                bar.set_postfix(loss=f"{loss.item():.3f}")
+    _sync(device)
+    t_end = time.perf_counter()
+    if bar is not None:
+        bar.close()
+
+    model.eval()
+    with torch.no_grad(), gemm_ctx(), amp():
+        eval_loss = torch.stack([_loss(model, b) for b in eval_batches.to(device)]).mean().item()
+
+    timed_steps = cfg.steps - timed_from
+    tokens = timed_steps * cfg.batch_size * cfg.seq_len
+    return RunResult(
+        name=name,
+        precision=precision,
+        losses=losses.cpu().tolist(),
+        eval_loss=eval_loss,
+        tokens_per_s=tokens / max(t_end - t_timed, 1e-9),
+        wall_s=t_end - t_start,
+        expert_load=[(acc / acc.sum()).cpu().tolist() for acc in load],
+    )
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    if not enabled:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # progress bar is a nicety, not a requirement
+        return None
+    return tqdm(total=total, desc=f"{desc:>20}", unit="step", dynamic_ncols=True, mininterval=0.5)
+
+
+def run_comparison(cfg: TrainConfig, progress: bool = True, log=print) -> dict:
+    """Both runs on the same data; returns the report dict (also what --out's JSON holds)."""
+    device = resolve_device(cfg.device)
+    lang = SyntheticLanguage()
+    batches, entropy = make_batches(lang, cfg.steps, cfg.batch_size, cfg.seq_len, seed=cfg.seed)
+    # Held-out text: same language, a sampling seed no training run uses.
+    eval_batches, _ = make_batches(lang, cfg.eval_batches, cfg.batch_size, cfg.seq_len,
+                                   seed=cfg.seed + 1_000_003)
+    log(_header(cfg, device, lang.vocab_size, entropy))
+    runs = [train_one(name, cfg, lang.vocab_size, batches, eval_batches, device, progress)
+            for name in (BASELINE, cfg.recipe)]
+    return _summarize(cfg, device, lang.vocab_size, entropy, runs)
+
+
+# -- report ---------------------------------------------------------------------------------------------
+
+
+def _header(cfg: TrainConfig, device: torch.device, vocab: int, entropy: float) -> str:
+    return "\n".join([
+        "mxmoe train demo: bf16 vs MXFP8 expert GEMMs, same model init and data order",
+        f"  model   MoE transformer: {cfg.n_layers} layer{'s' * (cfg.n_layers != 1)}, dim {cfg.dim}, "
+        f"{cfg.n_heads} heads, "
+        f"{cfg.num_experts} experts (top-{cfg.top_k}, SwiGLU hidden {cfg.moe_hidden}) per layer, vocab {vocab}",
+        f"  data    synthetic grammar language, {cfg.steps} steps x {cfg.batch_size} x {cfg.seq_len} "
+        f"tokens, seed {cfg.seed}; source entropy {entropy:.3f} nats/token (best reachable loss)",
+        f"  device  {_device_name(device)}, torch {torch.__version__}",
+        f"  {BASELINE:<7} {baseline_description(device)}",
+        f"  {'mxfp8':<7} mxmoe.convert(model, recipe={cfg.recipe!r}, backend={cfg.backend!r}): "
+        f"backend {_backend_description(cfg.backend, device)}",
+    ])
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    n = torch.get_num_threads()
+    return f"cpu ({n} thread{'s' if n > 1 else ''})"
+
+
+def _window_mean(losses: list[float], end: int, width: int) -> float:
+    lo = max(0, end - width)
+    chunk = losses[lo:end]
+    return sum(chunk) / len(chunk)
+
+
+def checkpoints(steps: int, n: int = 10) -> list[int]:
+    """About n evenly spaced steps (1-based), always including the first and the last."""
+    pts = sorted({1, steps} | {round(steps * i / n) for i in range(1, n + 1)})
+    return [p for p in pts if p >= 1]
+
+
+def _summarize(cfg, device, vocab, entropy, runs: list[RunResult]) -> dict:
+    base, mx = runs
+    width = max(1, cfg.steps // 10)
+    final_train = {r.name: _window_mean(r.losses, cfg.steps, width) for r in runs}
+    rel_eval = (mx.eval_loss - base.eval_loss) / base.eval_loss
+    rel_train = (final_train[mx.name] - final_train[base.name]) / final_train[base.name]
+    return {
+        "config": asdict(cfg),
+        "device": _device_name(device),
+        "torch": torch.__version__,
+        "vocab_size": vocab,
+        "source_entropy": entropy,
+        "final_train_window": width,
+        "runs": {
+            r.name: {
+                "precision": r.precision,
+                "loss": r.losses,
+                "final_train_loss": final_train[r.name],
+                "eval_loss": r.eval_loss,
+                "tokens_per_s": r.tokens_per_s,
+                "wall_s": r.wall_s,
+                "expert_load": r.expert_load,
+            }
+            for r in runs
+        },
+        "baseline": base.name,
+        "mxfp8": mx.name,
+        "rel_diff_eval": rel_eval,
+        "rel_diff_train": rel_train,
+        "within_tolerance": abs(rel_eval) <= cfg.tolerance and abs(rel_train) <= cfg.tolerance,
+    }
+
+
+def format_report(rep: dict) -> str:
+    base, mx = rep["baseline"], rep["mxfp8"]
+    rb, rm = rep["runs"][base], rep["runs"][mx]
+    steps = len(rb["loss"])
+    width = rep["final_train_window"]
+    col = max(len(mx), 10)
+    lines = [
+        "",
+        f"training loss (mean over the {width} steps up to each step)",
+        f"  {'step':>6}  {base:>{col}}  {mx:>{col}}  {'rel diff':>9}",
+    ]
+    for s in checkpoints(steps):
+        lb, lm = _window_mean(rb["loss"], s, width), _window_mean(rm["loss"], s, width)
+        lines.append(f"  {s:>6}  {lb:>{col}.4f}  {lm:>{col}.4f}  {100 * (lm - lb) / lb:>+8.2f}%")
+    tol = rep["config"]["tolerance"]
+    verdict = "PASS" if rep["within_tolerance"] else "FAIL"
+    lines += [
+        "",
+        f"  {'':<24}{base:>{col}}  {mx:>{col}}  {'rel diff':>9}",
+        f"  {'final train loss':<24}{rb['final_train_loss']:>{col}.4f}  {rm['final_train_loss']:>{col}.4f}  "
+        f"{100 * rep['rel_diff_train']:>+8.2f}%",
+        f"  {'held-out loss':<24}{rb['eval_loss']:>{col}.4f}  {rm['eval_loss']:>{col}.4f}  "
+        f"{100 * rep['rel_diff_eval']:>+8.2f}%",
+        f"  {'source entropy':<24}{rep['source_entropy']:>{col}.4f}",
+        f"  {'tokens/s':<24}{rb['tokens_per_s']:>{col},.0f}  {rm['tokens_per_s']:>{col},.0f}  "
+        f"{rm['tokens_per_s'] / rb['tokens_per_s']:>8.2f}x",
+        f"  {'wall time (s)':<24}{rb['wall_s']:>{col}.1f}  {rm['wall_s']:>{col}.1f}",
+        f"  {'expert load min/max':<24}{_load_range(rb):>{col}}  {_load_range(rm):>{col}}  "
+        f"(share of routed tokens over all steps, worst layer; ideal {100 / len(rb['expert_load'][0]):.1f}%)",
+        "",
+        f"{verdict}: MXFP8 final losses within {100 * tol:.0f}% of bf16 "
+        f"(train {100 * rep['rel_diff_train']:+.2f}%, held-out {100 * rep['rel_diff_eval']:+.2f}%)",
+    ]
+    return "\n".join(lines)
+
+
+def _load_range(run: dict) -> str:
+    lo = min(min(layer) for layer in run["expert_load"])
+    hi = max(max(layer) for layer in run["expert_load"])
+    return f"{100 * lo:.1f}/{100 * hi:.1f}%"
+
+
+def write_outputs(rep: dict, out_dir: str) -> tuple[str, str]:
+    os.makedirs(out_dir, exist_ok=True)
+    json_path = os.path.join(out_dir, "train_curves.json")
+    with open(json_path, "w") as f:
+        json.dump(rep, f, indent=1)
+    png_path = os.path.join(out_dir, "train_curves.png")
+    plot_curves(rep, png_path)
+    return png_path, json_path
+
+
+def plot_curves(rep: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display needed
+    import matplotlib.pyplot as plt
+
+    width = rep["final_train_window"]
+    fig, (ax, ax_rel) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True,
+                                     gridspec_kw={"height_ratios": [3, 1]})
+    smooth = {}
+    # The curves nearly coincide: draw MXFP8 dashed on top of a wider bf16 line so both stay visible.
+    styles = ((rep["baseline"], "tab:blue", "-", 2.6), (rep["mxfp8"], "tab:orange", "--", 1.6))
+    for name, color, linestyle, lw in styles:
+        loss = rep["runs"][name]["loss"]
+        steps = list(range(1, len(loss) + 1))
+        smooth[name] = [_window_mean(loss, s, width) for s in steps]
+        ax.plot(steps, loss, color=color, alpha=0.2, linewidth=0.8)
+        ax.plot(steps, smooth[name], color=color, linestyle=linestyle, linewidth=lw,
+                label=f"{name} (held-out {rep['runs'][name]['eval_loss']:.3f})")
+    ax.axhline(rep["source_entropy"], color="gray", linestyle="--", linewidth=1,
+               label=f"source entropy {rep['source_entropy']:.3f}")
+    ax.set_ylabel("training loss (nats/token)")
+    ax.set_title(f"mxmoe demo: bf16 vs {rep['mxfp8']} expert GEMMs ({rep['device']})")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    b, m = smooth[rep["baseline"]], smooth[rep["mxfp8"]]
+    ax_rel.plot(range(1, len(b) + 1), [100 * (y - x) / x for x, y in zip(b, m)], color="tab:red")
+    tol = 100 * rep["config"]["tolerance"]
+    for y in (tol, -tol):
+        ax_rel.axhline(y, color="gray", linestyle=":", linewidth=1)
+    ax_rel.axhline(0, color="black", linewidth=0.5)
+    ax_rel.set_ylabel("MXFP8 vs bf16 (%)")
+    ax_rel.set_xlabel("step")
+    ax_rel.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# -- CLI ------------------------------------------------------------------------------------------------
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = TrainConfig()
+    p.add_argument("--steps", type=int, default=d.steps, help="training steps per run (default %(default)s)")
+    p.add_argument("--recipe", default=d.recipe, choices=sorted(RECIPES),
+                   help="MXFP8 recipe of the second run (default %(default)s)")
+    p.add_argument("--backend", default=d.backend, choices=["auto", *sorted(BACKENDS)],
+                   help="mxmoe backend of the MXFP8 run (default %(default)s)")
+    p.add_argument("--device", default=d.device, choices=("auto", "cpu", "cuda"),
+                   help="auto: cuda when available, else cpu (default %(default)s)")
+    p.add_argument("--out", default="out", help="directory for train_curves.png/.json (default %(default)s)")
+    p.add_argument("--seed", type=int, default=d.seed, help="model init and data sampling seed")
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--seq-len", type=int, default=d.seq_len)
+    p.add_argument("--dim", type=int, default=d.dim, help="model width (multiple of 32)")
+    p.add_argument("--layers", dest="n_layers", type=int, default=d.n_layers)
+    p.add_argument("--heads", dest="n_heads", type=int, default=d.n_heads)
+    p.add_argument("--experts", dest="num_experts", type=int, default=d.num_experts)
+    p.add_argument("--top-k", type=int, default=d.top_k)
+    p.add_argument("--hidden", dest="moe_hidden", type=int, default=d.moe_hidden,
+                   help="expert SwiGLU hidden size (multiple of 32)")
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--eval-batches", type=int, default=d.eval_batches)
+    p.add_argument("--tolerance", type=float, default=d.tolerance,
+                   help="allowed relative final-loss difference (default %(default)s)")
+    p.add_argument("--strict", action="store_true", help="exit with status 1 when outside --tolerance")
+    p.add_argument("--threads", type=int, default=0,
+                   help="CPU threads for torch (default: torch's choice; 1 can be faster on a busy machine)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    names = TrainConfig.__dataclass_fields__
+    return TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    if cfg.dim % 32 or cfg.moe_hidden % 32:
+        raise SystemExit("--dim and --hidden must be multiples of 32 (MX blocks are 32 wide)")
+    if cfg.dim % cfg.n_heads:
+        raise SystemExit("--dim must be a multiple of --heads")
+    rep = run_comparison(cfg, progress=not args.no_progress)
+    print(format_report(rep))
+    png, js = write_outputs(rep, args.out)
+    print(f"wrote {png} and {js}")
+    return 1 if args.strict and not rep["within_tolerance"] else 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m mxmoe.train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    sys.exit(main(parser.parse_args()))
