@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <time.h>
+
 #include "scalar_reference.hpp"
 #include "test_util.hpp"
 
@@ -146,10 +148,13 @@ Expected ref_quantize(const View& x, Block blk, mxmoe_scale_mode mode, const std
   Expected e;
   // Blocks along C ignore offs: every row is quantized.
   const std::vector<RefGroup> groups = ref_groups(blk.along_r() ? offs : nullptr, R);
-  if (blk.along_r()) e.n_r = offs ? cdiv(R, 32) + static_cast<int64_t>(offs->size()) : R / 32;
+  // scale_r exists only with whole 32-runs along R or with groups (128x128 through scale_c alone
+  // allows any R).
+  const bool with_scale_r = blk.along_r() && (offs || R % 32 == 0);
+  if (with_scale_r) e.n_r = offs ? cdiv(R, 32) + static_cast<int64_t>(offs->size()) : R / 32;
   e.q.assign(B * R * C, 0);
   if (blk.along_c()) e.scale_c.assign(B * R * (C / 32), 0);
-  if (blk.along_r()) e.scale_r.assign(B * C * e.n_r, 0);
+  if (with_scale_r) e.scale_r.assign(B * C * e.n_r, 0);
   for (int64_t b = 0; b < B; ++b)
     for (const RefGroup& g : groups)
       for (int64_t r0 = g.start; r0 < g.end; r0 += blk.r) {
@@ -170,7 +175,7 @@ Expected ref_quantize(const View& x, Block blk, mxmoe_scale_mode mode, const std
           if (blk.along_c())
             for (int64_t r = r0; r < r1; ++r)
               for (int64_t j = c0 / 32; j < cdiv(c1, 32); ++j) e.scale_c[(b * R + r) * (C / 32) + j] = s;
-          if (blk.along_r())
+          if (with_scale_r)
             for (int64_t c = c0; c < c1; ++c)
               for (int64_t i = (r0 - g.start) / 32; i < cdiv(r1 - g.start, 32); ++i)
                 e.scale_r[(b * C + c) * e.n_r + g.first_run + i] = s;
@@ -643,12 +648,13 @@ TEST(QuantizeCoarse, RepeatedScalesAndPartialEdges) {
 // whatever the sign of the special value, in every mode. Neighbouring blocks are untouched.
 TEST(QuantizeSpecial, NanAndInfPoisonTheWholeBlock) {
   for (mxmoe_dtype dtype : kInputDtypes) {
-    View x = random_x({160, 288}, dtype, 51);
+    const int64_t R = 160, C = 160;  // partial 1x128 / 128x1 / 128x128 blocks at both edges
+    View x = random_x({R, C}, dtype, 51);
     const struct {
       int64_t r, c;
       float v;
-    } specials[] = {{3, 5, kNan}, {70, 200, -kInf}, {140, 40, kInf}, {159, 287, -kNan}};
-    for (const auto& s : specials) x.storage.set(s.r * 288 + s.c, s.v);
+    } specials[] = {{3, 5, kNan}, {70, 140, -kInf}, {140, 40, kInf}, {159, 159, -kNan}};
+    for (const auto& s : specials) x.storage.set(s.r * C + s.c, s.v);
     for (Block blk : kBlocks)
       for (mxmoe_scale_mode mode : kModes) {
         SCOPED_TRACE(describe(blk, mode, dtype));
@@ -657,9 +663,9 @@ TEST(QuantizeSpecial, NanAndInfPoisonTheWholeBlock) {
         // Every special value's block: 0x7F codes over its full extent.
         for (const auto& s : specials) {
           const int64_t r0 = s.r / blk.r * blk.r, c0 = s.c / blk.c * blk.c;
-          for (int64_t r = r0; r < std::min<int64_t>(r0 + blk.r, 160); ++r)
-            for (int64_t c = c0; c < std::min<int64_t>(c0 + blk.c, 288); ++c)
-              ASSERT_EQ(g.q[r * 288 + c], 0x7F) << r << " " << c;
+          for (int64_t r = r0; r < std::min<int64_t>(r0 + blk.r, R); ++r)
+            for (int64_t c = c0; c < std::min<int64_t>(c0 + blk.c, C); ++c)
+              ASSERT_EQ(g.q[r * C + c], 0x7F) << r << " " << c;
         }
         const auto& scales = blk.along_c() ? g.scale_c : g.scale_r;
         int64_t nan_scales = 0;
@@ -668,7 +674,7 @@ TEST(QuantizeSpecial, NanAndInfPoisonTheWholeBlock) {
         int64_t want = 0;
         for (const auto& s : specials) {
           const int64_t r0 = s.r / blk.r * blk.r, c0 = s.c / blk.c * blk.c;
-          const int64_t rows = std::min<int64_t>(r0 + blk.r, 160) - r0, cols = std::min<int64_t>(c0 + blk.c, 288) - c0;
+          const int64_t rows = std::min<int64_t>(r0 + blk.r, R) - r0, cols = std::min<int64_t>(c0 + blk.c, C) - c0;
           want += blk.along_c() ? rows * cdiv(cols, 32) : cols * cdiv(rows, 32);
         }
         EXPECT_EQ(nan_scales, want);
@@ -692,8 +698,9 @@ TEST(QuantizeSpecial, NanStaysInsideItsGroup) {
 
 // ---- Quantize: speed -----------------------------------------------------------------------
 
-// 4096 x 4096 bf16 on one thread: a coarse guard (the goal is well under 0.2 s); the time is
-// printed. Spot-checks rows against the model so the run cannot be a no-op.
+// 4096 x 4096 bf16 on one thread: a coarse guard on the thread's CPU time (the goal is well
+// under 0.2 s; CPU time rather than wall time, so other load on the machine does not count); the
+// times are printed. Spot-checks rows against the model so the run cannot be a no-op.
 TEST(QuantizePerf, Bf16Square4096OneThread) {
   const int64_t N = 4096;
   const View x = random_x({N, N}, MXMOE_DTYPE_BF16, 61);
@@ -701,19 +708,29 @@ TEST(QuantizePerf, Bf16Square4096OneThread) {
   mxmoe_tensor qv = q.view(), sv = s.view();
   const char* old = std::getenv("MXMOE_NUM_THREADS");
   const std::string saved = old ? old : "";
-  setenv("MXMOE_NUM_THREADS", "1", 1);
-  double best = 1e9;
+  setenv("MXMOE_NUM_THREADS", "1", 1);  // one worker: the loop runs on this thread
+  auto cpu_now = [] {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  };
+  double best_cpu = 1e9, best_wall = 1e9;
   for (int rep = 0; rep < 3; ++rep) {
     const auto t0 = std::chrono::steady_clock::now();
+    const double c0 = cpu_now();
     ASSERT_EQ(mxmoe_quantize(&x.view, nullptr, {1, 32, MXMOE_SCALE_RCEIL}, &qv, nullptr, &sv, nullptr, nullptr),
               MXMOE_OK);
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best_cpu = std::min(best_cpu, cpu_now() - c0);
+    best_wall = std::min(best_wall, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   if (old) setenv("MXMOE_NUM_THREADS", saved.c_str(), 1);
   else unsetenv("MXMOE_NUM_THREADS");
-  std::cout << "[ timing ] quantize 4096x4096 bf16 1x32, 1 thread: " << best * 1e3 << " ms\n";
-  RecordProperty("quantize_4096_ms", std::to_string(best * 1e3));
-  EXPECT_LT(best, 0.6);
+  std::cout << "[ timing ] quantize 4096x4096 bf16 1x32, 1 thread: " << best_cpu * 1e3 << " ms CPU, "
+            << best_wall * 1e3 << " ms wall\n";
+  RecordProperty("quantize_4096_cpu_ms", std::to_string(best_cpu * 1e3));
+#if defined(NDEBUG) && !defined(__SANITIZE_ADDRESS__)
+  EXPECT_LT(best_cpu, 0.2);  // only meaningful in an optimized, uninstrumented build
+#endif
   for (int64_t r : {int64_t{0}, int64_t{1777}, N - 1})
     for (int64_t j = 0; j < N / 32; ++j) {
       float amax = 0.f;

@@ -181,22 +181,31 @@ class TileQuantizer {
     }
   }
 
-  // Copies the tile's codes (row-major in the scratch) to q and, transposed, to qt.
+  // Copies the tile's codes (row-major in the scratch) to q and, transposed, to qt. Strides are
+  // read into locals: byte stores may alias them, which would force a reload per element.
   void write_data(int64_t b, const Panel& p, int64_t c0, int64_t c1, const uint8_t* tile) const {
+    const int64_t rows = p.r1 - p.r0, cols = c1 - c0;
     if (a_.q.present) {
       const mxmoe_tensor& q = a_.q.t;
-      for (int64_t r = p.r0; r < p.r1; ++r) {
-        uint8_t* dst = at<uint8_t>(q, b * q.strides[0] + r * q.strides[1] + c0 * q.strides[2]);
-        const uint8_t* src = tile + (r - p.r0) * kTile;
-        for (int64_t c = 0; c < c1 - c0; ++c) dst[c * q.strides[2]] = src[c];
+      const int64_t rs = q.strides[1], cs = q.strides[2];
+      uint8_t* base = at<uint8_t>(q, b * q.strides[0] + p.r0 * rs + c0 * cs);
+      for (int64_t r = 0; r < rows; ++r) {
+        uint8_t* dst = base + r * rs;
+        const uint8_t* src = tile + r * kTile;
+        if (cs == 1) {
+          std::memcpy(dst, src, static_cast<size_t>(cols));
+        } else {
+          for (int64_t c = 0; c < cols; ++c) dst[c * cs] = src[c];
+        }
       }
     }
     if (a_.qt.present) {
       const mxmoe_tensor& qt = a_.qt.t;
-      for (int64_t c = c0; c < c1; ++c) {
-        uint8_t* dst = at<uint8_t>(qt, b * qt.strides[0] + c * qt.strides[1] + p.r0 * qt.strides[2]);
-        const uint8_t* src = tile + (c - c0);
-        for (int64_t r = 0; r < p.r1 - p.r0; ++r) dst[r * qt.strides[2]] = src[r * kTile];
+      const int64_t cs = qt.strides[1], rs = qt.strides[2];
+      uint8_t* base = at<uint8_t>(qt, b * qt.strides[0] + c0 * cs + p.r0 * rs);
+      for (int64_t c = 0; c < cols; ++c) {
+        uint8_t* dst = base + c * cs;
+        for (int64_t r = 0; r < rows; ++r) dst[r * rs] = tile[r * kTile + c];
       }
     }
   }
@@ -213,8 +222,9 @@ class TileQuantizer {
   void write_scale_c(int64_t b, int64_t r, int64_t c0, int64_t c1, uint8_t byte) const {
     if (!a_.scale_c.present) return;
     const mxmoe_tensor& sc = a_.scale_c.t;
+    const int64_t js = sc.strides[2];
     uint8_t* dst = at<uint8_t>(sc, b * sc.strides[0] + r * sc.strides[1]);
-    for (int64_t j = c0 / kBlock; j < ceil_div(c1, kBlock); ++j) dst[j * sc.strides[2]] = byte;
+    for (int64_t j = c0 / kBlock; j < ceil_div(c1, kBlock); ++j) dst[j * js] = byte;
   }
 
   // scale_r[b, c, run0 + i] = byte of column c for every 32-run i of the panel (a partial last
@@ -222,11 +232,11 @@ class TileQuantizer {
   void write_scale_r(int64_t b, const Panel& p, int64_t c0, int64_t c1, const uint8_t* col_byte) const {
     if (!a_.scale_r.present) return;
     const mxmoe_tensor& sr = a_.scale_r.t;
+    const int64_t cs = sr.strides[1], is = sr.strides[2];
     const int64_t runs = ceil_div(p.r1 - p.r0, kBlock);
-    for (int64_t c = c0; c < c1; ++c) {
-      uint8_t* dst = at<uint8_t>(sr, b * sr.strides[0] + c * sr.strides[1] + p.run0 * sr.strides[2]);
-      for (int64_t i = 0; i < runs; ++i) dst[i * sr.strides[2]] = col_byte[c - c0];
-    }
+    uint8_t* base = at<uint8_t>(sr, b * sr.strides[0] + p.run0 * is);
+    for (int64_t c = c0; c < c1; ++c)
+      for (int64_t i = 0; i < runs; ++i) base[c * cs + i * is] = col_byte[c - c0];
   }
 
   const QuantizeArgs& a_;
