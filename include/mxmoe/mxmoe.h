@@ -176,6 +176,113 @@ MXMOE_API mxmoe_status mxmoe_grouped_mm_mx_kgroups(const mxmoe_tensor* a,
  * stream when offs is on a device). */
 MXMOE_API mxmoe_status mxmoe_check_offsets(const mxmoe_tensor* offs, int64_t m, void* stream);
 
+/* ==== Fused quantization (issue 4) ==============================================================
+ * One read of x serves every MX operand a training step needs from it:
+ *   - a rowwise side: blocks of 1 x row_block along C (row_block 32 or 128), every row quantized
+ *     (offs, when given, only selects the grouped blocked layout of its scales);
+ *   - a columnwise side: blocks of col_block x 1 along R (32 or 128), per token group with offs
+ *     (grouped compact scale layout, partial last block; rows past offs[G-1] are zeros);
+ *   - or, with tile128, one quantization in 128x128 tiles (tiles start at group starts with offs,
+ *     as mxmoe_quantize) that both sides view: the rowwise side through scale_c, the columnwise
+ *     side through scale_r.
+ * For each side, any subset of outputs (NULL = not wanted, at least one per side given):
+ *   q             (.., R, C) e4m3, x's orientation
+ *   qt            (.., C, R) e4m3, transposed
+ *   scale         rowwise: (.., R, C/32); columnwise: (.., C, nR) with nR = R/32, or with offs the
+ *                 grouped capacity ceil(R/32) + G (unused entries 0); e8m0
+ *   scale_blocked the same scales in the blocked layout (MX_SPEC.md), written by the quantizer
+ *                 itself (no rearrange pass), 1-D e8m0 of mxmoe_blocked_size() bytes, padding 0.
+ *                 Kind: 3D x -> PER_EXPERT; with offs: rowwise GROUPS_M (h = R, w = C/32),
+ *                 columnwise GROUPS_K (h = C, w = R tokens); else WHOLE.
+ *   dq            (.., R, C) bf16 or f32: the MX round trip, dequantize(q, scale) (exact in bf16
+ *                 down to 2^-133): the exact recipe's GEMM operand on Hopper
+ *   dqt           (.., C, R) bf16 or f32: dq transposed
+ * Elements outside every group (columnwise side or tile128 with offs) are 0 in q, qt, dq, dqt.
+ * Requirements: C % 32 == 0 for the rowwise side and for tile128; without offs, R % 32 == 0 for
+ * the columnwise side. offs: 2D x only. x bf16 or f32 (contiguous on a device). The bytes equal
+ * mxmoe_quantize, mxmoe_dequantize and mxmoe_scales_to_blocked composed (the CPU backend composes
+ * them; CUDA does it in one pass over x, on `stream`, without host syncs).
+ */
+typedef struct {
+  mxmoe_tensor* q;
+  mxmoe_tensor* qt;
+  mxmoe_tensor* scale;
+  mxmoe_tensor* scale_blocked;
+  mxmoe_tensor* dq;
+  mxmoe_tensor* dqt;
+} mxmoe_fused_side;
+
+typedef struct {
+  int32_t row_block; /* rowwise side: 32 or 128 (used when `row` is given) */
+  int32_t col_block; /* columnwise side: 32 or 128 (used when `col` is given) */
+  int32_t tile128;   /* nonzero: 128x128 tiles; row_block/col_block must then be 128 (or 0) */
+  mxmoe_scale_mode mode;
+} mxmoe_fused_config;
+
+/* row, col: the sides wanted (NULL = side not wanted; at least one). */
+MXMOE_API mxmoe_status mxmoe_quantize_fused(const mxmoe_tensor* x, const mxmoe_tensor* offs,
+                                            mxmoe_fused_config cfg, const mxmoe_fused_side* row,
+                                            const mxmoe_fused_side* col, void* stream);
+
+/* ==== Hopper FP8 grouped GEMMs for the tile128 recipe (issue 5) =================================
+ * The recipe mxfp8_rceil_tile128 (MX_SPEC.md, coarse-block MX encodings): activations and
+ * gradients in 1x128 blocks along each GEMM's reduction dim, weights in 128x128 tiles; scale
+ * tensors still hold one E8M0 byte per 32-element run (the coarse block's byte repeated). The GEMMs
+ * run on Hopper's FP8 tensor cores (CUTLASS SM90 blockwise-scaled grouped GEMM): e4m3 x e4m3
+ * products, each 128-long partial of the reduction scaled by the two operands' block scales and
+ * accumulated in fp32. The GPU reads the first byte of each coarse block (pass coarse-encoded
+ * scales; the CPU backend is the exact reference, cpu grouped_mm, which reads every byte).
+ *
+ * mxmoe_grouped_mm_tile128: out (M, N) = A (M, K) . B[g] (N, K)^T per row group (+ bias[g]),
+ *   arguments as mxmoe_grouped_mm_mx. A e4m3 (M, K) + a_scale (M, K/32) constant over each 1x128
+ *   block along K (the last block of a row partial); B e4m3 (G, N, K) + b_scale (G, N, K/32)
+ *   constant over each 128x128 tile (edge tiles partial). forward: A = x, B = W. dgrad: A = dY
+ *   (M, N_model) in 1x128 blocks along N_model, B = the transposed weight copy qt (G, K_model,
+ *   N_model) with its scale_r. bias: optional (G, N) bf16/f32. out: (M, N) bf16 or f32; rows past
+ *   offs[G-1] are written 0. K % 32 == 0.
+ * mxmoe_grouped_mm_tile128_kgroups (wgrad): out[g] (N, K) = A[:, group g] . B[:, group g]^T,
+ *   A = dY^T (N, M) e4m3 + a_scale (N, cap), B = x^T (K, M) e4m3 + b_scale (K, cap), grouped compact
+ *   scale layout along M (cap = ceil(M/32) + G): 1x128 blocks along tokens that start at each
+ *   group's first token, the last block of a group partial (no padding of groups is ever needed).
+ *   out: (G, N, K) bf16 or f32 (autograd views it as (G, K, N) by a transpose); empty groups give 0.
+ *
+ * Device requirements (CUDA tensors): a Hopper GPU (compute capability 9.0) and a build with CUTLASS,
+ * else MXMOE_ERR_UNSUPPORTED; contiguous A, B, scales, offs and out; 16-byte aligned A, B and out
+ * data; forward/dgrad N % 16 == 0; wgrad K % 16 == 0; M, N, K < 2^31. Host tensors run the exact
+ * CPU reference (workspace may then be NULL).
+ *
+ * workspace: device scratch of at least the *_workspace_size(...) bytes for the same (m, n, k, g)
+ *   and device (any 1-byte or wider dtype, contiguous, on the operands' device; its contents need
+ *   not be initialized and are garbage afterwards). The sizes depend only on the shapes, never on
+ *   offs, so callers allocate it up front (e.g. torch.empty) without a host sync:
+ *     forward/dgrad: about 4 * (M * K/128 + G * N) bytes of fp32 scales plus descriptors;
+ *     wgrad: fp32 scales plus a staging copy of both operands, (N + K) * (M + 16 G + 32) bytes:
+ *       TMA needs every group's first token column 16-byte aligned; groups starting elsewhere (or
+ *       all groups when M % 16 != 0) are copied there first, one extra read and write of those
+ *       groups' columns of A and B. Token groups at multiples of 16 rows are read in place.
+ * Size queries: m, n, k, g as the call's shapes (forward/dgrad: A (m, k), out (m, n), g experts;
+ * wgrad: m tokens, out (g, n, k)); device = the CUDA ordinal (-1: host, returns 0). They return -1
+ * on error (message in mxmoe_last_error(); UNSUPPORTED cases included).
+ * Calls launch on `stream`, never synchronize the host and allocate nothing: CUDA-graph safe.
+ */
+MXMOE_API int64_t mxmoe_grouped_mm_tile128_workspace_size(int64_t m, int64_t n, int64_t k, int64_t g,
+                                                          int32_t device);
+MXMOE_API int64_t mxmoe_grouped_mm_tile128_kgroups_workspace_size(int64_t m, int64_t n, int64_t k,
+                                                                  int64_t g, int32_t device);
+
+MXMOE_API mxmoe_status mxmoe_grouped_mm_tile128(const mxmoe_tensor* a, const mxmoe_tensor* a_scale,
+                                                const mxmoe_tensor* b, const mxmoe_tensor* b_scale,
+                                                const mxmoe_tensor* offs, const mxmoe_tensor* bias,
+                                                mxmoe_tensor* out, const mxmoe_tensor* workspace,
+                                                void* stream);
+
+MXMOE_API mxmoe_status mxmoe_grouped_mm_tile128_kgroups(const mxmoe_tensor* a,
+                                                        const mxmoe_tensor* a_scale,
+                                                        const mxmoe_tensor* b,
+                                                        const mxmoe_tensor* b_scale,
+                                                        const mxmoe_tensor* offs, mxmoe_tensor* out,
+                                                        const mxmoe_tensor* workspace, void* stream);
+
 #ifdef __cplusplus
 }
 #endif

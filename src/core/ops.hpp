@@ -66,6 +66,31 @@ struct GroupedMMKArgs {
   void* stream = nullptr;
 };
 
+// Fused quantization (mxmoe_quantize_fused). x (B, R, C); every output normalized to 3D like
+// QuantizeArgs (q, dq: (B, R, C); qt, dqt: (B, C, R); row scale (B, R, C/32); col scale (B, C, n_r));
+// scale_blocked stays 1-D with its layout kind. A side is active when `active`; with tile128 both
+// sides view one 128x128 quantization.
+struct FusedSide {
+  bool active = false;
+  int32_t block = 0;  // 32 or 128 (128 with tile128)
+  OptTensor q, qt, scale, scale_blocked, dq, dqt;
+  mxmoe_blocked_kind blocked_kind = MXMOE_BLOCKED_WHOLE;
+};
+
+struct FusedArgs {
+  mxmoe_tensor x{};
+  OptTensor offs;
+  mxmoe_scale_mode mode = MXMOE_SCALE_RCEIL;
+  bool tile128 = false;
+  FusedSide row, col;
+  int64_t n_r = 0;  // length of the column side's scale last dim
+  void* stream = nullptr;
+};
+
+namespace cpu {
+void quantize_fused(const FusedArgs& args);  // composes quantize, dequantize, scales_to_blocked
+}  // namespace cpu
+
 namespace cpu {
 void quantize(const QuantizeArgs& args);
 void dequantize(const DequantizeArgs& args);
@@ -88,3 +113,4 @@ void check_offsets(const mxmoe_tensor& offs, int64_t m, void* stream);
 #endif
 
 }  // namespace mxmoe
+void quantize_fused(const FusedArgs& args);

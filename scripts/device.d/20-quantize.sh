@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Quantization kernels (issue 4): the CUDA gtests (CudaQuantize.*, Fused.*), compute-sanitizer
+# memcheck on a small filter, and the bandwidth benchmark (JSON rows in $OUT/quantize.json).
+# Short table in $OUT/table-quantize.txt. Env from device_run.sh: MXMOE_BUILD, OUT.
+set -uo pipefail
+B=${MXMOE_BUILD:?}
+T=$B/tests/cpp/mxmoe_tests
+export MXMOE_COMMIT=${MXMOE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+status=0
+
+echo "--- gtest CudaQuantize.*:Fused.*"
+timeout 420 "$T" --gtest_filter='CudaQuantize.*:Fused.*' >"$OUT/gtest-quantize.log" 2>&1
+grc=$?
+grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Failure|differ|error' "$OUT/gtest-quantize.log" | head -40
+[[ $grc -eq 0 ]] || status=1
+
+echo "--- compute-sanitizer memcheck (CudaQuantize.SmallSanitizer)"
+timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$T" --gtest_filter='CudaQuantize.SmallSanitizer' \
+  >"$OUT/sanitizer-quantize.log" 2>&1
+src=$?
+grep -E 'ERROR SUMMARY|Invalid|PASSED|FAILED' "$OUT/sanitizer-quantize.log" | head -12
+[[ $src -eq 0 ]] || status=1
+
+echo "--- benchmark"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader 2>/dev/null
+{
+  echo "quantization kernels: gtest rc=$grc, memcheck rc=$src, commit $MXMOE_COMMIT"
+  timeout 400 "$B/bench/quantize_bench" --json "$OUT/quantize.json" "$@"
+} 2>&1 | tee "$OUT/table-quantize.txt" >/dev/null
+brc=${PIPESTATUS[0]}
+tail -3 "$OUT/table-quantize.txt"
+[[ $brc -eq 0 ]] || status=1
+exit $status
