@@ -1,0 +1,307 @@
+"""``torch.ops.mxmoe.*``: every core operation as a ``torch.library`` custom op.
+
+Each op's real implementation allocates its outputs with torch (so the caching allocator and CUDA
+graphs see every byte) and calls the core through ctypes (mxmoe/_lib.py) on the current stream. The
+core validates every argument once and its message names the argument; a bad call raises ValueError
+(invalid argument) or NotImplementedError (this build/device cannot serve it).
+
+Each op also has a fake (meta) implementation for torch.compile / FakeTensor tracing. Fakes compute
+output shapes from the input shapes only, with the static upper bounds of the C API (grouped scale
+capacity ceil(M/32) + G, blocked sizes of ``mxmoe_blocked_size``), never branching on or ``int()``-ing
+a symbolic size and never reading tensor data, so ``dynamic=True`` compiles without host syncs.
+
+Ops (schemas are inferred from the type hints below):
+  quantize(x, offs?, block_r, block_c, mode, want_q, want_qt, want_scale_c, want_scale_r)
+      -> (q, qt, scale_c, scale_r); outputs not asked for come back as empty (0,) tensors.
+  dequantize(q, scale, axis, offs?, out_dtype) -> out
+  scales_to_blocked(scale, kind, offs?) -> blocked (1-D)
+  scales_from_blocked(blocked, kind, offs?, scale_shape) -> scale
+  grouped_mm_mx(a, a_scale, b, b_scale, offs, bias?, out_dtype) -> out (M, N)
+  grouped_mm_mx_kgroups(a, a_scale, b, b_scale, offs, out_dtype) -> out (G, N, K)
+  check_offsets(offs, m) -> ()   (checked mode: syncs, raises ValueError on bad offsets)
+See include/mxmoe/mxmoe.h for the layouts (grouped compact scales, scale_c / scale_r, q / qt).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _lib
+
+E4M3 = torch.float8_e4m3fn
+E8M0 = torch.float8_e8m0fnu
+BLOCK = _lib.BLOCK
+
+__all__ = [
+    "quantize",
+    "dequantize",
+    "scales_to_blocked",
+    "scales_from_blocked",
+    "grouped_mm_mx",
+    "grouped_mm_mx_kgroups",
+    "check_offsets",
+    "grouped_scale_capacity",
+    "blocked_size",
+]
+
+
+# ---- shape rules shared by the real and the fake implementations (SymInt-safe arithmetic) ----------
+
+
+def _cdiv(a, b):
+    return (a + b - 1) // b
+
+
+def _round_up(a, b):
+    return _cdiv(a, b) * b
+
+
+def grouped_scale_capacity(m, g):
+    """Length of a grouped compact scale axis for m rows in g groups: ceil(m/32) + g (upper bound)."""
+    return _cdiv(m, BLOCK) + g
+
+
+def blocked_size(kind: int, h, w, g):
+    """Bytes of a blocked scale buffer, as ``mxmoe_blocked_size`` (works on SymInts)."""
+    if kind == _lib.BLOCKED_WHOLE:
+        return _round_up(h, 128) * _round_up(w, 4)
+    if kind == _lib.BLOCKED_GROUPS_M:
+        return (h + 128 * g) * _round_up(w, 4)
+    if kind == _lib.BLOCKED_GROUPS_K:
+        return _round_up(h, 128) * (_cdiv(w, BLOCK) + 4 * g)
+    if kind == _lib.BLOCKED_PER_EXPERT:
+        return g * _round_up(h, 128) * _round_up(w, 4)
+    raise ValueError(f"kind: expected WHOLE (0), GROUPS_M (1), GROUPS_K (2) or PER_EXPERT (3), got {kind}")
+
+
+def _blocked_size_of_scale(scale: Tensor, kind: int, offs: Optional[Tensor]):
+    g = offs.shape[0] if offs is not None else 0
+    if kind == _lib.BLOCKED_PER_EXPERT:
+        if scale.dim() != 3:
+            raise ValueError(f"scale: expected 3 dims (G, R, C) for PER_EXPERT, got shape {tuple(scale.shape)}")
+        return blocked_size(kind, scale.shape[1], scale.shape[2], scale.shape[0])
+    if scale.dim() != 2:
+        raise ValueError(f"scale: expected 2 dims, got shape {tuple(scale.shape)}")
+    if kind == _lib.BLOCKED_GROUPS_K:
+        # scale (R, ceil(M/32) + G): the tokens are (columns - G) * 32, which gives the same bound.
+        return _round_up(scale.shape[0], 128) * (scale.shape[1] - g + 4 * g)
+    return blocked_size(kind, scale.shape[0], scale.shape[1], g)
+
+
+def _quantize_shapes(x: Tensor, offs: Optional[Tensor]):
+    if x.dim() not in (2, 3):
+        raise ValueError(f"x: expected 2 or 3 dims, got shape {tuple(x.shape)}")
+    lead = tuple(x.shape[:-2])
+    r, c = x.shape[-2], x.shape[-1]
+    n_r = grouped_scale_capacity(r, offs.shape[0]) if offs is not None else r // BLOCK
+    return (lead + (r, c), lead + (c, r), lead + (r, c // BLOCK), lead + (c, n_r))
+
+
+_QUANT_DTYPES = (E4M3, E4M3, E8M0, E8M0)
+
+
+def _empty(shape, dtype, device):
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+# ---- quantize ---------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("mxmoe::quantize", mutates_args=())
+def quantize(
+    x: Tensor,
+    offs: Optional[Tensor],
+    block_r: int,
+    block_c: int,
+    mode: int,
+    want_q: bool,
+    want_qt: bool,
+    want_scale_c: bool,
+    want_scale_r: bool,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """MX-quantize x (2D/3D, bf16/f32) with block_r x block_c blocks (mxmoe_quantize)."""
+    wants = (want_q, want_qt, want_scale_c, want_scale_r)
+    outs = [
+        _empty(s if w else (0,), d, x.device)
+        for s, d, w in zip(_quantize_shapes(x, offs), _QUANT_DTYPES, wants)
+    ]
+    views = [_lib.view(o, n) if w else None for o, n, w in zip(outs, ("q", "qt", "scale_c", "scale_r"), wants)]
+    _lib.check(
+        _lib.lib().mxmoe_quantize(
+            _lib.view(x, "x"), _lib.view(offs, "offs"), _lib.quant_config(block_r, block_c, mode),
+            *views, _lib.stream_for(x),
+        ),
+        "quantize",
+    )
+    return tuple(outs)
+
+
+@quantize.register_fake
+def _(x, offs, block_r, block_c, mode, want_q, want_qt, want_scale_c, want_scale_r):
+    wants = (want_q, want_qt, want_scale_c, want_scale_r)
+    return tuple(
+        x.new_empty(s if w else (0,), dtype=d)
+        for s, d, w in zip(_quantize_shapes(x, offs), _QUANT_DTYPES, wants)
+    )
+
+
+# ---- dequantize -------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("mxmoe::dequantize", mutates_args=())
+def dequantize(q: Tensor, scale: Tensor, axis: int, offs: Optional[Tensor], out_dtype: torch.dtype) -> Tensor:
+    """q * 2^(scale - 127) in out_dtype; axis 1: scale (.., R, nC), axis 0: scale (.., C, nR)."""
+    out = _empty(q.shape, out_dtype, q.device)
+    _lib.check(
+        _lib.lib().mxmoe_dequantize(
+            _lib.view(q, "q"), _lib.view(scale, "scale"), axis, _lib.view(offs, "offs"),
+            _lib.view(out, "out"), _lib.stream_for(q),
+        ),
+        "dequantize",
+    )
+    return out
+
+
+@dequantize.register_fake
+def _(q, scale, axis, offs, out_dtype):
+    return q.new_empty(q.shape, dtype=out_dtype)
+
+
+# ---- blocked ("swizzled") scale layout -------------------------------------------------------------
+
+
+@torch.library.custom_op("mxmoe::scales_to_blocked", mutates_args=())
+def scales_to_blocked(scale: Tensor, kind: int, offs: Optional[Tensor]) -> Tensor:
+    """Scale matrix -> 1-D blocked buffer of mxmoe_blocked_size bytes (padding zero)."""
+    out = _empty((_blocked_size_of_scale(scale, kind, offs),), E8M0, scale.device)
+    _lib.check(
+        _lib.lib().mxmoe_scales_to_blocked(
+            _lib.view(scale, "scale"), kind, _lib.view(offs, "offs"), _lib.view(out, "blocked"),
+            _lib.stream_for(scale),
+        ),
+        "scales_to_blocked",
+    )
+    return out
+
+
+@scales_to_blocked.register_fake
+def _(scale, kind, offs):
+    return scale.new_empty((_blocked_size_of_scale(scale, kind, offs),), dtype=E8M0)
+
+
+@torch.library.custom_op("mxmoe::scales_from_blocked", mutates_args=())
+def scales_from_blocked(blocked: Tensor, kind: int, offs: Optional[Tensor], scale_shape: Sequence[int]) -> Tensor:
+    """The inverse of scales_to_blocked: scale_shape says which scale matrix to read back."""
+    out = _empty(tuple(scale_shape), E8M0, blocked.device)
+    _lib.check(
+        _lib.lib().mxmoe_scales_from_blocked(
+            _lib.view(blocked, "blocked"), kind, _lib.view(offs, "offs"), _lib.view(out, "scale"),
+            _lib.stream_for(blocked),
+        ),
+        "scales_from_blocked",
+    )
+    return out
+
+
+@scales_from_blocked.register_fake
+def _(blocked, kind, offs, scale_shape):
+    return blocked.new_empty(tuple(scale_shape), dtype=E8M0)
+
+
+# ---- grouped GEMMs ----------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("mxmoe::grouped_mm_mx", mutates_args=())
+def grouped_mm_mx(
+    a: Tensor,
+    a_scale: Tensor,
+    b: Tensor,
+    b_scale: Tensor,
+    offs: Tensor,
+    bias: Optional[Tensor],
+    out_dtype: torch.dtype,
+) -> Tensor:
+    """out[m, n] = sum_k A[m, k] B[g(m), n, k] (+ bias[g(m), n]); rows past offs[-1] are 0."""
+    out = _empty((a.shape[0], b.shape[1]), out_dtype, a.device)
+    _lib.check(
+        _lib.lib().mxmoe_grouped_mm_mx(
+            _lib.view(a, "a"), _lib.view(a_scale, "a_scale"), _lib.view(b, "b"),
+            _lib.view(b_scale, "b_scale"), _lib.view(offs, "offs"), _lib.view(bias, "bias"),
+            _lib.view(out, "out"), _lib.stream_for(a),
+        ),
+        "grouped_mm_mx",
+    )
+    return out
+
+
+@grouped_mm_mx.register_fake
+def _(a, a_scale, b, b_scale, offs, bias, out_dtype):
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+
+
+@torch.library.custom_op("mxmoe::grouped_mm_mx_kgroups", mutates_args=())
+def grouped_mm_mx_kgroups(
+    a: Tensor,
+    a_scale: Tensor,
+    b: Tensor,
+    b_scale: Tensor,
+    offs: Tensor,
+    out_dtype: torch.dtype,
+) -> Tensor:
+    """wgrad: out[g, n, k] = sum_{m in group g} A[n, m] B[k, m]; scales grouped compact along M."""
+    out = _empty((offs.shape[0], a.shape[0], b.shape[0]), out_dtype, a.device)
+    _lib.check(
+        _lib.lib().mxmoe_grouped_mm_mx_kgroups(
+            _lib.view(a, "a"), _lib.view(a_scale, "a_scale"), _lib.view(b, "b"),
+            _lib.view(b_scale, "b_scale"), _lib.view(offs, "offs"), _lib.view(out, "out"),
+            _lib.stream_for(a),
+        ),
+        "grouped_mm_mx_kgroups",
+    )
+    return out
+
+
+@grouped_mm_mx_kgroups.register_fake
+def _(a, a_scale, b, b_scale, offs, out_dtype):
+    return a.new_empty((offs.shape[0], a.shape[0], b.shape[0]), dtype=out_dtype)
+
+
+# ---- checked mode -----------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("mxmoe::check_offsets", mutates_args=())
+def check_offsets(offs: Tensor, m: int) -> None:
+    """Raise ValueError unless offs is non-decreasing, >= 0 and <= m (syncs a device's stream)."""
+    _lib.check(_lib.lib().mxmoe_check_offsets(_lib.view(offs, "offs"), m, _lib.stream_for(offs)), "check_offsets")
+
+
+@check_offsets.register_fake
+def _(offs, m):
+    return None
+
+
+# ---- private: torch._grouped_mm in fp32 behind an op boundary ---------------------------------------
+# torch._grouped_mm computes fp32 on CPU in eager mode, but its fake (meta) kernel insists on bf16
+# operands, so tracing an fp32 call under torch.compile fails. The emulated backend computes on CPU
+# in fp32 (see backends.compute_dtype), so it calls torch._grouped_mm through this op, whose fake
+# only states the output shape. Not part of the public op set.
+
+
+@torch.library.custom_op("mxmoe::_dense_grouped_mm", mutates_args=())
+def _dense_grouped_mm(a: Tensor, b: Tensor, offs: Tensor) -> Tensor:
+    """torch._grouped_mm(a, b, offs=offs): 2D x 3D -> (M, N), rows past offs[-1] zeroed (torch leaves
+    them unwritten); 2D x 2D (k-grouped) -> (G, M, N). offs must be valid (the caller clamps it)."""
+    out = torch._grouped_mm(a, b, offs=offs)
+    if b.dim() == 3 and offs.numel() > 0:
+        rows = torch.arange(out.shape[0], device=out.device).unsqueeze(1)
+        out = torch.where(rows < offs[-1], out, torch.zeros((), dtype=out.dtype, device=out.device))
+    return out
+
+
+@_dense_grouped_mm.register_fake
+def _(a, b, offs):
+    if b.dim() == 3:
+        return a.new_empty((a.shape[0], b.shape[2]))
+    return a.new_empty((offs.shape[0], a.shape[0], b.shape[1]))
