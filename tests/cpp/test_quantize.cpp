@@ -892,6 +892,16 @@ TEST(DequantizeRandomBytes, Strided3D) {
   check_dequantize(q, transposed(G, C, R / 32, MXMOE_DTYPE_E8M0, 88), 0);
 }
 
+// All 64K (scale byte, code) pairs: row s holds every code twice (C = 512), scale s everywhere.
+TEST(DequantizeSpecial, EveryScaleAndCodePair) {
+  std::vector<uint8_t> q(256 * 512), s(256 * 16);
+  for (int64_t r = 0; r < 256; ++r) {
+    for (int64_t c = 0; c < 512; ++c) q[r * 512 + c] = static_cast<uint8_t>(c);
+    for (int64_t j = 0; j < 16; ++j) s[r * 16 + j] = static_cast<uint8_t>(r);
+  }
+  check_dequantize(as_bytes(q, {256, 512}, MXMOE_DTYPE_E4M3), as_bytes(s, {256, 16}, MXMOE_DTYPE_E8M0), 1);
+}
+
 // Pinned values: NaN from either part, the subnormal scale 2^-127, overflow of 448 * 2^127.
 TEST(DequantizeSpecial, PinnedValues) {
   const std::vector<uint8_t> codes = {0x7F, 0xFF, 0x38, 0x01, 0x7E, 0x80, 0x38};
