@@ -94,10 +94,12 @@ MXMOE_API float mxmoe_e4m3_to_float(uint8_t q);
  *   scale_c (.., R, C/32) e8m0: the byte of the block holding each 32-run along C
  *   scale_r (.., C, nR) e8m0: the byte of the block holding each 32-run along R, stored with C
  *           leading so it pairs with qt; nR = R/32, or with offs the grouped capacity ceil(R/32)+G
- * offs (optional, 2D x only): int32 (G,) groups along R; blocks along R never cross a group end;
- *   rows after offs[G-1] are not part of any group: their q/qt entries are written as 0.
- * Requirements: C % 32 == 0 when blocks run along C; R % 32 == 0 when blocks run along R and offs
- *   is NULL. Coarse blocks at an edge are partial (cover what remains).
+ * offs (optional, 2D x only): int32 (G,) groups along R; blocks along R (32x1, 128x1, 128x128)
+ *   never cross a group end; rows after offs[G-1] are then not part of any group: their q/qt
+ *   entries (and for 128x128 their scale_c rows) are written as 0. Blocks along C only (1x32,
+ *   1x128) ignore offs: rows are independent, every row is quantized.
+ * Requirements: C % 32 == 0 when blocks run along C; R % 32 == 0 when scale_r is requested and
+ *   offs is NULL. Coarse blocks at an edge are partial (cover what remains).
  */
 typedef struct {
   int32_t block_r;
