@@ -1,5 +1,5 @@
 // Grouped GEMMs on MX operands, the CPU reference: operands are dequantized to fp32 once per group
-// (mxmoe::dequantize_element, bit-exact), then a cache-blocked fp32 GEMM accumulates in fp32.
+// (bit-identical to mxmoe::dequantize_element), then a cache-blocked fp32 GEMM accumulates in fp32.
 //
 // Both entry points reduce to the same per-group product C (rows x cols) = X (rows x L) . Y^T with
 // X row-major and Y stored transposed (L x cols) so the inner loop runs along contiguous output
@@ -35,7 +35,7 @@ typedef float v8f_u __attribute__((vector_size(32), aligned(4), may_alias));
 // Accumulators live in registers across the slice; loading the running sum from c and continuing
 // keeps the summation order sequential in l. Compiled for AVX2 where available.
 template <int ROWS>
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)  // target_clones needs ifunc
 __attribute__((target_clones("avx2", "default")))
 #endif
 void micro_kernel(const float* x, int64_t ldx, const float* y, int64_t ldy, float* c, int64_t ldc,
