@@ -31,23 +31,22 @@ constexpr int64_t kKC = 256;  // reduction slice kept hot in cache
 typedef float v8f __attribute__((vector_size(32)));
 typedef float v8f_u __attribute__((vector_size(32), aligned(4), may_alias));
 
-// c[r][0..16) += sum_{l<len} x[r*ldx + l] * y[l*ldy + 0..16) for r < ROWS, c row stride ldc.
+// c[r][0..16) += sum_{l<len} x[r*ldx + l] * y[l*16 + 0..16) for r < ROWS, c row stride ldc.
 // Accumulators live in registers across the slice; loading the running sum from c and continuing
 // keeps the summation order sequential in l. Compiled for AVX2 where available.
 template <int ROWS>
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)  // target_clones needs ifunc
 __attribute__((target_clones("avx2", "default")))
 #endif
-void micro_kernel(const float* x, int64_t ldx, const float* y, int64_t ldy, float* c, int64_t ldc,
-                  int64_t len) {
+void micro_kernel(const float* x, int64_t ldx, const float* y, float* c, int64_t ldc, int64_t len) {
   v8f acc[ROWS][2];
   for (int r = 0; r < ROWS; ++r) {
     acc[r][0] = *reinterpret_cast<const v8f_u*>(c + r * ldc);
     acc[r][1] = *reinterpret_cast<const v8f_u*>(c + r * ldc + 8);
   }
   for (int64_t l = 0; l < len; ++l) {
-    const v8f y0 = *reinterpret_cast<const v8f_u*>(y + l * ldy);
-    const v8f y1 = *reinterpret_cast<const v8f_u*>(y + l * ldy + 8);
+    const v8f y0 = *reinterpret_cast<const v8f_u*>(y + l * kNR);
+    const v8f y1 = *reinterpret_cast<const v8f_u*>(y + l * kNR + 8);
     for (int r = 0; r < ROWS; ++r) {
       const float xv = x[r * ldx + l];
       acc[r][0] += xv * y0;
@@ -60,19 +59,26 @@ void micro_kernel(const float* x, int64_t ldx, const float* y, int64_t ldy, floa
   }
 }
 
-void micro(int64_t rows, const float* x, int64_t ldx, const float* y, int64_t ldy, float* c,
-           int64_t ldc, int64_t len) {
+void micro(int64_t rows, const float* x, int64_t ldx, const float* y, float* c, int64_t ldc,
+           int64_t len) {
   switch (rows) {
-    case 6: micro_kernel<6>(x, ldx, y, ldy, c, ldc, len); break;
-    case 5: micro_kernel<5>(x, ldx, y, ldy, c, ldc, len); break;
-    case 4: micro_kernel<4>(x, ldx, y, ldy, c, ldc, len); break;
-    case 3: micro_kernel<3>(x, ldx, y, ldy, c, ldc, len); break;
-    case 2: micro_kernel<2>(x, ldx, y, ldy, c, ldc, len); break;
-    default: micro_kernel<1>(x, ldx, y, ldy, c, ldc, len); break;
+    case 6: micro_kernel<6>(x, ldx, y, c, ldc, len); break;
+    case 5: micro_kernel<5>(x, ldx, y, c, ldc, len); break;
+    case 4: micro_kernel<4>(x, ldx, y, c, ldc, len); break;
+    case 3: micro_kernel<3>(x, ldx, y, c, ldc, len); break;
+    case 2: micro_kernel<2>(x, ldx, y, c, ldc, len); break;
+    default: micro_kernel<1>(x, ldx, y, c, ldc, len); break;
   }
 }
 
-// C = X (rows x len, row stride len) . Yt (len x cols_p, cols_p = cols padded to kNR), then
+// Y^T is stored as panels of kNR columns, each panel (len x kNR) contiguous: element (l, c) at
+// (c / kNR) * len * kNR + l * kNR + c % kNR. A micro-kernel then streams one contiguous block
+// instead of rows a power-of-two stride apart, which would all land in the same cache sets.
+inline int64_t panel_index(int64_t l, int64_t c, int64_t len) {
+  return (c / kNR) * len * kNR + l * kNR + c % kNR;
+}
+
+// C = X (rows x len, row stride len) . Yt (len x cols, in panels, cols padded to kNR), then
 // store(row, col0, values, count) for each row of each output tile.
 template <typename Store>
 void gemm(const float* x, const float* yt, int64_t rows, int64_t cols, int64_t len, Store store) {
@@ -90,8 +96,8 @@ void gemm(const float* x, const float* yt, int64_t rows, int64_t cols, int64_t l
         const int64_t lc = std::min(kKC, len - l0);
         for (int64_t j = 0; j < nc; j += kNR)
           for (int64_t i = 0; i < mr; i += kMR)
-            micro(std::min(kMR, mr - i), x + (m0 + i) * len + l0, len, yt + l0 * cols_p + n0 + j,
-                  cols_p, tile.data() + i * kNC + j, kNC, lc);
+            micro(std::min(kMR, mr - i), x + (m0 + i) * len + l0, len, yt + panel_index(l0, n0 + j, len),
+                  tile.data() + i * kNC + j, kNC, lc);
       }
       const int64_t valid = std::min(nc, cols - n0);
       for (int64_t i = 0; i < mr; ++i) store(m0 + i, n0, tile.data() + i * kNC, valid);
@@ -136,10 +142,9 @@ void dequant_rows(const MxView& v, int64_t rows, int64_t len, float* dst) {
                });
 }
 
-// dst (len x cols_p) = dequantized v (cols x len) transposed, padding columns zero. Works on
-// tiles of one scale block (32 along len) by 32 columns staged in a small buffer, read in the
-// source's contiguous order and written out as contiguous destination rows (writing columns of
-// dst directly would hit the same cache sets with a power-of-two row length).
+// dst (len x cols padded to kNR, in panels) = dequantized v (cols x len) transposed, padding
+// columns zero. Works on tiles of one scale block (32 along len) by 32 columns staged in a small
+// buffer, read in the source's contiguous order and written out as contiguous panel rows.
 void dequant_transposed(const MxView& v, int64_t cols, int64_t len, float* dst) {
   const float* lut = e4m3_table();
   const int64_t cols_p = round_up(cols, kNR);
@@ -161,10 +166,12 @@ void dequant_transposed(const MxView& v, int64_t cols, int64_t len, float* dst) 
                          for (int64_t l = 0; l < nl; ++l) tile[l][c] = lut[src[c * v.rs + l * v.ls]] * sv[c];
                      }
                      for (int64_t l = 0; l < nl; ++l)
-                       std::memcpy(dst + (l0 + l) * cols_p + c0, tile[l], sizeof(float) * nc);
+                       for (int64_t c = 0; c < nc; c += kNR)
+                         std::memcpy(dst + panel_index(l0 + l, c0 + c, len), tile[l] + c,
+                                     sizeof(float) * std::min(kNR, nc - c));
                    }
                    for (int64_t l = l0; l < l0 + nl; ++l)
-                     std::fill(dst + l * cols_p + cols, dst + (l + 1) * cols_p, 0.0f);
+                     for (int64_t c = cols; c < cols_p; ++c) dst[panel_index(l, c, len)] = 0.0f;
                  }
                });
 }
@@ -176,12 +183,25 @@ struct RowStore {
   const mxmoe_tensor* bias;
   int64_t bias_base;
   void operator()(int64_t row, int64_t col0, const float* v, int64_t count) const {
-    const int64_t o = base + row * out.strides[out.ndim - 2];
+    float with_bias[kNC];  // count <= kNC
+    if (bias != nullptr) {
+      const int64_t bs = bias->strides[1];
+      for (int64_t j = 0; j < count; ++j) {
+        const int64_t i = bias_base + (col0 + j) * bs;
+        const float b = bias->dtype == MXMOE_DTYPE_BF16 ? bf16_to_f32(static_cast<const uint16_t*>(bias->data)[i])
+                                                        : static_cast<const float*>(bias->data)[i];
+        with_bias[j] = v[j] + b;
+      }
+      v = with_bias;
+    }
+    const int64_t o = base + row * out.strides[out.ndim - 2] + col0 * out.strides[out.ndim - 1];
     const int64_t cs = out.strides[out.ndim - 1];
-    for (int64_t j = 0; j < count; ++j) {
-      float y = v[j];
-      if (bias != nullptr) y = y + load_f32(*bias, bias_base + (col0 + j) * bias->strides[1]);
-      store_f32(out, o + (col0 + j) * cs, y);
+    if (out.dtype == MXMOE_DTYPE_BF16) {
+      uint16_t* dst = static_cast<uint16_t*>(out.data) + o;
+      for (int64_t j = 0; j < count; ++j) dst[j * cs] = f32_to_bf16(v[j]);
+    } else {
+      float* dst = static_cast<float*>(out.data) + o;
+      for (int64_t j = 0; j < count; ++j) dst[j * cs] = v[j];
     }
   }
 };
