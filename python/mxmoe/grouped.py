@@ -40,7 +40,10 @@ def _desc(t) -> str:
 
 @torch.compiler.assume_constant_result
 def _checked_mode() -> bool:
-    """MXMOE_CHECK_OFFSETS=1: validate offs in every grouped_mm call (a host sync; debugging aid)."""
+    """MXMOE_CHECK_OFFSETS=1: validate offs in every grouped_mm call (a host sync; debugging aid).
+
+    Read on each eager call; under torch.compile it is read once when tracing (a constant of the
+    compiled graph, like any config), so set it before compiling."""
     return os.environ.get("MXMOE_CHECK_OFFSETS", "0") not in ("", "0")
 
 

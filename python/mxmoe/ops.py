@@ -305,3 +305,8 @@ def _(a, b, offs):
     if b.dim() == 3:
         return a.new_empty((a.shape[0], b.shape[2]))
     return a.new_empty((offs.shape[0], a.shape[0], b.shape[1]))
+
+
+# check_offsets returns nothing; without this mark, graph dead-code elimination (AOTAutograd,
+# Inductor) would drop it from compiled graphs and checked mode would silently do nothing.
+torch.fx.node.has_side_effect(torch.ops.mxmoe.check_offsets.default)

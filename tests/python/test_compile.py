@@ -90,3 +90,15 @@ def test_compile_inductor_matches_eager():
     got = _step(compiled, *args)
     assert torch.equal(eager[0], got[0]) and torch.equal(eager[1], got[1]) and torch.equal(eager[2], got[2])
     torch.testing.assert_close(eager[3], got[3], rtol=1e-2, atol=1e-2)  # bias grad: a reduction inductor may reorder
+
+
+def test_checked_mode_survives_compilation(monkeypatch):
+    # check_offsets returns nothing; it is marked side-effectful so graph DCE keeps it.
+    monkeypatch.setenv("MXMOE_CHECK_OFFSETS", "1")
+    torch._dynamo.reset()
+    fn = torch.compile(lambda A, B_t, offs: mxmoe.grouped_mm(A, B_t, offs), fullgraph=True, dynamic=True, backend="aot_eager")
+    A, W = torch.randn(64, K), torch.randn(2, N, K)
+    fn(A, W.transpose(-2, -1), offsets([40, 20]))
+    with pytest.raises(ValueError, match="offs"):
+        fn(A, W.transpose(-2, -1), torch.tensor([40, 30], dtype=torch.int32))
+    torch._dynamo.reset()  # the mode is read when tracing: do not leak this graph into other tests
