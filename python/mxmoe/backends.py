@@ -87,11 +87,16 @@ def compute_dtype(device: torch.device) -> torch.dtype:
 
 
 def torch_grouped_mm(a: Tensor, b: Tensor, offs: Tensor, m) -> Tensor:
-    """torch._grouped_mm on clamped offsets, fp32 result. m: rows (2D x 3D) or tokens (2D x 2D)."""
+    """torch._grouped_mm on clamped offsets, fp32 result. m: rows (2D x 3D) or tokens (2D x 2D).
+    For 2D x 3D, rows past offs[-1] (which torch leaves unwritten, even NaN) are zero, as in the core."""
     offs = clamp_offsets(offs, m)
     if a.dtype == torch.float32:
         return ops._dense_grouped_mm(a, b, offs)  # fp32 torch._grouped_mm, traceable (see ops.py)
-    return torch._grouped_mm(a, b, offs=offs).float()
+    out = torch._grouped_mm(a, b, offs=offs).float()
+    if b.dim() == 3:
+        rows = torch.arange(out.shape[0], device=out.device).unsqueeze(1)
+        out = torch.where(rows < offs[-1], out, torch.zeros((), dtype=out.dtype, device=out.device))
+    return out
 
 
 def hp_wgrad(dy: Tensor, a: Tensor, offs: Tensor, out_dtype: torch.dtype) -> Tensor:
@@ -193,14 +198,11 @@ class EmulatedBackend(QuantizeThenMM):
         a = ops.dequantize(a_q, a_s, 1, None, ct)
         b = ops.dequantize(b_q, b_s, 1, None, ct)
         m = a.shape[0]
-        out = torch_grouped_mm(a, b.transpose(-2, -1), offs, m)
-        gid = row_groups(offs, m)
-        valid = (gid < offs.shape[0]).unsqueeze(1)
+        out = torch_grouped_mm(a, b.transpose(-2, -1), offs, m)  # rows past offs[-1] are 0
         if bias is not None:
+            # bias[g] on group g's rows, in fp32 before rounding; rows past offs[-1] get the zero row.
             bias_rows = torch.cat([bias.float(), bias.new_zeros((1, bias.shape[1]), dtype=torch.float32)])
-            out = out + bias_rows[gid]
-        # torch._grouped_mm leaves rows past offs[-1] unwritten (garbage, even NaN): zero them, as the core does.
-        out = torch.where(valid, out, torch.zeros((), dtype=out.dtype, device=out.device))
+            out = out + bias_rows[row_groups(offs, m)]
         return out.to(out_dtype)
 
     def quant_tokens(self, x, block, mode, offs):

@@ -295,8 +295,11 @@ def _dense_grouped_mm(a: Tensor, b: Tensor, offs: Tensor) -> Tensor:
     them unwritten); 2D x 2D (k-grouped) -> (G, M, N). offs must be valid (the caller clamps it)."""
     out = torch._grouped_mm(a, b, offs=offs)
     if b.dim() == 3 and offs.numel() > 0:
-        rows = torch.arange(out.shape[0], device=out.device).unsqueeze(1)
-        out = torch.where(rows < offs[-1], out, torch.zeros((), dtype=out.dtype, device=out.device))
+        if out.device.type == "cpu":
+            out[int(offs[-1]) :] = 0  # host memory: reading offs costs no device sync
+        else:
+            rows = torch.arange(out.shape[0], device=out.device).unsqueeze(1)
+            out = torch.where(rows < offs[-1], out, torch.zeros((), dtype=out.dtype, device=out.device))
     return out
 
 
