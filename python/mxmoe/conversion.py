@@ -71,6 +71,8 @@ def _enable_dynamo_dispatch() -> None:
         from torch._dynamo.variables import torch as dynamo_torch
 
         dynamo_torch.get_overridable_functions().add(torch._grouped_mm)
+        if torch._grouped_mm not in dynamo_torch.get_overridable_functions():
+            raise RuntimeError("the set is not cached in this torch version")
     except Exception as e:  # pragma: no cover - depends on torch internals
         warnings.warn(
             f"mxmoe.convert: could not register torch._grouped_mm with torch._dynamo ({e!r}); converted "

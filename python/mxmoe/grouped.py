@@ -98,7 +98,6 @@ class _GroupedMMFunction(torch.autograd.Function):
         return da, None, None, db_t, None, dbias, None, None, None
 
 
-
 def grouped_mm(
     A: Union[Tensor, MXTensor],
     B_t: Tensor,

@@ -71,9 +71,6 @@ class MXTensor:
     def device(self) -> torch.device:
         return self.qdata.device
 
-    def dim_count(self) -> int:
-        return self.qdata.dim()
-
     def dequantize(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """x_hat = e4m3(q) * 2^(s - 127) in ``dtype`` (bf16 or f32), with the quantized tensor's shape.
 
