@@ -87,6 +87,26 @@ class QuantConfigC(ctypes.Structure):
 
 
 _P = ctypes.POINTER(MxTensorC)
+
+
+class FusedSideC(ctypes.Structure):
+    """Mirror of ``mxmoe_fused_side``: the outputs wanted from one side of mxmoe_quantize_fused."""
+
+    _fields_ = [(n, _P) for n in ("q", "qt", "scale", "scale_blocked", "dq", "dqt")]
+
+
+class FusedConfigC(ctypes.Structure):
+    """Mirror of ``mxmoe_fused_config`` (passed by value)."""
+
+    _fields_ = [
+        ("row_block", ctypes.c_int32),
+        ("col_block", ctypes.c_int32),
+        ("tile128", ctypes.c_int32),
+        ("mode", ctypes.c_int),
+    ]
+
+
+_PS = ctypes.POINTER(FusedSideC)
 _SIGNATURES = {
     "mxmoe_last_error": (ctypes.c_char_p, []),
     "mxmoe_version": (ctypes.c_char_p, []),
@@ -104,6 +124,7 @@ _SIGNATURES = {
     "mxmoe_grouped_mm_mx": (ctypes.c_int, [_P, _P, _P, _P, _P, _P, _P, ctypes.c_void_p]),
     "mxmoe_grouped_mm_mx_kgroups": (ctypes.c_int, [_P, _P, _P, _P, _P, _P, ctypes.c_void_p]),
     "mxmoe_check_offsets": (ctypes.c_int, [_P, ctypes.c_int64, ctypes.c_void_p]),
+    "mxmoe_quantize_fused": (ctypes.c_int, [_P, _P, FusedConfigC, _PS, _PS, ctypes.c_void_p]),
 }
 
 _lock = threading.Lock()
@@ -182,6 +203,12 @@ def device_index(t: torch.Tensor, name: str) -> int:
 
 def view(t: Optional[torch.Tensor], name: str):
     """``mxmoe_tensor`` view of a tensor (or None -> NULL). No copy; the tensor must outlive the call."""
+    v = view_struct(t, name)
+    return None if v is None else ctypes.byref(v)
+
+
+def view_struct(t: Optional[torch.Tensor], name: str) -> Optional[MxTensorC]:
+    """The ``mxmoe_tensor`` itself (for struct fields: keep it referenced during the call)."""
     if t is None:
         return None
     if not isinstance(t, torch.Tensor):
@@ -200,7 +227,7 @@ def view(t: Optional[torch.Tensor], name: str):
         v.shape[i] = s
         v.strides[i] = st
     v.device = device_index(t, name)
-    return ctypes.byref(v)
+    return v
 
 
 def stream_for(t: torch.Tensor):

@@ -19,11 +19,14 @@ Ops (schemas are inferred from the type hints below):
   grouped_mm_mx(a, a_scale, b, b_scale, offs, bias?, out_dtype) -> out (M, N)
   grouped_mm_mx_kgroups(a, a_scale, b, b_scale, offs, out_dtype) -> out (G, N, K)
   check_offsets(offs, m) -> ()   (checked mode: syncs, raises ValueError on bad offsets)
+  quantize_fused(x, offs?, row_block, col_block, tile128, mode, row_outputs, col_outputs, dq_dtype)
+      -> 12 tensors: one read of x, rowwise and/or columnwise MX operands, blocked scales, MX round trip
 See include/mxmoe/mxmoe.h for the layouts (grouped compact scales, scale_c / scale_r, q / qt).
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+import ctypes
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -42,6 +45,7 @@ __all__ = [
     "grouped_mm_mx",
     "grouped_mm_mx_kgroups",
     "check_offsets",
+    "quantize_fused",
     "grouped_scale_capacity",
     "blocked_size",
 ]
@@ -280,6 +284,89 @@ def check_offsets(offs: Tensor, m: int) -> None:
 @check_offsets.register_fake
 def _(offs, m):
     return None
+
+
+# ---- fused quantization -----------------------------------------------------------------------------
+# Output bits of one side of quantize_fused (row_outputs / col_outputs; 0 = side not wanted).
+FUSED_Q, FUSED_QT, FUSED_SCALE, FUSED_SCALE_BLOCKED, FUSED_DQ, FUSED_DQT = 1, 2, 4, 8, 16, 32
+_FUSED_NAMES = ("q", "qt", "scale", "scale_blocked", "dq", "dqt")
+
+
+def _fused_side_shapes(x: Tensor, offs: Optional[Tensor], is_row: bool):
+    """(shape, dtype-or-None for dq) of the six outputs of one side, as mxmoe_quantize_fused checks them."""
+    lead = tuple(x.shape[:-2])
+    r, c = x.shape[-2], x.shape[-1]
+    g = offs.shape[0] if offs is not None else 0
+    n_r = grouped_scale_capacity(r, g) if offs is not None else r // BLOCK
+    sh, sw = (r, c // BLOCK) if is_row else (c, n_r)
+    if x.dim() == 3:
+        bsize = blocked_size(_lib.BLOCKED_PER_EXPERT, sh, sw, x.shape[0])
+    elif offs is not None and is_row:
+        bsize = blocked_size(_lib.BLOCKED_GROUPS_M, r, c // BLOCK, g)
+    elif offs is not None:
+        bsize = blocked_size(_lib.BLOCKED_GROUPS_K, c, r, g)
+    else:
+        bsize = blocked_size(_lib.BLOCKED_WHOLE, sh, sw, 0)
+    return (lead + (r, c), lead + (c, r), lead + (sh, sw), (bsize,), lead + (r, c), lead + (c, r))
+
+
+def _fused_outputs(x, offs, row_outputs, col_outputs, dq_dtype, new):
+    outs = []
+    for side_bits, is_row in ((row_outputs, True), (col_outputs, False)):
+        shapes = _fused_side_shapes(x, offs, is_row) if x.dim() in (2, 3) else [(0,)] * 6
+        for i, shape in enumerate(shapes):
+            dtype = dq_dtype if i >= 4 else (E4M3 if i < 2 else E8M0)
+            outs.append(new(shape if side_bits & (1 << i) else (0,), dtype))
+    return outs
+
+
+@torch.library.custom_op("mxmoe::quantize_fused", mutates_args=())
+def quantize_fused(
+    x: Tensor,
+    offs: Optional[Tensor],
+    row_block: int,
+    col_block: int,
+    tile128: bool,
+    mode: int,
+    row_outputs: int,
+    col_outputs: int,
+    dq_dtype: torch.dtype,
+) -> List[Tensor]:
+    """mxmoe_quantize_fused: one read of x gives a rowwise side (1 x row_block along C) and/or a
+    columnwise side (col_block x 1 along R, per token group with offs), or with tile128 one 128x128
+    quantization viewed by both. row_outputs / col_outputs are bit sets of FUSED_Q, FUSED_QT,
+    FUSED_SCALE, FUSED_SCALE_BLOCKED, FUSED_DQ, FUSED_DQT (0: side not wanted). Returns 12 tensors,
+    the row side's (q, qt, scale, scale_blocked, dq, dqt) then the column side's; outputs not asked
+    for are empty (0,) tensors. dq/dqt (the MX round trip) have dq_dtype (bf16 or f32)."""
+    if x.dim() not in (2, 3):
+        raise ValueError(f"x: expected 2 or 3 dims, got shape {tuple(x.shape)}")
+    outs = _fused_outputs(x, offs, row_outputs, col_outputs, dq_dtype, lambda s, d: _empty(s, d, x.device))
+    keep, sides = [], []
+    for k, bits in enumerate((row_outputs, col_outputs)):
+        if not bits:
+            sides.append(None)
+            continue
+        side = _lib.FusedSideC()
+        for i, name in enumerate(_FUSED_NAMES):
+            if bits & (1 << i):
+                v = _lib.view_struct(outs[6 * k + i], ("row." if k == 0 else "col.") + name)
+                keep.append(v)
+                setattr(side, name, ctypes.pointer(v))
+        keep.append(side)
+        sides.append(ctypes.byref(side))
+    cfg = _lib.FusedConfigC(row_block, col_block, 1 if tile128 else 0, mode)
+    _lib.check(
+        _lib.lib().mxmoe_quantize_fused(
+            _lib.view(x, "x"), _lib.view(offs, "offs"), cfg, sides[0], sides[1], _lib.stream_for(x)
+        ),
+        "quantize_fused",
+    )
+    return outs
+
+
+@quantize_fused.register_fake
+def _(x, offs, row_block, col_block, tile128, mode, row_outputs, col_outputs, dq_dtype):
+    return _fused_outputs(x, offs, row_outputs, col_outputs, dq_dtype, lambda s, d: x.new_empty(s, dtype=d))
 
 
 # ---- private: torch._grouped_mm in fp32 behind an op boundary ---------------------------------------

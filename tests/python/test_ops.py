@@ -202,3 +202,41 @@ def test_check_offsets_op():
         torch.ops.mxmoe.check_offsets(torch.tensor([3, 2], dtype=torch.int32), 8)
     with pytest.raises(ValueError, match="offs"):
         torch.ops.mxmoe.check_offsets(torch.tensor([3, 9], dtype=torch.int32), 8)
+
+
+# ---- fused quantization -----------------------------------------------------------------------------
+
+ALL_OUT = 63  # q, qt, scale, scale_blocked, dq, dqt
+
+
+@pytest.mark.parametrize(
+    "shape,sizes,rb,cb,tile",
+    [((256, 96), None, 32, 32, False), ((203, 64), [50, 0, 140], 128, 32, False), ((2, 160, 256), None, 128, 128, True)],
+)
+def test_opcheck_quantize_fused(shape, sizes, rb, cb, tile):
+    x = torch.randn(shape, dtype=torch.bfloat16)
+    o = offsets(sizes) if sizes else None
+    _opcheck(torch.ops.mxmoe.quantize_fused.default, (x, o, rb, cb, tile, RCEIL, ALL_OUT, ALL_OUT, torch.float32))
+    _opcheck(torch.ops.mxmoe.quantize_fused.default, (x, o, rb, cb, tile, RCEIL, 0, 5, torch.bfloat16))
+
+
+def test_quantize_fused_equals_the_composition():
+    # The fused op's bytes are mxmoe_quantize + mxmoe_dequantize + mxmoe_scales_to_blocked composed.
+    x = torch.randn(203, 96)
+    o = offsets([50, 0, 140])
+    outs = torch.ops.mxmoe.quantize_fused(x, o, 32, 32, False, RCEIL, ALL_OUT, ALL_OUT, torch.float32)
+    rq, rqt, rs, rsb, rdq, rdqt, cq, cqt, cs, csb, cdq, cdqt = outs
+    q, qt, s, _ = q_op(x, None, 1, 32, RCEIL, True, True, True, False)
+    assert torch.equal(_u8(rq), _u8(q)) and torch.equal(_u8(rqt), _u8(qt)) and torch.equal(_u8(rs), _u8(s))
+    assert torch.equal(_u8(rsb), _u8(torch.ops.mxmoe.scales_to_blocked(s, _lib.BLOCKED_GROUPS_M, o)))
+    assert torch.equal(rdq, torch.ops.mxmoe.dequantize(q, s, 1, None, torch.float32)) and torch.equal(rdqt, rdq.t())
+    q, qt, _, s = q_op(x, o, 32, 1, RCEIL, True, True, False, True)
+    assert torch.equal(_u8(cq), _u8(q)) and torch.equal(_u8(cqt), _u8(qt)) and torch.equal(_u8(cs), _u8(s))
+    assert torch.equal(_u8(csb), _u8(torch.ops.mxmoe.scales_to_blocked(s, _lib.BLOCKED_GROUPS_K, o)))
+    assert torch.equal(cdqt, torch.ops.mxmoe.dequantize(qt, s, 1, o, torch.float32)) and torch.equal(cdq, cdqt.t())
+    with pytest.raises(ValueError, match="row, col: expected at least one side"):
+        torch.ops.mxmoe.quantize_fused(x, o, 32, 32, False, RCEIL, 0, 0, torch.float32)
+
+
+def _u8(t):
+    return t.view(torch.uint8)
