@@ -115,9 +115,7 @@ def test_converted_model_trains_and_state_dict_round_trips():
 def test_converted_model_under_compile():
     model = mxmoe.convert(MoE(), recipe="mxfp8_rceil", backend="reference")
     x, target = _data()
-    eager_model = copy.deepcopy(model)  # deepcopy keeps the hooks; convert again to own a fresh state
-    mxmoe.unconvert(eager_model)
-    mxmoe.convert(eager_model, recipe="mxfp8_rceil", backend="reference")
+    eager_model = copy.deepcopy(model)  # a deep copy is converted too (its own hooks)
     torch._dynamo.reset()
     rec = Recorder()
     compiled = torch.compile(model, fullgraph=True, dynamic=True, backend=rec.backend)
@@ -132,3 +130,14 @@ def test_converted_model_under_compile():
     assert sum("mxmoe.grouped_mm_mx.default" in t for t in fw) == 3
     assert not any("_grouped_mm.default" in t and "mxmoe" not in t for t in fw)
     assert any("mxmoe.grouped_mm_mx_kgroups" in t for t in _targets(rec.bw[0]))
+
+
+def test_deepcopy_of_converted_model():
+    model = mxmoe.convert(MoE())
+    ref = MoE()
+    ref.load_state_dict(model.state_dict())
+    x, _ = _data()
+    twin = copy.deepcopy(model)
+    assert mxmoe.is_converted(twin.experts) and torch.equal(twin(x), model(x))
+    mxmoe.unconvert(twin)
+    assert torch.equal(twin(x), ref(x)) and not torch.equal(model(x), ref(x))  # the original is untouched
