@@ -223,7 +223,14 @@ def view_struct(t: Optional[torch.Tensor], name: str) -> Optional[MxTensorC]:
     v.data = t.data_ptr() or None
     v.dtype = code
     v.ndim = t.dim()
-    for i, (s, st) in enumerate(zip(t.shape, t.stride())):
+    strides = t.stride()
+    if t.numel() == 0:
+        # torch reports arbitrary strides for empty tensors (e.g. (1, 1) for a contiguous (32, 0));
+        # give the row-major ones, which are equally valid (no element is ever addressed).
+        strides, run = [0] * t.dim(), 1
+        for i in range(t.dim() - 1, -1, -1):
+            strides[i], run = run, run * t.shape[i]
+    for i, (s, st) in enumerate(zip(t.shape, strides)):
         v.shape[i] = s
         v.strides[i] = st
     v.device = device_index(t, name)

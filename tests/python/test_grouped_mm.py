@@ -196,3 +196,13 @@ def test_clear_errors():
             (args if k in args else kw)[k] = v
         with pytest.raises(ValueError, match=msg):
             mxmoe.grouped_mm(args["A"], args["B_t"], args["offs"], **kw)
+
+
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
+@pytest.mark.parametrize("m,sizes", [(64, [0]), (64, [0, 0, 0]), (0, [0, 0])])
+def test_all_groups_empty_and_no_tokens(backend, m, sizes):
+    A = torch.randn(m, K, requires_grad=True)
+    W = torch.randn(len(sizes), N, K, requires_grad=True)
+    y = mxmoe.grouped_mm(A, W.transpose(-2, -1), offsets(sizes), backend=backend)
+    y.sum().backward()
+    assert y.shape == (m, N) and torch.all(y == 0) and torch.all(A.grad == 0) and torch.all(W.grad == 0)
