@@ -102,3 +102,17 @@ def test_checked_mode_survives_compilation(monkeypatch):
     with pytest.raises(ValueError, match="offs"):
         fn(A, W.transpose(-2, -1), torch.tensor([40, 30], dtype=torch.int32))
     torch._dynamo.reset()  # the mode is read when tracing: do not leak this graph into other tests
+
+
+def test_compile_prequantized_A():
+    def fn(A, B_t, offs):
+        return mxmoe.grouped_mm(mxmoe.quantize(A), B_t, offs)
+
+    torch._dynamo.reset()
+    A, W, offs, _, dy = _inputs(203, [50, 0, 140])
+    Wc, We = W.clone().requires_grad_(), W.clone().requires_grad_()
+    y = torch.compile(fn, fullgraph=True, dynamic=True, backend="aot_eager")(A, Wc.transpose(-2, -1), offs)
+    ye = fn(A, We.transpose(-2, -1), offs)
+    y.backward(dy)
+    ye.backward(dy)
+    assert torch.equal(y, ye) and torch.equal(Wc.grad, We.grad)
