@@ -1,7 +1,7 @@
 """Backends: how the three grouped GEMMs of an MXFP8 MoE layer are computed.
 
 Following torchao's refactor of its MXFP8 grouped-GEMM autograd function (seed 001), the split happens
-once, up front: the autograd function (grouped_mm.py) picks a backend and then only calls its
+once, up front: the autograd function (grouped.py) picks a backend and then only calls its
 ``forward`` / ``dgrad`` / ``wgrad``; each backend is one straight code path with no "emulated or not"
 branches inside. A backend is a small object with those three methods, registered by name:
 
