@@ -102,6 +102,15 @@ void grouped_mm_kgroups(const GroupedMMKArgs& args);
 
 #if defined(MXMOE_WITH_CUDA)
 namespace cuda {
+// tile128 recipe (coarse-block MX operands) on Hopper FP8 tensor cores (cuda/gemm_tile128.cu).
+// Workspace: bytes of device memory the call needs (independent of offs and of the output dtype);
+// throws UNSUPPORTED where the build or the device cannot run them.
+int64_t grouped_mm_tile128_workspace_size(int64_t m, int64_t n, int64_t k, int64_t g, int32_t device);
+int64_t grouped_mm_tile128_kgroups_workspace_size(int64_t m, int64_t n, int64_t k, int64_t g,
+                                                  int32_t device);
+void grouped_mm_tile128(const GroupedMMArgs& args, void* workspace, int64_t workspace_bytes);
+void grouped_mm_tile128_kgroups(const GroupedMMKArgs& args, void* workspace, int64_t workspace_bytes);
+
 void quantize(const QuantizeArgs& args);
 void dequantize(const DequantizeArgs& args);
 void scales_to_blocked(const BlockedArgs& args);

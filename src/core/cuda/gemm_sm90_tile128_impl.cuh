@@ -1,0 +1,289 @@
+// CUTLASS SM90 blockwise-scaled grouped FP8 GEMMs for the tile128 recipe (sm_90a only).
+//
+// CUTLASS is used as a library through its headers: the collective is
+// KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise (TMA loads, two consumer warpgroups,
+// fp32 accumulation with the per-128-K partial of the FP8 wgmma scaled by the operand scales and
+// added into fp32 accumulators), the tile scheduler is CUTLASS's persistent group scheduler, and
+// the epilogue is the pointer-array TMA epilogue with an epilogue visitor tree that adds a
+// per-expert bias row. The scale granularities are the recipe's coarse blocks:
+//   forward / dgrad  A 1x128 along K (per row), B 128x128 tiles         -> (1, 128, 128)
+//   wgrad            A and B 1x128 along tokens (per row of each)         -> (1, 1, 128)
+// Each TU includes this header and instantiates one (pass, output dtype) pair, so the slow CUTLASS
+// compilations run in parallel and a change recompiles one of them.
+//
+// Group problem descriptors (shapes, pointers, strides, scale layouts) are written on the device by
+// a one-block kernel from the GroupInfo array, so nothing here reads offs on the host.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+
+#include "common/error.hpp"
+#include "cuda/gemm_tile128.cuh"
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/detail/blockwise_scale_layout.hpp"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/dispatch_policy.hpp"
+#include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"
+#include "cutlass/epilogue/fusion/sm90_visitor_compute_tma_warpspecialized.hpp"
+#include "cutlass/epilogue/fusion/sm90_visitor_load_tma_warpspecialized.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/numeric_types.h"
+
+#if !defined(CUTLASS_ARCH_MMA_MODIFIABLE_TMA_SM90_SUPPORTED) && defined(__CUDA_ARCH__)
+#error "the tile128 grouped GEMMs need CUTLASS's SM90 modifiable-TMA support (CUDA >= 12.3, sm_90a)"
+#endif
+
+namespace mxmoe {
+namespace cuda {
+namespace tile128 {
+namespace sm90 {
+
+using namespace cute;
+
+// One grouped GEMM configuration. GranN: scale granularity along the output's N (128 for the
+// weight tiles of forward/dgrad, 1 for wgrad's per-row B scales). TileN: CTA tile along N (128, or
+// 192 for wgrad, whose per-row B scales allow any multiple of 16; 192 keeps the two accumulator
+// sets of the blockwise mainloop, 2 x 96 fp32 per thread, inside the register budget).
+template <class ElementD_, int GranN, int TileN = 128>
+struct Config {
+  using ElementA = cutlass::float_e4m3_t;
+  using ElementB = cutlass::float_e4m3_t;
+  using ElementD = ElementD_;
+  using LayoutA = cutlass::layout::RowMajor;     // (M, K), K contiguous
+  using LayoutB = cutlass::layout::ColumnMajor;  // (K, N) viewed, i.e. (N, K) with K contiguous
+  using LayoutD = cutlass::layout::RowMajor;
+  static constexpr int kAlignAB = 16;
+  static constexpr int kAlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
+
+  using TileShape = Shape<_128, Int<TileN>, _128>;
+  using ClusterShape = Shape<_1, _2, _1>;
+  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, GranN, kTile>;  // M-major SFs
+  using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
+  using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
+
+  // D = acc + bias[g][n] (bias pointer per group; a null array means no bias).
+  using Bias = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, float*, float, Stride<_0, _1, _0>>;
+  using Fusion = cutlass::epilogue::fusion::Sm90EVT<
+      cutlass::epilogue::fusion::Sm90Compute<cutlass::plus, ElementD, float, cutlass::FloatRoundStyle::round_to_nearest>,
+      cutlass::epilogue::fusion::Sm90AccFetch, Bias>;
+
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlignD, ElementD,
+      LayoutD*, kAlignD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative, Fusion>::CollectiveOp;
+
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, cute::tuple<LayoutA*, LayoutSFA*>,
+      kAlignAB, ElementB, cute::tuple<LayoutB*, LayoutSFB*>, kAlignAB, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
+
+  using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
+  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+
+  using StrideA = typename GemmKernel::InternalStrideA;
+  using StrideB = typename GemmKernel::InternalStrideB;
+  using StrideD = typename GemmKernel::InternalStrideD;
+  using Shape3 = typename ProblemShape::UnderlyingProblemShape;
+  static_assert(cute::is_same_v<StrideA, cute::Stride<int64_t, _1, _0>>, "A: K-major (M, K)");
+  static_assert(cute::is_same_v<StrideB, cute::Stride<int64_t, _1, _0>>, "B: K-major (N, K)");
+  static_assert(cute::is_same_v<StrideD, cute::Stride<int64_t, _1, _0>>, "D: row-major (M, N)");
+};
+
+// Per-group descriptor arrays carved from the caller's workspace.
+template <class Cfg>
+struct Desc {
+  typename Cfg::Shape3* problem;
+  const typename Cfg::ElementA** ptr_a;
+  const typename Cfg::ElementB** ptr_b;
+  typename Cfg::ElementD** ptr_d;
+  const float** ptr_sfa;
+  const float** ptr_sfb;
+  float** ptr_bias;
+  typename Cfg::StrideA* stride_a;
+  typename Cfg::StrideB* stride_b;
+  typename Cfg::StrideD* stride_d;
+  typename Cfg::LayoutSFA* layout_sfa;
+  typename Cfg::LayoutSFB* layout_sfb;
+  void* cutlass_ws;
+};
+
+inline size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
+
+template <class Cfg>
+typename Cfg::Gemm::Arguments make_args(const Desc<Cfg>& d, int groups, int sm_count, bool bias) {
+  typename Cfg::Gemm::Arguments args{};
+  args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
+  args.problem_shape = {groups, d.problem, nullptr};  // shapes on the device only
+  args.mainloop = {d.ptr_a, d.stride_a, d.ptr_b, d.stride_b, d.ptr_sfa, d.layout_sfa, d.ptr_sfb, d.layout_sfb};
+  args.epilogue.ptr_C = nullptr;
+  args.epilogue.dC = d.stride_d;
+  args.epilogue.ptr_D = d.ptr_d;
+  args.epilogue.dD = d.stride_d;
+  // EVT arguments: {acc fetch, bias row broadcast, plus}.
+  args.epilogue.thread = {{}, {bias ? d.ptr_bias : nullptr, 0.0f, {}}, {}};
+  cudaGetDevice(&args.hw_info.device_id);
+  args.hw_info.sm_count = sm_count;
+  // Tile order of the persistent scheduler (tuning knobs, read per call; defaults measured in
+  // docs/perf/gemm.md): MXMOE_TILE128_RASTER = m (default) | n, MXMOE_TILE128_SWIZZLE = 1|2|4|8.
+  using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
+  const char* raster = std::getenv("MXMOE_TILE128_RASTER");
+  args.scheduler.raster_order = (raster && raster[0] == 'n') ? Raster::AlongN : Raster::AlongM;
+  const char* swizzle = std::getenv("MXMOE_TILE128_SWIZZLE");
+  args.scheduler.max_swizzle_size = swizzle ? std::atoi(swizzle) : 1;
+  return args;
+}
+
+// Bytes of the descriptor arrays + CUTLASS workspace, and the carving of a workspace pointer.
+template <class Cfg>
+size_t carve(void* base, int groups, int sm_count, Desc<Cfg>* out) {
+  const size_t g = static_cast<size_t>(groups);
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = off;
+    off += align256(bytes);
+    return base ? static_cast<char*>(base) + at : nullptr;
+  };
+  Desc<Cfg> d{};
+  d.problem = reinterpret_cast<typename Cfg::Shape3*>(take(g * sizeof(typename Cfg::Shape3)));
+  d.ptr_a = reinterpret_cast<const typename Cfg::ElementA**>(take(g * sizeof(void*)));
+  d.ptr_b = reinterpret_cast<const typename Cfg::ElementB**>(take(g * sizeof(void*)));
+  d.ptr_d = reinterpret_cast<typename Cfg::ElementD**>(take(g * sizeof(void*)));
+  d.ptr_sfa = reinterpret_cast<const float**>(take(g * sizeof(void*)));
+  d.ptr_sfb = reinterpret_cast<const float**>(take(g * sizeof(void*)));
+  d.ptr_bias = reinterpret_cast<float**>(take(g * sizeof(void*)));
+  d.stride_a = reinterpret_cast<typename Cfg::StrideA*>(take(g * sizeof(typename Cfg::StrideA)));
+  d.stride_b = reinterpret_cast<typename Cfg::StrideB*>(take(g * sizeof(typename Cfg::StrideB)));
+  d.stride_d = reinterpret_cast<typename Cfg::StrideD*>(take(g * sizeof(typename Cfg::StrideD)));
+  d.layout_sfa = reinterpret_cast<typename Cfg::LayoutSFA*>(take(g * sizeof(typename Cfg::LayoutSFA)));
+  d.layout_sfb = reinterpret_cast<typename Cfg::LayoutSFB*>(take(g * sizeof(typename Cfg::LayoutSFB)));
+  const size_t ws = Cfg::Gemm::get_workspace_size(make_args<Cfg>(d, groups, sm_count, false));
+  d.cutlass_ws = take(ws);
+  if (out) *out = d;
+  return off;
+}
+
+template <class Cfg>
+__device__ typename Cfg::StrideA kmajor(int64_t ld) {
+  typename Cfg::StrideA s{};
+  cute::get<0>(s) = ld;
+  return s;
+}
+
+// Forward / dgrad descriptors: group g is rows [start, start + len) of A and out, expert g of B.
+template <class Cfg>
+__global__ void fwd_desc_kernel(FwdPlan p, Desc<Cfg> d) {
+  using EA = typename Cfg::ElementA;
+  using EB = typename Cfg::ElementB;
+  using ED = typename Cfg::ElementD;
+  const int64_t kb = (p.k + kTile - 1) / kTile, nb = (p.n + kTile - 1) / kTile;
+  for (int g = threadIdx.x; g < p.groups; g += blockDim.x) {
+    const GroupInfo gi = p.info[g];
+    const int m = static_cast<int>(gi.len), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
+    d.problem[g] = typename Cfg::Shape3(m, n, k);
+    d.ptr_a[g] = reinterpret_cast<const EA*>(p.a + gi.start * p.k);
+    d.ptr_b[g] = reinterpret_cast<const EB*>(p.b + static_cast<int64_t>(g) * p.n * p.k);
+    d.ptr_d[g] = static_cast<ED*>(p.out) + gi.start * p.n;
+    d.ptr_sfa[g] = p.sfa + gi.start * kb;
+    d.ptr_sfb[g] = p.sfb + static_cast<int64_t>(g) * nb * kb;
+    d.ptr_bias[g] = p.bias ? const_cast<float*>(p.bias) + static_cast<int64_t>(g) * p.n : nullptr;
+    d.stride_a[g] = kmajor<Cfg>(p.k);
+    d.stride_b[g] = kmajor<Cfg>(p.k);
+    d.stride_d[g] = kmajor<Cfg>(p.n);
+    d.layout_sfa[g] = Cfg::ScaleConfig::tile_atom_to_shape_SFA(cute::make_shape(m, n, k, 1));
+    d.layout_sfb[g] = Cfg::ScaleConfig::tile_atom_to_shape_SFB(cute::make_shape(m, n, k, 1));
+  }
+}
+
+// Wgrad descriptors: problem (N, K, len_g); empty groups get M = 0 (no tiles; zeroed elsewhere,
+// since a K = 0 problem would leave CUTLASS's accumulators unwritten).
+template <class Cfg>
+__global__ void kg_desc_kernel(KgPlan p, Desc<Cfg> d) {
+  using EA = typename Cfg::ElementA;
+  using EB = typename Cfg::ElementB;
+  using ED = typename Cfg::ElementD;
+  for (int g = threadIdx.x; g < p.groups; g += blockDim.x) {
+    const GroupInfo gi = p.info[g];
+    const int m = gi.len > 0 ? static_cast<int>(p.n) : 0, n = static_cast<int>(p.k);
+    const int k = static_cast<int>(gi.len);
+    d.problem[g] = typename Cfg::Shape3(m, n, k);
+    const bool staged = gi.stage_col >= 0;
+    const uint8_t* a = staged ? p.a_stage + gi.stage_col : p.a + gi.start;
+    const uint8_t* b = staged ? p.b_stage + gi.stage_col : p.b + gi.start;
+    d.ptr_a[g] = reinterpret_cast<const EA*>(a);
+    d.ptr_b[g] = reinterpret_cast<const EB*>(b);
+    d.ptr_d[g] = static_cast<ED*>(p.out) + static_cast<int64_t>(g) * p.n * p.k;
+    d.ptr_sfa[g] = p.sfa + gi.kb_off * p.n;
+    d.ptr_sfb[g] = p.sfb + gi.kb_off * p.k;
+    d.ptr_bias[g] = nullptr;
+    d.stride_a[g] = kmajor<Cfg>(staged ? p.ld_stage : p.lda);
+    d.stride_b[g] = kmajor<Cfg>(staged ? p.ld_stage : p.ldb);
+    d.stride_d[g] = kmajor<Cfg>(p.k);
+    d.layout_sfa[g] = Cfg::ScaleConfig::tile_atom_to_shape_SFA(cute::make_shape(m, n, k, 1));
+    d.layout_sfb[g] = Cfg::ScaleConfig::tile_atom_to_shape_SFB(cute::make_shape(m, n, k, 1));
+  }
+}
+
+inline void check_cutlass(cutlass::Status s, const char* what) {
+  if (s != cutlass::Status::kSuccess)
+    fail_status(MXMOE_ERR_CUDA, what, ": CUTLASS returned ", cutlassGetStatusString(s));
+}
+
+inline void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) fail_status(MXMOE_ERR_CUDA, what, ": ", cudaGetErrorString(e));
+}
+
+template <class Cfg, class Plan, class DescKernel>
+void run(const Plan& p, DescKernel desc_kernel, bool bias, const char* what) {
+  Desc<Cfg> d{};
+  carve<Cfg>(p.desc, p.groups, p.sm_count, &d);
+  desc_kernel<<<1, 256, 0, p.stream>>>(p, d);
+  check_launch(what);
+  auto args = make_args<Cfg>(d, p.groups, p.sm_count, bias);
+  typename Cfg::Gemm gemm;
+  check_cutlass(gemm.can_implement(args), what);
+  check_cutlass(gemm.initialize(args, d.cutlass_ws, p.stream), what);
+  check_cutlass(gemm.run(p.stream), what);
+  check_launch(what);
+}
+
+}  // namespace sm90
+}  // namespace tile128
+}  // namespace cuda
+}  // namespace mxmoe
+
+// Instantiates the entry points of one (pass, output) pair in a TU.
+#define MXMOE_TILE128_FWD(SUFFIX, ELEMENT_D)                                                          \
+  namespace mxmoe { namespace cuda { namespace tile128 {                                             \
+  using FwdCfg_##SUFFIX = sm90::Config<ELEMENT_D, kTile>;                                            \
+  size_t fwd_desc_bytes_##SUFFIX(int groups, int sm_count) {                                         \
+    return sm90::carve<FwdCfg_##SUFFIX>(nullptr, groups, sm_count, nullptr);                         \
+  }                                                                                                  \
+  void fwd_run_##SUFFIX(const FwdPlan& p) {                                                          \
+    sm90::run<FwdCfg_##SUFFIX>(p, sm90::fwd_desc_kernel<FwdCfg_##SUFFIX>, p.bias != nullptr,         \
+                               "grouped_mm_tile128");                                                \
+  }                                                                                                  \
+  }}}
+
+#define MXMOE_TILE128_KG(SUFFIX, ELEMENT_D, TILE_N)                                                   \
+  namespace mxmoe { namespace cuda { namespace tile128 {                                             \
+  using KgCfg_##SUFFIX = sm90::Config<ELEMENT_D, 1, TILE_N>;                                         \
+  size_t kg_desc_bytes_##SUFFIX(int groups, int sm_count) {                                          \
+    return sm90::carve<KgCfg_##SUFFIX>(nullptr, groups, sm_count, nullptr);                          \
+  }                                                                                                  \
+  void kg_run_##SUFFIX(const KgPlan& p) {                                                            \
+    sm90::run<KgCfg_##SUFFIX>(p, sm90::kg_desc_kernel<KgCfg_##SUFFIX>, false,                        \
+                              "grouped_mm_tile128_kgroups");                                         \
+  }                                                                                                  \
+  }}}

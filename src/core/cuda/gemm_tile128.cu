@@ -1,0 +1,496 @@
+// tile128 grouped GEMMs on Hopper: the work around the CUTLASS kernels (gemm_sm90_*.cu).
+//
+// One call = a few small stream-ordered kernels, then the CUTLASS grouped GEMM; nothing syncs the
+// host, nothing is allocated (all scratch lives in the caller's workspace), so a call can be
+// captured in a CUDA graph.
+//   1. group_info_kernel   offs -> GroupInfo[G] (clamped starts/lengths, block prefixes, staging)
+//   2. scale conversion    E8M0 bytes (one per 32-run, repeated over each coarse block) -> the fp32
+//                          per-block scales CUTLASS reads, in its M-major per-group layouts
+//   3. wgrad only: staging copy of the (R, M) operands' token columns for groups whose first token
+//      is not 16-byte aligned (TMA needs 16-byte aligned group bases and row strides); forward and
+//      dgrad never stage
+//   4. zero fill           forward: rows past the last group; wgrad: outputs of empty groups
+//   5. descriptor kernel + CUTLASS GEMM (gemm_sm90_*.cu)
+//
+// Workspace layout (each piece 256-byte aligned; sizes from static bounds, never from offs):
+//   forward: GroupInfo[G] | sfa f32 [M * kb] | sfb f32 [G * nb * kb] | bias f32 [G * N] | CUTLASS
+//   wgrad:   GroupInfo[G] | sfa f32 [N * cap128] | sfb f32 [K * cap128] | A stage [N * lds] |
+//            B stage [K * lds] | CUTLASS           (cap128 = ceil(M/128) + G, lds = staging stride)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <mutex>
+#include <vector>
+
+#include "common/error.hpp"
+#include "cuda/gemm_tile128.cuh"
+#include "mxmoe/mx_format.hpp"
+#include "ops.hpp"
+
+namespace mxmoe {
+namespace cuda {
+
+namespace {
+
+using tile128::GroupInfo;
+using tile128::kTile;
+
+constexpr int64_t kAlign = 256;
+constexpr int kKgTileDefault = 128;  // wgrad CTA tile along N (128 or 192)
+int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Staging stride: group g lands at column round_up(start, 16) + 16 g, so every group starts
+// 16-byte aligned and groups never overlap; the last one ends before M + 16 G + 16.
+int64_t staging_ld(int64_t m, int64_t g) { return align_up(m + 16 * g + 16, 16); }
+
+struct DeviceProps {
+  int sm_count = 0;
+  int major = 0, minor = 0;
+};
+
+DeviceProps device_props(int device) {
+  static std::mutex mu;
+  static std::vector<DeviceProps> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  if (device < 0) fail("device: expected a CUDA device ordinal, got ", device);
+  if (static_cast<size_t>(device) >= cache.size()) cache.resize(device + 1);
+  DeviceProps& p = cache[device];
+  if (p.sm_count == 0) {
+    cudaError_t e = cudaDeviceGetAttribute(&p.sm_count, cudaDevAttrMultiProcessorCount, device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&p.major, cudaDevAttrComputeCapabilityMajor, device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&p.minor, cudaDevAttrComputeCapabilityMinor, device);
+    if (e != cudaSuccess) {
+      p = DeviceProps{};
+      cudaGetLastError();
+      fail_status(MXMOE_ERR_CUDA, "device ", device, ": ", cudaGetErrorString(e));
+    }
+  }
+  return p;
+}
+
+// The FP8 tensor-core path needs Hopper (sm_90a code) and CUTLASS at build time.
+DeviceProps require_hopper(int device, const char* what) {
+#if !defined(MXMOE_HAVE_CUTLASS)
+  (void)device;
+  fail_status(MXMOE_ERR_UNSUPPORTED, what,
+              ": this libmxmoe was built without CUTLASS (set MXMOE_CUTLASS_INCLUDE or install the "
+              "nvidia-cutlass wheel and rebuild), so the tile128 FP8 GEMMs are not available");
+#else
+  const DeviceProps p = device_props(device);
+  if (p.major != 9 || p.minor != 0)
+    fail_status(MXMOE_ERR_UNSUPPORTED, what, ": needs a Hopper GPU (compute capability 9.0, sm_90a), got ",
+                p.major, ".", p.minor, " on cuda:", device);
+  return p;
+#endif
+}
+
+struct DeviceGuard {
+  int prev = -1;
+  DeviceGuard(int device, const char* what) {
+    cudaGetDevice(&prev);
+    if (prev == device) return;
+    const cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) fail_status(MXMOE_ERR_CUDA, what, ": cudaSetDevice(", device, "): ", cudaGetErrorString(e));
+  }
+  ~DeviceGuard() {
+    int cur = -1;
+    if (prev >= 0 && cudaGetDevice(&cur) == cudaSuccess && cur != prev) cudaSetDevice(prev);
+  }
+};
+
+void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) fail_status(MXMOE_ERR_CUDA, what, ": kernel launch failed: ", cudaGetErrorString(e));
+}
+
+// Sequential bump allocator over the workspace (base rounded up to kAlign).
+struct Carver {
+  char* base;
+  int64_t off = 0;
+  explicit Carver(void* p) : base(static_cast<char*>(p)) {
+    if (base) {
+      const auto u = reinterpret_cast<uintptr_t>(base);
+      base += (kAlign - u % kAlign) % kAlign;
+    }
+  }
+  template <typename T>
+  T* take(int64_t count) {
+    const int64_t at = off;
+    off += align_up(count * static_cast<int64_t>(sizeof(T)), kAlign);
+    return base ? reinterpret_cast<T*>(base + at) : nullptr;
+  }
+  int64_t bytes() const { return off + kAlign; }  // + slack for the base alignment
+};
+
+// ---- kernels --------------------------------------------------------------------------------------
+
+// offs -> GroupInfo. One block; chunks of blockDim groups: load, scan on thread 0, write in parallel.
+// stage_mode: 0 never stage (M-grouped); 1 stage groups whose start is not a multiple of 16;
+// 2 stage every non-empty group.
+__global__ void group_info_kernel(const int32_t* offs, int64_t offs_s, int groups, int64_t m, int stage_mode,
+                                  GroupInfo* info) {
+  __shared__ int64_t s_end[256];
+  __shared__ int64_t s_carry[3];  // prev end, kb prefix, blk prefix
+  __shared__ GroupInfo s_info[256];
+  if (threadIdx.x == 0) s_carry[0] = s_carry[1] = s_carry[2] = 0;
+  for (int base = 0; base < groups; base += blockDim.x) {
+    const int g = base + threadIdx.x;
+    const int n = min(static_cast<int>(blockDim.x), groups - base);
+    if (g < groups) s_end[threadIdx.x] = offs[g * offs_s];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int64_t prev = s_carry[0], kb = s_carry[1], blk = s_carry[2];
+      for (int i = 0; i < n; ++i) {
+        const int64_t o = s_end[i];
+        const int64_t e = o < prev ? prev : (o > m ? m : o);
+        GroupInfo gi{};
+        gi.start = prev;
+        gi.len = e - prev;
+        gi.kb_off = kb;
+        gi.blk_off = blk;
+        const bool stage = gi.len > 0 && (stage_mode == 2 || (stage_mode == 1 && gi.start % 16 != 0));
+        gi.stage_col = stage ? ((gi.start + 15) / 16 * 16 + 16 * static_cast<int64_t>(base + i)) : -1;
+        s_info[i] = gi;
+        kb += (gi.len + kTile - 1) / kTile;
+        blk += (gi.len + kBlock - 1) / kBlock;
+        prev = e;
+      }
+      s_carry[0] = prev;
+      s_carry[1] = kb;
+      s_carry[2] = blk;
+    }
+    __syncthreads();
+    if (g < groups) info[g] = s_info[threadIdx.x];
+    __syncthreads();
+  }
+}
+
+// Largest g with key(info[g]) <= x (info sorted by the key); -1 if none.
+template <typename Key>
+__device__ int upper_group(const GroupInfo* info, int groups, int64_t x, Key key) {
+  int lo = 0, hi = groups;  // first g with key > x
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (key(info[mid]) <= x) lo = mid + 1; else hi = mid;
+  }
+  return lo - 1;
+}
+
+// Forward/dgrad A scales: row m of group g, 128-block kb -> sfa[kb_tot * start_g + kb * len_g + (m - start_g)]
+// from the byte of the block's first 32-run, a_scale[m][4 kb].
+__global__ void fwd_sfa_kernel(const GroupInfo* info, int groups, const uint8_t* as, int64_t as_s0, int64_t kb_tot,
+                               float* sfa) {
+  const int64_t m = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (groups == 0) return;
+  const GroupInfo last = info[groups - 1];
+  if (m >= last.start + last.len) return;
+  const int g = upper_group(info, groups, m, [](const GroupInfo& gi) { return gi.start; });
+  // Empty groups share their start with the next group; the largest index with start <= m is the
+  // (non-empty) group holding m.
+  const GroupInfo gi = info[g];
+  float* dst = sfa + kb_tot * gi.start + (m - gi.start);
+  const uint8_t* src = as + m * as_s0;
+  for (int64_t kb = 0; kb < kb_tot; ++kb) dst[kb * gi.len] = e8m0_to_f32(src[4 * kb]);
+}
+
+// Forward/dgrad B scales (G, nb, kb), M-major per expert: sfb[(g * kb_tot + kb) * nb + ib] from
+// b_scale[g][128 ib][4 kb]; bias (G, N) -> fp32.
+__global__ void fwd_sfb_bias_kernel(int groups, int64_t n, int64_t nb, int64_t kb_tot, const uint8_t* bs,
+                                    int64_t bs_s0, int64_t bs_s1, float* sfb, const void* bias, int bias_bf16,
+                                    int64_t bias_s0, int64_t bias_s1, float* bias_f32) {
+  const int64_t n_sfb = groups * nb * kb_tot;
+  const int64_t n_bias = bias ? groups * n : 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n_sfb + n_bias;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if (i < n_sfb) {
+      const int64_t ib = i % nb, kb = (i / nb) % kb_tot, g = i / (nb * kb_tot);
+      sfb[i] = e8m0_to_f32(bs[g * bs_s0 + ib * kTile * bs_s1 + 4 * kb]);
+    } else {
+      const int64_t j = i - n_sfb, g = j / n, c = j % n;
+      const int64_t o = g * bias_s0 + c * bias_s1;
+      bias_f32[j] = bias_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(bias)[o]) : static_cast<const float*>(bias)[o];
+    }
+  }
+}
+
+// Wgrad scales: global 128-block slot j (group g, block j - kb_off_g), row r ->
+// sf[j * rows + r] from scale[r][blk_off_g + 4 (j - kb_off_g)]. blockIdx.z: 0 = A (rows N), 1 = B (rows K).
+__global__ void kg_scale_kernel(const GroupInfo* info, int groups, const uint8_t* as, int64_t as_s0, int64_t n,
+                                float* sfa, const uint8_t* bs, int64_t bs_s0, int64_t k, float* sfb) {
+  const bool is_b = blockIdx.z == 1;
+  const int64_t rows = is_b ? k : n;
+  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t j = blockIdx.y;
+  if (r >= rows || groups == 0) return;
+  const int g = upper_group(info, groups, j, [](const GroupInfo& gi) { return gi.kb_off; });
+  if (g < 0) return;
+  const GroupInfo gi = info[g];
+  const int64_t kb = j - gi.kb_off;
+  if (kb >= (gi.len + kTile - 1) / kTile) return;  // past the last block
+  const uint8_t* src = is_b ? bs + r * bs_s0 : as + r * as_s0;
+  (is_b ? sfb : sfa)[j * rows + r] = e8m0_to_f32(src[gi.blk_off + 4 * kb]);
+}
+
+// Wgrad staging: group g's token columns of A (N, M) and B (K, M) copied to stage_col in a buffer with a
+// 16-byte aligned row stride. Each thread writes one aligned 16-byte chunk (bytes past the group: 0).
+// blockIdx.x: group, blockIdx.y: block of 8 rows, blockIdx.z: 0 = A, 1 = B.
+__global__ void kg_stage_kernel(const GroupInfo* info, const uint8_t* a, int64_t lda, int64_t n, const uint8_t* b,
+                                int64_t ldb, int64_t k, uint8_t* a_stage, uint8_t* b_stage, int64_t lds) {
+  const GroupInfo gi = info[blockIdx.x];
+  if (gi.stage_col < 0) return;
+  const bool is_b = blockIdx.z == 1;
+  const int64_t rows = is_b ? k : n, ld = is_b ? ldb : lda;
+  const uint8_t* src = is_b ? b : a;
+  uint8_t* dst = is_b ? b_stage : a_stage;
+  const int64_t chunks = (gi.len + 15) / 16;
+  for (int64_t rr = 0; rr < 8; ++rr) {
+    const int64_t r = blockIdx.y * 8 + rr;
+    if (r >= rows) return;
+    const uint8_t* s = src + r * ld + gi.start;
+    uint4* d = reinterpret_cast<uint4*>(dst + r * lds + gi.stage_col);
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+      uint32_t w[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        uint32_t v = 0;
+#pragma unroll
+        for (int byte = 0; byte < 4; ++byte) {
+          const int64_t t = c * 16 + q * 4 + byte;
+          if (t < gi.len) v |= static_cast<uint32_t>(s[t]) << (8 * byte);
+        }
+        w[q] = v;
+      }
+      d[c] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+}
+
+// Forward: zero rows [end of the last group, M) of out (M, N); N * elem_bytes is a multiple of 16.
+__global__ void fwd_zero_tail_kernel(const GroupInfo* info, int groups, int64_t m, int64_t n, int elem_bytes, void* out) {
+  const int64_t end = groups ? info[groups - 1].start + info[groups - 1].len : 0;
+  const int64_t per = 16 / elem_bytes;
+  const int64_t lo = end * n / per, hi = m * n / per;
+  uint4* o = static_cast<uint4*>(out);
+  for (int64_t i = lo + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < hi;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    o[i] = make_uint4(0, 0, 0, 0);
+}
+
+// Wgrad: empty groups' outputs out[g] (N, K) are zero; N * K * elem_bytes is a multiple of 16.
+__global__ void kg_zero_empty_kernel(const GroupInfo* info, int groups, int64_t nk, int elem_bytes, void* out) {
+  const int64_t per16 = nk * elem_bytes / 16;
+  for (int g = 0; g < groups; ++g) {
+    if (info[g].len != 0) continue;
+    uint4* o = reinterpret_cast<uint4*>(static_cast<char*>(out) + g * nk * elem_bytes);
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < per16;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+      o[i] = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// ---- workspace plans ------------------------------------------------------------------------------
+
+struct FwdLayout {
+  GroupInfo* info;
+  float *sfa, *sfb, *bias;
+  void* desc;
+  int64_t bytes;
+};
+
+FwdLayout fwd_layout(void* ws, int64_t m, int64_t n, int64_t k, int64_t g, int sm_count) {
+  Carver c(ws);
+  FwdLayout l{};
+  const int64_t kb = cdiv(k, kTile), nb = cdiv(n, kTile);
+  l.info = c.take<GroupInfo>(g);
+  l.sfa = c.take<float>(m * kb);
+  l.sfb = c.take<float>(g * nb * kb);
+  l.bias = c.take<float>(g * n);
+#if defined(MXMOE_HAVE_CUTLASS)
+  const int64_t desc = static_cast<int64_t>(std::max(tile128::fwd_desc_bytes_bf16(static_cast<int>(g), sm_count),
+                                                     tile128::fwd_desc_bytes_f32(static_cast<int>(g), sm_count)));
+#else
+  (void)sm_count;
+  const int64_t desc = 0;
+#endif
+  l.desc = c.take<char>(desc);
+  l.bytes = c.bytes();
+  return l;
+}
+
+struct KgLayout {
+  GroupInfo* info;
+  float *sfa, *sfb;
+  uint8_t *a_stage, *b_stage;
+  int64_t lds;
+  void* desc;
+  int64_t bytes;
+};
+
+KgLayout kg_layout(void* ws, int64_t m, int64_t n, int64_t k, int64_t g, int sm_count) {
+  Carver c(ws);
+  KgLayout l{};
+  const int64_t cap = cdiv(m, kTile) + g;
+  l.lds = staging_ld(m, g);
+  l.info = c.take<GroupInfo>(g);
+  l.sfa = c.take<float>(n * cap);
+  l.sfb = c.take<float>(k * cap);
+  l.a_stage = c.take<uint8_t>(n * l.lds);
+  l.b_stage = c.take<uint8_t>(k * l.lds);
+#if defined(MXMOE_HAVE_CUTLASS)
+  const int gi = static_cast<int>(g);
+  const int64_t desc = static_cast<int64_t>(
+      std::max({tile128::kg_desc_bytes_bf16(gi, sm_count), tile128::kg_desc_bytes_f32(gi, sm_count),
+                tile128::kg_desc_bytes_bf16_n192(gi, sm_count), tile128::kg_desc_bytes_f32_n192(gi, sm_count)}));
+#else
+  (void)sm_count;
+  const int64_t desc = 0;
+#endif
+  l.desc = c.take<char>(desc);
+  l.bytes = c.bytes();
+  return l;
+}
+
+void check_workspace(int64_t have, int64_t need, const char* what) {
+  if (have < need)
+    fail(what, ": workspace: expected at least ", need, " bytes (the workspace size query), got ", have);
+}
+
+int grid_for(int64_t work, int threads, int64_t cap) {
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(cap, cdiv(work, threads))));
+}
+
+}  // namespace
+
+int64_t grouped_mm_tile128_workspace_size(int64_t m, int64_t n, int64_t k, int64_t g, int32_t device) {
+  const DeviceProps p = require_hopper(device, "grouped_mm_tile128");
+  return fwd_layout(nullptr, m, n, k, g, p.sm_count).bytes;
+}
+
+int64_t grouped_mm_tile128_kgroups_workspace_size(int64_t m, int64_t n, int64_t k, int64_t g, int32_t device) {
+  const DeviceProps p = require_hopper(device, "grouped_mm_tile128_kgroups");
+  return kg_layout(nullptr, m, n, k, g, p.sm_count).bytes;
+}
+
+void grouped_mm_tile128(const GroupedMMArgs& a, void* workspace, int64_t workspace_bytes) {
+  const char* what = "grouped_mm_tile128";
+  const int64_t M = a.a.shape[0], K = a.a.shape[1], N = a.b.shape[1];
+  const int G = static_cast<int>(a.offs.shape[0]);
+  const DeviceProps props = require_hopper(a.a.device, what);
+  DeviceGuard guard(a.a.device, what);
+  const FwdLayout l = fwd_layout(workspace, M, N, K, G, props.sm_count);
+  check_workspace(workspace_bytes, l.bytes, what);
+  auto stream = static_cast<cudaStream_t>(a.stream);
+  const int64_t kb = cdiv(K, kTile), nb = cdiv(N, kTile);
+  const int elem = a.out.dtype == MXMOE_DTYPE_BF16 ? 2 : 4;
+  if (M == 0 || N == 0) return;
+  if (G == 0) {
+    cudaMemsetAsync(a.out.data, 0, static_cast<size_t>(M * N * elem), stream);
+    check_launch(what);
+    return;
+  }
+  group_info_kernel<<<1, 256, 0, stream>>>(static_cast<const int32_t*>(a.offs.data), a.offs.strides[0], G, M, 0, l.info);
+  check_launch(what);
+  fwd_sfa_kernel<<<static_cast<unsigned>(cdiv(M, 256)), 256, 0, stream>>>(
+      l.info, G, static_cast<const uint8_t*>(a.a_scale.data), a.a_scale.strides[0], kb, l.sfa);
+  check_launch(what);
+  const bool bias = a.bias.present;
+  const bool bias_bf16 = bias && a.bias.t.dtype == MXMOE_DTYPE_BF16;
+  fwd_sfb_bias_kernel<<<grid_for(G * nb * kb + (bias ? G * N : 0), 256, 1024), 256, 0, stream>>>(
+      G, N, nb, kb, static_cast<const uint8_t*>(a.b_scale.data), a.b_scale.strides[0], a.b_scale.strides[1], l.sfb,
+      bias ? a.bias.t.data : nullptr, bias_bf16 ? 1 : 0, bias ? a.bias.t.strides[0] : 0, bias ? a.bias.t.strides[1] : 0,
+      l.bias);
+  check_launch(what);
+  fwd_zero_tail_kernel<<<2 * props.sm_count, 256, 0, stream>>>(l.info, G, M, N, elem, a.out.data);
+  check_launch(what);
+#if defined(MXMOE_HAVE_CUTLASS)
+  tile128::FwdPlan p;
+  p.groups = G;
+  p.m = M;
+  p.n = N;
+  p.k = K;
+  p.info = l.info;
+  p.a = static_cast<const uint8_t*>(a.a.data);
+  p.b = static_cast<const uint8_t*>(a.b.data);
+  p.out = a.out.data;
+  p.sfa = l.sfa;
+  p.sfb = l.sfb;
+  p.bias = bias ? l.bias : nullptr;
+  p.desc = l.desc;
+  p.sm_count = props.sm_count;
+  p.stream = stream;
+  if (a.out.dtype == MXMOE_DTYPE_BF16)
+    tile128::fwd_run_bf16(p);
+  else
+    tile128::fwd_run_f32(p);
+#endif
+}
+
+void grouped_mm_tile128_kgroups(const GroupedMMKArgs& a, void* workspace, int64_t workspace_bytes) {
+  const char* what = "grouped_mm_tile128_kgroups";
+  const int64_t N = a.a.shape[0], M = a.a.shape[1], K = a.b.shape[0];
+  const int G = static_cast<int>(a.offs.shape[0]);
+  const DeviceProps props = require_hopper(a.a.device, what);
+  DeviceGuard guard(a.a.device, what);
+  const KgLayout l = kg_layout(workspace, M, N, K, G, props.sm_count);
+  check_workspace(workspace_bytes, l.bytes, what);
+  auto stream = static_cast<cudaStream_t>(a.stream);
+  const int elem = a.out.dtype == MXMOE_DTYPE_BF16 ? 2 : 4;
+  if (G == 0 || N == 0 || K == 0) return;
+  const auto* A = static_cast<const uint8_t*>(a.a.data);
+  const auto* B = static_cast<const uint8_t*>(a.b.data);
+  // Groups are read in place when TMA can address them: 16-byte aligned base and row stride, and a
+  // first token at a multiple of 16. Otherwise their columns are staged (one extra read + write of
+  // those columns of both operands).
+  const bool stage_all = M % 16 != 0 || reinterpret_cast<uintptr_t>(A) % 16 != 0 || reinterpret_cast<uintptr_t>(B) % 16 != 0;
+  group_info_kernel<<<1, 256, 0, stream>>>(static_cast<const int32_t*>(a.offs.data), a.offs.strides[0], G, M,
+                                           stage_all ? 2 : 1, l.info);
+  check_launch(what);
+  const int64_t cap = cdiv(M, kTile) + G;
+  if (cap > 65535) fail_status(MXMOE_ERR_UNSUPPORTED, what, ": ", M, " tokens in ", G, " groups exceed the scale kernel's grid");
+  kg_scale_kernel<<<dim3(static_cast<unsigned>(cdiv(std::max(N, K), 256)), static_cast<unsigned>(cap), 2), 256, 0,
+                    stream>>>(l.info, G, static_cast<const uint8_t*>(a.a_scale.data), a.a_scale.strides[0], N, l.sfa,
+                              static_cast<const uint8_t*>(a.b_scale.data), a.b_scale.strides[0], K, l.sfb);
+  check_launch(what);
+  if (M > 0) {
+    kg_stage_kernel<<<dim3(static_cast<unsigned>(G), static_cast<unsigned>(cdiv(std::max(N, K), 8)), 2), 256, 0,
+                      stream>>>(l.info, A, a.a.strides[0], N, B, a.b.strides[0], K, l.a_stage, l.b_stage, l.lds);
+    check_launch(what);
+  }
+  kg_zero_empty_kernel<<<2 * props.sm_count, 256, 0, stream>>>(l.info, G, N * K, elem, a.out.data);
+  check_launch(what);
+#if defined(MXMOE_HAVE_CUTLASS)
+  tile128::KgPlan p;
+  p.groups = G;
+  p.m = M;
+  p.n = N;
+  p.k = K;
+  p.info = l.info;
+  p.a = A;
+  p.b = B;
+  p.lda = a.a.strides[0];
+  p.ldb = a.b.strides[0];
+  p.a_stage = l.a_stage;
+  p.b_stage = l.b_stage;
+  p.ld_stage = l.lds;
+  p.out = a.out.data;
+  p.sfa = l.sfa;
+  p.sfb = l.sfb;
+  p.desc = l.desc;
+  p.sm_count = props.sm_count;
+  p.stream = stream;
+  // CTA tile along K_model: 128 or 192 (MXMOE_TILE128_KG_TILE; default in kKgTileDefault, measured
+  // in docs/perf/gemm.md).
+  const char* tile_env = std::getenv("MXMOE_TILE128_KG_TILE");
+  const int tile_n = tile_env ? std::atoi(tile_env) : kKgTileDefault;
+  if (a.out.dtype == MXMOE_DTYPE_BF16)
+    tile_n == 192 ? tile128::kg_run_bf16_n192(p) : tile128::kg_run_bf16(p);
+  else
+    tile_n == 192 ? tile128::kg_run_f32_n192(p) : tile128::kg_run_f32(p);
+#endif
+}
+
+}  // namespace cuda
+}  // namespace mxmoe

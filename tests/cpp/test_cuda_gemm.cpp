@@ -1,0 +1,581 @@
+// GPU grouped GEMMs against the CPU core reference (the C API on host copies):
+//  - the generic 1x32 kernels (mxmoe_grouped_mm_mx / _kgroups on CUDA): bit for bit;
+//  - the tile128 Hopper FP8 kernels (mxmoe_grouped_mm_tile128 / _kgroups), f32 output:
+//      * on operands whose 128-long partial sums the FP8 tensor cores hold exactly (e4m3 values
+//        +-1, +-1.5, scales within 2^+-2): relative Frobenius error <= 1e-6 (in practice 0: equal
+//        to the CPU reference bit for bit), which pins indexing, scales, groups, tails and bias;
+//      * on random e4m3 bytes over the whole range, and on e4m3 of normal data: <= 5e-4. Hopper's
+//        FP8 wgmma adds the products of each instruction with a limited-precision aligned sum
+//        (about 14 bits kept, DeepSeek-V3 report sec. 3.3.2) before the fp32 promotion every 128 of
+//        K, so the fp32-accumulation bar of 1e-5 is out of reach of any FP8-tensor-core kernel here
+//        (measured 1.7-2.2e-4 with full-range random bytes; see docs/perf/gemm.md);
+//    bf16 output within bf16 rounding of the f32 reference.
+// Operands are built directly as coarse MX tensors: random e4m3 bytes (no NaN codes) and random
+// scale bytes constant over each coarse block (1x128 along the reduction, 128x128 weight tiles).
+// Skips without a CUDA device; the tile128 tests skip where the call reports UNSUPPORTED (no
+// Hopper GPU or no CUTLASS in the build).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "mxmoe/mxmoe.h"
+#include "test_util.hpp"
+
+using mxtest::Buffer;
+
+namespace {
+
+bool cuda_available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define SKIP_WITHOUT_CUDA() \
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device"
+
+#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
+
+// A device copy of a host buffer (or an uninitialized one of the same shape).
+struct DevBuf {
+  Buffer host;  // shape/dtype holder (and the bytes that were copied up)
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  DevBuf() = default;
+  explicit DevBuf(const Buffer& h, bool copy = true) : host(h) {
+    bytes = h.bytes.size();
+    if (cudaMalloc(&ptr, std::max<size_t>(bytes, 16)) != cudaSuccess) ptr = nullptr;
+    if (copy && bytes) cudaMemcpy(ptr, h.bytes.data(), bytes, cudaMemcpyHostToDevice);
+  }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  ~DevBuf() {
+    if (ptr) cudaFree(ptr);
+  }
+  mxmoe_tensor view() {
+    mxmoe_tensor t = host.view();
+    t.data = ptr;
+    t.device = 0;
+    return t;
+  }
+  Buffer download() const {
+    Buffer h = host;
+    if (bytes) cudaMemcpy(h.bytes.data(), ptr, bytes, cudaMemcpyDeviceToHost);
+    return h;
+  }
+  void poison() {
+    if (bytes) cudaMemset(ptr, 0xFF, bytes);  // NaN in bf16 and f32: every element must be written
+  }
+};
+
+struct Workspace {
+  void* ptr = nullptr;
+  int64_t bytes = 0;
+  explicit Workspace(int64_t n) : bytes(n) {
+    if (n > 0 && cudaMalloc(&ptr, static_cast<size_t>(n)) != cudaSuccess) ptr = nullptr;
+  }
+  ~Workspace() {
+    if (ptr) cudaFree(ptr);
+  }
+  mxmoe_tensor view() const {
+    mxmoe_tensor t{};
+    t.data = ptr;
+    t.dtype = MXMOE_DTYPE_E4M3;  // any 1-byte dtype
+    t.ndim = 1;
+    t.shape[0] = bytes;
+    t.strides[0] = 1;
+    t.device = 0;
+    return t;
+  }
+};
+
+// Operand data: full-range random bytes, an exactly-summable grid, or e4m3 of normal samples.
+enum class Data { kFullRange, kExactGrid, kNormal };
+Data g_data = Data::kFullRange;  // set per case by the runners below
+
+uint8_t random_e4m3(std::mt19937& rng) {
+  if (g_data == Data::kExactGrid)  // +-1 or +-1.5: 128-long partials are exact in the FP8 MMA
+    return static_cast<uint8_t>((rng() & 0x80) | 0x38 | ((rng() & 1) ? 4 : 0));
+  if (g_data == Data::kNormal) {
+    std::normal_distribution<float> nd(0.f, 64.f);
+    for (;;) {
+      const uint8_t b = mxmoe_e4m3_from_float(nd(rng));
+      if ((b & 0x7F) != 0x7F) return b;
+    }
+  }
+  for (;;) {
+    const uint8_t b = static_cast<uint8_t>(rng() & 0xFF);
+    if ((b & 0x7F) != 0x7F) return b;
+  }
+}
+
+uint8_t random_scale(std::mt19937& rng) {
+  if (g_data == Data::kExactGrid) return static_cast<uint8_t>(125 + rng() % 5);  // 2^-2 .. 2^2
+  return static_cast<uint8_t>(118 + rng() % 19);                                  // 2^-9 .. 2^9
+}
+
+Buffer random_e4m3_buffer(std::vector<int64_t> shape, std::mt19937& rng) {
+  Buffer b(std::move(shape), MXMOE_DTYPE_E4M3);
+  for (auto& v : b.bytes) v = random_e4m3(rng);
+  return b;
+}
+
+const char* data_name() {
+  return g_data == Data::kExactGrid ? " exact-grid" : (g_data == Data::kNormal ? " normal" : " full-range");
+}
+
+double tolerance(mxmoe_dtype out) {
+  if (out == MXMOE_DTYPE_BF16) return 4e-3;         // bf16 rounding of the result
+  return g_data == Data::kExactGrid ? 1e-6 : 5e-4;  // see the header comment
+}
+
+// (R, C/32) scales, 1x128 blocks along C: the byte of block c/128 repeated over its 32-runs.
+Buffer rowwise_scales_1x128(int64_t rows, int64_t cols, std::mt19937& rng) {
+  Buffer s({rows, cols / 32}, MXMOE_DTYPE_E8M0);
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t v = 0;
+    for (int64_t j = 0; j < cols / 32; ++j) {
+      if (j % 4 == 0) v = random_scale(rng);
+      s.bytes[r * (cols / 32) + j] = v;
+    }
+  }
+  return s;
+}
+
+// (G, R, C/32) scales, 128x128 tiles: one byte per (g, r/128, c/128).
+Buffer tile_scales_128x128(int64_t g, int64_t rows, int64_t cols, std::mt19937& rng) {
+  const int64_t nc = cols / 32, tr = (rows + 127) / 128, tc = (cols + 127) / 128;
+  std::vector<uint8_t> tiles(static_cast<size_t>(g * tr * tc));
+  for (auto& v : tiles) v = random_scale(rng);
+  Buffer s({g, rows, nc}, MXMOE_DTYPE_E8M0);
+  for (int64_t e = 0; e < g; ++e)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < nc; ++j)
+        s.bytes[(e * rows + r) * nc + j] = tiles[(e * tr + r / 128) * tc + j / 4];
+  return s;
+}
+
+// (R, cap) grouped compact scales along tokens, 1x128 blocks starting at each group's first token.
+Buffer grouped_token_scales_1x128(int64_t rows, const std::vector<int32_t>& sizes, int64_t m, std::mt19937& rng) {
+  const int64_t cap = mxmoe_grouped_scale_capacity(m, static_cast<int64_t>(sizes.size()));
+  Buffer s({rows, cap}, MXMOE_DTYPE_E8M0, 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t blk = 0;
+    for (int32_t len : sizes) {
+      const int64_t runs = (len + 31) / 32;
+      uint8_t v = 0;
+      for (int64_t j = 0; j < runs; ++j) {
+        if (j % 4 == 0) v = random_scale(rng);
+        s.bytes[r * cap + blk + j] = v;
+      }
+      blk += runs;
+    }
+  }
+  return s;
+}
+
+std::vector<int32_t> ends_of(const std::vector<int32_t>& sizes) {
+  std::vector<int32_t> e(sizes.size());
+  int32_t acc = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) e[i] = acc += sizes[i];
+  return e;
+}
+
+// Random group sizes summing to `used` (some empty when `empties`).
+std::vector<int32_t> random_sizes(int g, int32_t used, std::mt19937& rng, bool empties) {
+  std::vector<int32_t> cuts(g - 1);
+  for (auto& c : cuts) c = static_cast<int32_t>(rng() % (used + 1));
+  std::sort(cuts.begin(), cuts.end());
+  std::vector<int32_t> sizes(g);
+  int32_t prev = 0;
+  for (int i = 0; i < g - 1; ++i) {
+    sizes[i] = cuts[i] - prev;
+    prev = cuts[i];
+  }
+  sizes[g - 1] = used - prev;
+  if (empties && g >= 3) {  // force a couple of empty groups
+    sizes[1] += sizes[0];
+    sizes[0] = 0;
+    sizes[g - 1] += sizes[g - 2];
+    sizes[g - 2] = 0;
+  }
+  return sizes;
+}
+
+double rel_frobenius(const Buffer& got, const Buffer& ref) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < ref.numel(); ++i) {
+    const double r = ref.get(i), d = got.get(i) - r;
+    num += d * d;
+    den += r * r;
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+int64_t count_nonfinite(const Buffer& b) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < b.numel(); ++i) n += !std::isfinite(b.get(i));
+  return n;
+}
+
+// ---- the tile128 forward/dgrad case ---------------------------------------------------------------
+struct FwdCase {
+  int64_t m, n, k;
+  std::vector<int32_t> sizes;  // group sizes (sum <= m; the rest are tail rows)
+  mxmoe_dtype out;
+  bool bias;
+};
+
+std::string describe(const FwdCase& c) {
+  return "M=" + std::to_string(c.m) + " N=" + std::to_string(c.n) + " K=" + std::to_string(c.k) +
+         " G=" + std::to_string(c.sizes.size()) + (c.out == MXMOE_DTYPE_BF16 ? " bf16" : " f32") +
+         (c.bias ? " bias" : "") + data_name();
+}
+
+// Returns false (after GTEST_SKIP-worthy message) when the device path is unsupported.
+void run_fwd_case(const FwdCase& c, uint32_t seed, bool* unsupported) {
+  std::mt19937 rng(seed);
+  const int64_t G = static_cast<int64_t>(c.sizes.size());
+  Buffer a = random_e4m3_buffer({c.m, c.k}, rng);
+  Buffer as = rowwise_scales_1x128(c.m, c.k, rng);
+  Buffer b = random_e4m3_buffer({G, c.n, c.k}, rng);
+  Buffer bs = tile_scales_128x128(G, c.n, c.k, rng);
+  Buffer offs = mxtest::offsets(ends_of(c.sizes));
+  Buffer bias({G, c.n}, MXMOE_DTYPE_BF16);
+  std::normal_distribution<float> nd(0.f, 4.f);
+  for (int64_t i = 0; i < bias.numel(); ++i)
+    bias.set(i, g_data == Data::kExactGrid ? static_cast<float>(static_cast<int>(rng() % 64) - 32) / 4 : nd(rng));
+
+  // CPU reference, f32 output.
+  Buffer ref({c.m, c.n}, MXMOE_DTYPE_F32);
+  {
+    auto va = a.view(), vas = as.view(), vb = b.view(), vbs = bs.view(), vo = offs.view(), vbias = bias.view(),
+         vr = ref.view();
+    ASSERT_EQ(mxmoe_grouped_mm_tile128(&va, &vas, &vb, &vbs, &vo, c.bias ? &vbias : nullptr, &vr, nullptr, nullptr),
+              MXMOE_OK)
+        << mxmoe_last_error();
+  }
+  DevBuf da(a), das(as), db(b), dbs(bs), doffs(offs), dbias(bias);
+  DevBuf dout(Buffer({c.m, c.n}, c.out), false);
+  dout.poison();
+  const int64_t need = mxmoe_grouped_mm_tile128_workspace_size(c.m, c.n, c.k, G, 0);
+  if (need < 0) {
+    *unsupported = true;
+    return;
+  }
+  Workspace ws(need);
+  auto va = da.view(), vas = das.view(), vb = db.view(), vbs = dbs.view(), vo = doffs.view(), vbias = dbias.view(),
+       vout = dout.view(), vws = ws.view();
+  const mxmoe_status st = mxmoe_grouped_mm_tile128(&va, &vas, &vb, &vbs, &vo, c.bias ? &vbias : nullptr, &vout, &vws,
+                                                   nullptr);
+  if (st == MXMOE_ERR_UNSUPPORTED) {
+    *unsupported = true;
+    return;
+  }
+  ASSERT_EQ(st, MXMOE_OK) << mxmoe_last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  Buffer got = dout.download();
+  ASSERT_EQ(count_nonfinite(got), 0) << describe(c);
+  const int64_t used = std::accumulate(c.sizes.begin(), c.sizes.end(), int64_t{0});
+  for (int64_t i = used * c.n; i < c.m * c.n; ++i) ASSERT_EQ(got.get(i), 0.0f) << "tail row element " << i;
+  const double err = rel_frobenius(got, ref);
+  EXPECT_LE(err, tolerance(c.out)) << describe(c);
+  std::printf("  [tile128 fwd] %s: rel Frobenius error %.3g\n", describe(c).c_str(), err);
+}
+
+struct KgCase {
+  int64_t n, k;
+  std::vector<int32_t> sizes;  // sum = M
+  mxmoe_dtype out;
+  int64_t m_extra = 0;  // tokens past the last group
+};
+
+std::string describe(const KgCase& c) {
+  const int64_t m = std::accumulate(c.sizes.begin(), c.sizes.end(), int64_t{0}) + c.m_extra;
+  return "M=" + std::to_string(m) + " N=" + std::to_string(c.n) + " K=" + std::to_string(c.k) +
+         " G=" + std::to_string(c.sizes.size()) + (c.out == MXMOE_DTYPE_BF16 ? " bf16" : " f32") + data_name();
+}
+
+void run_kg_case(const KgCase& c, uint32_t seed, bool* unsupported) {
+  std::mt19937 rng(seed);
+  const int64_t G = static_cast<int64_t>(c.sizes.size());
+  const int64_t M = std::accumulate(c.sizes.begin(), c.sizes.end(), int64_t{0}) + c.m_extra;
+  Buffer a = random_e4m3_buffer({c.n, M}, rng);
+  Buffer as = grouped_token_scales_1x128(c.n, c.sizes, M, rng);
+  Buffer b = random_e4m3_buffer({c.k, M}, rng);
+  Buffer bs = grouped_token_scales_1x128(c.k, c.sizes, M, rng);
+  Buffer offs = mxtest::offsets(ends_of(c.sizes));
+  Buffer ref({G, c.n, c.k}, MXMOE_DTYPE_F32);
+  {
+    auto va = a.view(), vas = as.view(), vb = b.view(), vbs = bs.view(), vo = offs.view(), vr = ref.view();
+    ASSERT_EQ(mxmoe_grouped_mm_tile128_kgroups(&va, &vas, &vb, &vbs, &vo, &vr, nullptr, nullptr), MXMOE_OK)
+        << mxmoe_last_error();
+  }
+  DevBuf da(a), das(as), db(b), dbs(bs), doffs(offs);
+  DevBuf dout(Buffer({G, c.n, c.k}, c.out), false);
+  dout.poison();
+  const int64_t need = mxmoe_grouped_mm_tile128_kgroups_workspace_size(M, c.n, c.k, G, 0);
+  if (need < 0) {
+    *unsupported = true;
+    return;
+  }
+  Workspace ws(need);
+  auto va = da.view(), vas = das.view(), vb = db.view(), vbs = dbs.view(), vo = doffs.view(), vout = dout.view(),
+       vws = ws.view();
+  const mxmoe_status st = mxmoe_grouped_mm_tile128_kgroups(&va, &vas, &vb, &vbs, &vo, &vout, &vws, nullptr);
+  if (st == MXMOE_ERR_UNSUPPORTED) {
+    *unsupported = true;
+    return;
+  }
+  ASSERT_EQ(st, MXMOE_OK) << mxmoe_last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  Buffer got = dout.download();
+  ASSERT_EQ(count_nonfinite(got), 0) << describe(c);
+  for (int64_t g = 0; g < G; ++g) {
+    if (c.sizes[g] != 0) continue;
+    for (int64_t i = 0; i < c.n * c.k; ++i) ASSERT_EQ(got.get(g * c.n * c.k + i), 0.0f) << "empty group " << g;
+  }
+  const double err = rel_frobenius(got, ref);
+  EXPECT_LE(err, tolerance(c.out)) << describe(c);
+  std::printf("  [tile128 wgrad] %s: rel Frobenius error %.3g\n", describe(c).c_str(), err);
+}
+
+}  // namespace
+
+// ---- generic 1x32 kernels: bit-exact against the CPU reference -----------------------------------
+
+TEST(CudaGemm, GenericGroupedMmMatchesCpuBitwise) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(11);
+  const int64_t M = 300, N = 96, K = 160, G = 5;
+  const std::vector<int32_t> sizes = {0, 70, 1, 130, 0};  // 99 tail rows
+  Buffer a = random_e4m3_buffer({M, K}, rng), b = random_e4m3_buffer({G, N, K}, rng);
+  Buffer as({M, K / 32}, MXMOE_DTYPE_E8M0), bs({G, N, K / 32}, MXMOE_DTYPE_E8M0);
+  for (auto& v : as.bytes) v = random_scale(rng);
+  for (auto& v : bs.bytes) v = random_scale(rng);
+  Buffer offs = mxtest::offsets(ends_of(sizes));
+  Buffer bias({G, N}, MXMOE_DTYPE_F32);
+  for (int64_t i = 0; i < bias.numel(); ++i) bias.set(i, static_cast<float>(rng() % 100) - 50.f);
+  for (mxmoe_dtype dt : {MXMOE_DTYPE_F32, MXMOE_DTYPE_BF16}) {
+    Buffer ref({M, N}, dt);
+    auto va = a.view(), vas = as.view(), vb = b.view(), vbs = bs.view(), vo = offs.view(), vbias = bias.view(),
+         vr = ref.view();
+    ASSERT_EQ(mxmoe_grouped_mm_mx(&va, &vas, &vb, &vbs, &vo, &vbias, &vr, nullptr), MXMOE_OK) << mxmoe_last_error();
+    DevBuf da(a), das(as), db(b), dbs(bs), doffs(offs), dbias(bias), dout(Buffer({M, N}, dt), false);
+    dout.poison();
+    auto wa = da.view(), was = das.view(), wb = db.view(), wbs = dbs.view(), wo = doffs.view(), wbias = dbias.view(),
+         wout = dout.view();
+    ASSERT_EQ(mxmoe_grouped_mm_mx(&wa, &was, &wb, &wbs, &wo, &wbias, &wout, nullptr), MXMOE_OK) << mxmoe_last_error();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    Buffer got = dout.download();
+    EXPECT_EQ(got.bytes, ref.bytes);
+  }
+}
+
+TEST(CudaGemm, GenericKgroupsMatchesCpuBitwise) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(12);
+  const std::vector<int32_t> sizes = {37, 0, 100, 1, 64};
+  const int64_t M = 202, N = 80, K = 72, G = 5;
+  const int64_t cap = mxmoe_grouped_scale_capacity(M, G);
+  Buffer a = random_e4m3_buffer({N, M}, rng), b = random_e4m3_buffer({K, M}, rng);
+  Buffer as({N, cap}, MXMOE_DTYPE_E8M0), bs({K, cap}, MXMOE_DTYPE_E8M0);
+  for (auto& v : as.bytes) v = random_scale(rng);
+  for (auto& v : bs.bytes) v = random_scale(rng);
+  Buffer offs = mxtest::offsets(ends_of(sizes));
+  for (mxmoe_dtype dt : {MXMOE_DTYPE_F32, MXMOE_DTYPE_BF16}) {
+    Buffer ref({G, N, K}, dt);
+    auto va = a.view(), vas = as.view(), vb = b.view(), vbs = bs.view(), vo = offs.view(), vr = ref.view();
+    ASSERT_EQ(mxmoe_grouped_mm_mx_kgroups(&va, &vas, &vb, &vbs, &vo, &vr, nullptr), MXMOE_OK) << mxmoe_last_error();
+    DevBuf da(a), das(as), db(b), dbs(bs), doffs(offs), dout(Buffer({G, N, K}, dt), false);
+    dout.poison();
+    auto wa = da.view(), was = das.view(), wb = db.view(), wbs = dbs.view(), wo = doffs.view(), wout = dout.view();
+    ASSERT_EQ(mxmoe_grouped_mm_mx_kgroups(&wa, &was, &wb, &wbs, &wo, &wout, nullptr), MXMOE_OK) << mxmoe_last_error();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(dout.download().bytes, ref.bytes);
+  }
+}
+
+// ---- tile128 FP8 kernels -------------------------------------------------------------------------
+
+TEST(CudaGemmTile128, SmallForwardAndWgrad) {  // the compute-sanitizer case
+  SKIP_WITHOUT_CUDA();
+  g_data = Data::kExactGrid;  // exact: any indexing or scale slip shows
+  bool unsupported = false;
+  run_fwd_case({200, 96, 160, {0, 70, 81, 0}, MXMOE_DTYPE_F32, true}, 1, &unsupported);
+  if (unsupported) GTEST_SKIP() << "tile128 GEMMs unsupported here: " << mxmoe_last_error();
+  run_kg_case({96, 160, {37, 0, 130, 5}, MXMOE_DTYPE_F32, 3}, 2, &unsupported);
+  g_data = Data::kFullRange;
+}
+
+TEST(CudaGemmTile128, Forward) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(5);
+  std::vector<FwdCase> cases = {
+      {300, 160, 224, {300}, MXMOE_DTYPE_F32, false},                  // G = 1, N and K not multiples of 128
+      {300, 160, 224, {257}, MXMOE_DTYPE_BF16, true},                  // tail rows
+      {1000, 256, 384, {0, 129, 500, 0, 300}, MXMOE_DTYPE_F32, true},  // empty groups, M tails
+      {1000, 256, 384, {0, 129, 500, 0, 300}, MXMOE_DTYPE_BF16, false},
+      {2048, 512, 1024, random_sizes(8, 2000, rng, false), MXMOE_DTYPE_F32, false},
+      {1500, 96, 288, random_sizes(64, 1400, rng, true), MXMOE_DTYPE_F32, true},  // G = 64
+      {1500, 96, 288, random_sizes(64, 1500, rng, true), MXMOE_DTYPE_BF16, true},
+      {256, 128, 128, {0, 0, 0}, MXMOE_DTYPE_F32, true},  // every group empty: all rows are tail
+  };
+  uint32_t seed = 100;
+  for (Data d : {Data::kExactGrid, Data::kFullRange, Data::kNormal}) {
+    g_data = d;
+    for (const auto& c : cases) {
+      bool unsupported = false;
+      run_fwd_case(c, seed++, &unsupported);
+      if (unsupported) GTEST_SKIP() << "tile128 GEMMs unsupported here: " << mxmoe_last_error();
+    }
+  }
+  g_data = Data::kFullRange;
+}
+
+// Dgrad is the same kernel with A = dY (M, N_model) in 1x128 blocks along N_model and B = the
+// transposed weight copy (G, K_model, N_model) whose 128x128 tiles are the forward tiles transposed.
+TEST(CudaGemmTile128, DgradShapes) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(6);
+  std::vector<FwdCase> cases = {
+      {777, 352, 416, random_sizes(4, 700, rng, true), MXMOE_DTYPE_F32, false},
+      {777, 352, 416, random_sizes(16, 777, rng, false), MXMOE_DTYPE_BF16, false},
+  };
+  uint32_t seed = 200;
+  for (Data d : {Data::kExactGrid, Data::kFullRange}) {
+    g_data = d;
+    for (const auto& c : cases) {
+      bool unsupported = false;
+      run_fwd_case(c, seed++, &unsupported);
+      if (unsupported) GTEST_SKIP() << "tile128 GEMMs unsupported here: " << mxmoe_last_error();
+    }
+  }
+  g_data = Data::kFullRange;
+}
+
+TEST(CudaGemmTile128, Wgrad) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(7);
+  std::vector<KgCase> cases = {
+      {160, 224, {1000}, MXMOE_DTYPE_F32},                        // G = 1, in place (M % 16 == 0)
+      {160, 224, {37, 0, 300, 1, 662}, MXMOE_DTYPE_F32},          // sizes not multiples of 32: staged
+      {160, 224, {37, 0, 300, 1, 662}, MXMOE_DTYPE_BF16, 5},      // M % 16 != 0: every group staged
+      {256, 128, {128, 256, 0, 512, 64}, MXMOE_DTYPE_F32},        // all starts aligned: in place
+      {96, 288, random_sizes(64, 3000, rng, true), MXMOE_DTYPE_F32},  // G = 64
+      {384, 512, random_sizes(8, 4096, rng, false), MXMOE_DTYPE_BF16},
+      {64, 64, {0, 0}, MXMOE_DTYPE_F32, 7},                        // all empty: zeros
+  };
+  uint32_t seed = 300;
+  for (Data d : {Data::kExactGrid, Data::kFullRange, Data::kNormal}) {
+    g_data = d;
+    for (const auto& c : cases) {
+      bool unsupported = false;
+      run_kg_case(c, seed++, &unsupported);
+      if (unsupported) GTEST_SKIP() << "tile128 GEMMs unsupported here: " << mxmoe_last_error();
+    }
+  }
+  g_data = Data::kFullRange;
+}
+
+// Wgrad with the 128x192 CTA tile variant (MXMOE_TILE128_KG_TILE=192).
+TEST(CudaGemmTile128, WgradTile192) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(17);
+  std::vector<KgCase> cases = {
+      {160, 224, {37, 0, 300, 1, 662}, MXMOE_DTYPE_F32},
+      {256, 416, random_sizes(16, 2500, rng, true), MXMOE_DTYPE_BF16, 3},
+      {96, 288, random_sizes(64, 3000, rng, true), MXMOE_DTYPE_F32},
+  };
+  setenv("MXMOE_TILE128_KG_TILE", "192", 1);
+  uint32_t seed = 400;
+  for (Data d : {Data::kExactGrid, Data::kFullRange}) {
+    g_data = d;
+    for (const auto& c : cases) {
+      bool unsupported = false;
+      run_kg_case(c, seed++, &unsupported);
+      if (unsupported) {
+        unsetenv("MXMOE_TILE128_KG_TILE");
+        GTEST_SKIP() << "tile128 GEMMs unsupported here: " << mxmoe_last_error();
+      }
+    }
+  }
+  g_data = Data::kFullRange;
+  unsetenv("MXMOE_TILE128_KG_TILE");
+}
+
+// A call is stream-ordered with no host sync: it can be captured in a CUDA graph and replayed.
+TEST(CudaGemmTile128, CapturedInCudaGraph) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(8);
+  const int64_t M = 512, N = 256, K = 256, G = 3;
+  const std::vector<int32_t> sizes = {100, 0, 400};
+  Buffer a = random_e4m3_buffer({M, K}, rng), as = rowwise_scales_1x128(M, K, rng);
+  Buffer b = random_e4m3_buffer({G, N, K}, rng), bs = tile_scales_128x128(G, N, K, rng);
+  Buffer offs = mxtest::offsets(ends_of(sizes));
+  const int64_t need = mxmoe_grouped_mm_tile128_workspace_size(M, N, K, G, 0);
+  if (need < 0) GTEST_SKIP() << mxmoe_last_error();
+  DevBuf da(a), das(as), db(b), dbs(bs), doffs(offs), d1(Buffer({M, N}, MXMOE_DTYPE_F32), false),
+      d2(Buffer({M, N}, MXMOE_DTYPE_F32), false);
+  Workspace ws(need);
+  auto va = da.view(), vas = das.view(), vb = db.view(), vbs = dbs.view(), vo = doffs.view(), v1 = d1.view(),
+       v2 = d2.view(), vws = ws.view();
+  const mxmoe_status st = mxmoe_grouped_mm_tile128(&va, &vas, &vb, &vbs, &vo, nullptr, &v1, &vws, nullptr);
+  if (st == MXMOE_ERR_UNSUPPORTED) GTEST_SKIP() << mxmoe_last_error();
+  ASSERT_EQ(st, MXMOE_OK) << mxmoe_last_error();
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  d2.poison();
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  const mxmoe_status cst = mxmoe_grouped_mm_tile128(&va, &vas, &vb, &vbs, &vo, nullptr, &v2, &vws, s);
+  CUDA_OK(cudaStreamEndCapture(s, &graph));
+  ASSERT_EQ(cst, MXMOE_OK) << mxmoe_last_error();
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_OK(cudaGraphLaunch(exec, s));
+  CUDA_OK(cudaStreamSynchronize(s));
+  EXPECT_EQ(d1.download().bytes, d2.download().bytes);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+}
+
+TEST(CudaGemmTile128, Validation) {
+  SKIP_WITHOUT_CUDA();
+  EXPECT_EQ(mxmoe_grouped_mm_tile128_workspace_size(10, 32, 32, 2, -1), 0);
+  EXPECT_EQ(mxmoe_grouped_mm_tile128_kgroups_workspace_size(10, 32, 32, 2, -1), 0);
+  EXPECT_EQ(mxmoe_grouped_mm_tile128_workspace_size(-1, 32, 32, 2, 0), -1);
+  const int64_t M = 64, N = 32, K = 128, G = 2;
+  const int64_t need = mxmoe_grouped_mm_tile128_workspace_size(M, N, K, G, 0);
+  if (need < 0) GTEST_SKIP() << mxmoe_last_error();
+  std::mt19937 rng(9);
+  Buffer a = random_e4m3_buffer({M, K}, rng), as = rowwise_scales_1x128(M, K, rng);
+  Buffer b = random_e4m3_buffer({G, N, K}, rng), bs = tile_scales_128x128(G, N, K, rng);
+  Buffer offs = mxtest::offsets({10, 64});
+  DevBuf da(a), das(as), db(b), dbs(bs), doffs(offs), dout(Buffer({M, N}, MXMOE_DTYPE_F32), false);
+  auto va = da.view(), vas = das.view(), vb = db.view(), vbs = dbs.view(), vo = doffs.view(), vout = dout.view();
+  // No workspace on a device.
+  EXPECT_EQ(mxmoe_grouped_mm_tile128(&va, &vas, &vb, &vbs, &vo, nullptr, &vout, nullptr, nullptr),
+            MXMOE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(mxmoe_last_error()).find("workspace"), std::string::npos) << mxmoe_last_error();
+  // Too small.
+  Workspace small(need - 1);
+  auto vsmall = small.view();
+  EXPECT_EQ(mxmoe_grouped_mm_tile128(&va, &vas, &vb, &vbs, &vo, nullptr, &vout, &vsmall, nullptr),
+            MXMOE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(mxmoe_last_error()).find("at least"), std::string::npos) << mxmoe_last_error();
+  // Host workspace with device operands.
+  Buffer host_ws({need}, MXMOE_DTYPE_E4M3);
+  auto vhw = host_ws.view();
+  EXPECT_EQ(mxmoe_grouped_mm_tile128(&va, &vas, &vb, &vbs, &vo, nullptr, &vout, &vhw, nullptr),
+            MXMOE_ERR_INVALID_ARGUMENT);
+}
