@@ -118,8 +118,8 @@ void scales_from_blocked(const BlockedArgs& args);
 void grouped_mm(const GroupedMMArgs& args);
 void grouped_mm_kgroups(const GroupedMMKArgs& args);
 void check_offsets(const mxmoe_tensor& offs, int64_t m, void* stream);
+void quantize_fused(const FusedArgs& args);
 }  // namespace cuda
 #endif
 
 }  // namespace mxmoe
-void quantize_fused(const FusedArgs& args);
