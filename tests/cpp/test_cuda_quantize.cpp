@@ -294,7 +294,8 @@ TEST(CudaQuantize, HwConversionPatterns) {
 TEST(CudaQuantize, AlongC) {
   REQUIRE_GPU();
   uint32_t seed = 10;
-  const std::vector<std::vector<int64_t>> shapes = {{1, 32}, {3, 64}, {130, 160}, {257, 96}, {3, 130, 160}, {64, 1024}};
+  const std::vector<std::vector<int64_t>> shapes = {{1, 32}, {3, 64}, {130, 160}, {257, 96}, {3, 130, 160}, {64, 1024},
+                                                    {2000, 2048}};
   for (auto& sh : shapes)
     for (mxmoe_dtype dt : {MXMOE_DTYPE_BF16, MXMOE_DTYPE_F32})
       for (mxmoe_scale_mode mode : kAllModes)
@@ -660,6 +661,11 @@ TEST(CudaQuantize, SmallSanitizer) {
   const std::vector<int32_t> g = {0, 45, 45, 130, 290};
   const std::vector<int32_t> garbage = {5, 3, 400, -2};
   check_quantize({130, 160}, MXMOE_DTYPE_BF16, {1, 32, MXMOE_SCALE_RCEIL}, nullptr, QOut{}, 1);
+  // Enough tiles that persistent CTAs walk several (pipelined prefetch across tiles).
+  const std::vector<int32_t> g8 = jagged_offsets(8192, 8, 3);
+  check_quantize({4096, 2048}, MXMOE_DTYPE_BF16, {1, 32, MXMOE_SCALE_RCEIL}, nullptr, QOut{}, 11);
+  check_quantize({8192, 1024}, MXMOE_DTYPE_BF16, {32, 1, MXMOE_SCALE_RCEIL}, &g8, QOut{}, 12);
+  check_fused({8192, 1024}, MXMOE_DTYPE_F32, {32, 32, 0, MXMOE_SCALE_RCEIL}, &g8, side_all(), side_all(), 13);
   check_quantize({300, 136}, MXMOE_DTYPE_F32, {32, 1, MXMOE_SCALE_FLOOR}, &g, QOut{}, 2, false, 1);
   check_quantize({300, 160}, MXMOE_DTYPE_BF16, {128, 128, MXMOE_SCALE_RCEIL}, &garbage, QOut{}, 3);
   check_dequantize({300, 137}, 0, &g, MXMOE_DTYPE_BF16, 4, 1);

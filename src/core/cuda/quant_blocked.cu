@@ -3,8 +3,8 @@
 // for every layout kind (WHOLE, GROUPS_M, GROUPS_K, PER_EXPERT), both directions.
 //
 // As on the CPU, a kind is a list of segments (sub-matrices blocked as a whole at their own byte
-// offset, back to back from byte 0). A CTA moves one "unit": 128 rows (a band) by 64 columns (16
-// 512-byte blocks) of one segment, staged in shared memory (rows padded to 17 words, so the
+// offset, back to back from byte 0). A CTA moves one "unit": 128 rows (a band) by 128 columns (32
+// 512-byte blocks) of one segment, staged in shared memory (rows padded to 33 words, so the
 // gather of 4 rows 32 apart is conflict-free): coalesced reads of the scale rows, 16-byte stores
 // of whole blocks (or the reverse). Group segments come from a block scan of offs on the device
 // (clamped like groups_from_offsets). Bytes no segment covers are zero-filled by all CTAs together
@@ -19,7 +19,8 @@ namespace {
 using namespace qk;
 
 constexpr int NT = 256;
-constexpr int kLd = 17;  // shared words per staged row (16 + 1 pad)
+constexpr int kLd = 33;   // shared words per staged row (32 + 1 pad)
+constexpr int kBlk = 32;  // 512-byte blocks per unit (128 scale columns)
 
 struct BlkParams {
   uint8_t* scale;  // (B, H, W) contiguous
@@ -68,8 +69,8 @@ __global__ void __launch_bounds__(NT) blocked_kernel(const __grid_constant__ Blk
     u.seg_cols = P.W;
     u.band = band;
     u.chunk = chunk;
-    u.blk0 = b * P.bands * (P.Wp / 4) + band * (P.Wp / 4) + chunk * 16;
-    u.nblk = static_cast<int>(min(16LL, P.Wp / 4 - chunk * 16));
+    u.blk0 = b * P.bands * (P.Wp / 4) + band * (P.Wp / 4) + chunk * kBlk;
+    u.nblk = static_cast<int>(min(static_cast<long long>(kBlk), P.Wp / 4 - chunk * kBlk));
   } else {
     const bool gm = P.kind == MXMOE_BLOCKED_GROUPS_M;
     long long key, chunk = 0, band = 0;
@@ -81,7 +82,7 @@ __global__ void __launch_bounds__(NT) blocked_kernel(const __grid_constant__ Blk
       key = cta % P.umax;  // unit index among the groups' column chunks
     }
     if (tid == 0) sm.found = 0;
-    const ScanTotals tot = scan_groups<NT>(P.offs, P.offs_stride, P.G, gm ? P.H : P.m_tokens, gm ? 0 : 16, sm.scan,
+    const ScanTotals tot = scan_groups<NT>(P.offs, P.offs_stride, P.G, gm ? P.H : P.m_tokens, gm ? 0 : kBlk, sm.scan,
                                            [&](const GroupInfo& gi) {
                                              const long long first = gm ? gi.p0 : gi.u0;
                                              const long long n = gm ? gi.panels : gi.units;
@@ -117,8 +118,8 @@ __global__ void __launch_bounds__(NT) blocked_kernel(const __grid_constant__ Blk
         u.seg_cols = P.W;
         u.band = key - sm.g_p0;
         u.chunk = chunk;
-        u.blk0 = key * (P.Wp / 4) + chunk * 16;
-        u.nblk = static_cast<int>(min(16LL, P.Wp / 4 - chunk * 16));
+        u.blk0 = key * (P.Wp / 4) + chunk * kBlk;
+        u.nblk = static_cast<int>(min(static_cast<long long>(kBlk), P.Wp / 4 - chunk * kBlk));
       } else {
         const long long np = sm.g_np;  // Wp_g / 4
         u.src = sm.g_b0;
@@ -126,32 +127,35 @@ __global__ void __launch_bounds__(NT) blocked_kernel(const __grid_constant__ Blk
         u.seg_cols = (sm.g_end - sm.g_start + 31) / 32;
         u.band = band;
         u.chunk = key - sm.g_u0;
-        u.blk0 = sm.g_p0 * P.bands + band * np + u.chunk * 16;
-        u.nblk = static_cast<int>(min(16LL, np - u.chunk * 16));
+        u.blk0 = sm.g_p0 * P.bands + band * np + u.chunk * kBlk;
+        u.nblk = static_cast<int>(min(static_cast<long long>(kBlk), np - u.chunk * kBlk));
       }
     }
   }
   if (!u.valid || u.nblk <= 0) return;  // uniform per CTA
 
-  const long long row0 = u.band * 128, col0 = u.chunk * 64;
+  const long long row0 = u.band * 128, col0 = u.chunk * 128;
   uint32_t* T = sm.tile;
   uint8_t* blk = P.blocked + u.blk0 * 512;
   if (P.to_blocked) {
+    // 128 rows x 128 bytes: thread t moves 16 bytes of rows (t >> 3) + 32k.
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const int idx = tid + NT * k, row = idx >> 4, wi = idx & 15;
-      const long long gr = row0 + row, gc = col0 + 4 * wi;
-      uint32_t val = 0;
+    for (int k = 0; k < 4; ++k) {
+      const int row = (tid >> 3) + 32 * k, quad = tid & 7;
+      const long long gr = row0 + row, gc = col0 + 16 * quad;
+      uint32_t w[4] = {0, 0, 0, 0};
       if (gr < u.seg_rows && gc < u.seg_cols) {
         const uint8_t* s = P.scale + u.src + gr * P.W + gc;
-        if (gc + 4 <= u.seg_cols && aligned(s, 4)) {
-          val = __ldg(reinterpret_cast<const uint32_t*>(s));
+        if (gc + 16 <= u.seg_cols && aligned(s, 16)) {
+          const uint4 v = __ldg(reinterpret_cast<const uint4*>(s));
+          w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
         } else {
-          for (int e = 0; e < 4; ++e)
-            if (gc + e < u.seg_cols) val |= static_cast<uint32_t>(__ldg(s + e)) << (8 * e);
+          for (int e = 0; e < 16; ++e)
+            if (gc + e < u.seg_cols) w[e >> 2] |= static_cast<uint32_t>(__ldg(s + e)) << (8 * (e & 3));
         }
       }
-      T[row * kLd + wi] = val;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) T[row * kLd + 4 * quad + e] = w[e];
     }
     __syncthreads();
     for (int id = tid; id < u.nblk * 32; id += NT) {
@@ -184,17 +188,19 @@ __global__ void __launch_bounds__(NT) blocked_kernel(const __grid_constant__ Blk
     }
     __syncthreads();
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const int idx = tid + NT * k, row = idx >> 4, wi = idx & 15;
-      const long long gr = row0 + row, gc = col0 + 4 * wi;
+    for (int k = 0; k < 4; ++k) {
+      const int row = (tid >> 3) + 32 * k, quad = tid & 7;
+      const long long gr = row0 + row, gc = col0 + 16 * quad;
       if (gr < u.seg_rows && gc < u.seg_cols) {
-        const uint32_t val = T[row * kLd + wi];
+        uint32_t w[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) w[e] = T[row * kLd + 4 * quad + e];
         uint8_t* d = P.scale + u.src + gr * P.W + gc;
-        if (gc + 4 <= u.seg_cols && aligned(d, 4)) {
-          *reinterpret_cast<uint32_t*>(d) = val;
+        if (gc + 16 <= u.seg_cols && aligned(d, 16)) {
+          *reinterpret_cast<uint4*>(d) = make_uint4(w[0], w[1], w[2], w[3]);
         } else {
-          for (int e = 0; e < 4; ++e)
-            if (gc + e < u.seg_cols) d[e] = static_cast<uint8_t>(val >> (8 * e));
+          for (int e = 0; e < 16; ++e)
+            if (gc + e < u.seg_cols) d[e] = static_cast<uint8_t>(w[e >> 2] >> (8 * (e & 3)));
         }
       }
     }
@@ -222,20 +228,20 @@ void run_blocked(const BlockedArgs& a, bool to_blocked) {
     case MXMOE_BLOCKED_PER_EXPERT:
       p.Wp = (p.W + 3) / 4 * 4;
       p.bands = cdiv(p.H, 128);
-      p.chunks = cdiv(p.Wp, 64);
+      p.chunks = cdiv(p.Wp, 128);
       grid = p.B * p.bands * p.chunks;
       break;
     case MXMOE_BLOCKED_GROUPS_M:
       p.Wp = (p.W + 3) / 4 * 4;
       p.bands = cdiv(p.H, 128);
-      p.chunks = cdiv(p.Wp, 64);
+      p.chunks = cdiv(p.Wp, 128);
       p.pmax = cdiv(p.H, 128) + p.G + 1;
       grid = p.chunks > 0 ? p.pmax * p.chunks : 0;
       // No columns: the buffer is empty, and in the inverse the scale is empty too.
       break;
     case MXMOE_BLOCKED_GROUPS_K:
       p.bands = cdiv(p.H, 128);
-      p.umax = cdiv(cdiv(p.m_tokens, 128) + p.G, 16) + p.G;
+      p.umax = cdiv(cdiv(p.m_tokens, 128) + p.G, kBlk) + p.G;
       grid = p.bands * p.umax;
       break;
   }

@@ -82,20 +82,31 @@ __device__ __forceinline__ uint2 quant8(const float (&v)[8], const float (&r)[8]
   return o;
 }
 
-// Dequantized values of 8 codes with per-element scale bytes: e4m3 * 2^(s-127) in fp32; a NaN
-// scale (255) gives the canonical NaN, as dequantize_element.
+// Dequantized values of 8 codes with per-element scale bytes: e4m3 * 2^(s-127) in fp32 (exact
+// decode in hardware, one IEEE multiply). Where the code or the scale is NaN the product is a NaN
+// of unspecified payload: outputs go through canon_f32 / pack_bf16x2, which write the canonical
+// NaN of dequantize_element.
 __device__ __forceinline__ void dequant8(uint2 q, const uint8_t (&s)[8], float (&out)[8]) {
   e4m3x2_to_f32(q.x & 0xFFFFu, out[0], out[1]);
   e4m3x2_to_f32(q.x >> 16, out[2], out[3]);
   e4m3x2_to_f32(q.y & 0xFFFFu, out[4], out[5]);
   e4m3x2_to_f32(q.y >> 16, out[6], out[7]);
-  const uint32_t qb[2] = {q.x, q.y};
 #pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const uint32_t code = (qb[e >> 2] >> (8 * (e & 3))) & 0x7Fu;
-    out[e] = (s[e] == kE8M0Nan || code == kE4M3Nan) ? __uint_as_float(0x7FC00000u)
-                                                       : __fmul_rn(out[e], e8m0_to_f32(s[e]));
-  }
+  for (int e = 0; e < 8; ++e) out[e] = __fmul_rn(out[e], e8m0_to_f32(s[e]));
+}
+
+__device__ __forceinline__ float canon_f32(float f) {
+  return (__float_as_uint(f) & 0x7FFFFFFFu) > 0x7F800000u ? __uint_as_float(0x7FC00000u) : f;
+}
+
+// Two fp32 -> bf16x2 (lo in bits 0-15), round to nearest even in hardware (subnormals kept), any
+// NaN written as 0x7FC0 (f32_to_bf16 of the canonical NaN).
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  const uint32_t a = r & 0x7FFF7FFFu;
+  const uint32_t nan = __vcmpgtu2(a, 0x7F807F80u);  // 0xFFFF halves where NaN
+  return (r & ~nan) | (0x7FC07FC0u & nan);
 }
 
 // Store/convert helpers for bf16 (uint16 bits) or f32 outputs.

@@ -17,6 +17,7 @@
 // through shared memory. Codes go out as 8-byte stores in x's orientation; transposed outputs are
 // staged in a swizzled shared tile and leave as full 4-byte words per lane (128 B per warp).
 #include <algorithm>
+#include <cstdlib>
 
 #include "cuda/quant_common.cuh"
 #include "ops.hpp"
@@ -50,28 +51,45 @@ struct Params {
   long long offs_stride = 1;
   int G = 0;
   int B = 1;
-  long long R = 0, C = 0;
+  int R = 0, C = 0;
   int mode = 0;
   int row_block = 0;  // rowwise quantization 1 x row_block (0: none)
   int col_block = 0;  // columnwise quantization col_block x 1 (0: none)
   bool tile = false;  // one 128x128 quantization for both sides
   bool grouped = false;
+  bool table = false;  // group table in shared memory (grouped and G <= kMaxTable)
   bool row_on = false, col_on = false;
   SideP row, col;
   long long n_r = 0;
-  long long P = 0;  // panel slots per batch entry
-  long long ctiles = 0;
+  int P = 0;  // panel slots per batch entry
+  int ctiles = 0;
+  long long tiles = 0;  // B * P * ctiles
   bool x_vec = false;
+  int order = 1;         // tile order: 0 row-major (column tiles fastest), 1 in 8x8 super-tiles
+  int stages = 2;        // x tiles in flight per CTA (cp.async pipeline depth)
+  int stage_bytes = 0;   // one x tile in shared memory
+  int tr_bytes = 0;      // transpose / column-partials region
 };
+
+constexpr int kMaxTable = 512;  // groups whose table fits in shared memory (else a scan per tile)
 
 struct Smem {
   ScanSmem scan;
+  long long covered, tot_panels;
   long long g_start, g_end, g_p0, g_b0, g_np;
   int found;
   uint8_t tile_byte;
   uint32_t red[16];
   uint32_t srow[128];  // rowwise scale bytes of the tile: 4 per row (one per 32 columns)
   uint32_t scol[128];  // columnwise scale bytes: 4 per column (one per 32-row run)
+};
+
+// One tile: rows [r0, r1) of batch entry b, columns [128 ct, +128).
+struct TileInfo {
+  int b, p, ct;
+  int r0, r1;
+  int run0, gp0, gnp;  // first scale_r run of the panel; its group's first panel and panel count
+  bool in_group, valid;
 };
 
 // ---- element access ----------------------------------------------------------------------------
@@ -95,6 +113,12 @@ struct Frag<uint16_t> {
       for (int e = 0; e < 8; ++e) h[e] = e < valid ? static_cast<uint32_t>(__ldg(p + e)) : 0u;
       w[i] = make_uint4(h[0] | (h[1] << 16), h[2] | (h[3] << 16), h[4] | (h[5] << 16), h[6] | (h[7] << 16));
     }
+  }
+  static constexpr int kChunks = 4;  // 16-byte chunks per thread per tile
+  __device__ __forceinline__ void load16(int i, int, const uint16_t* p) { w[i] = __ldg(reinterpret_cast<const uint4*>(p)); }
+  __device__ __forceinline__ void from_smem(const uint8_t* slot) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = reinterpret_cast<const uint4*>(slot)[i * NT + threadIdx.x];
   }
   __device__ __forceinline__ void values(int i, float (&v)[8]) const {
     const uint32_t a[4] = {w[i].x, w[i].y, w[i].z, w[i].w};
@@ -148,6 +172,15 @@ struct Frag<float> {
       w[i][1] = make_float4(h[4], h[5], h[6], h[7]);
     }
   }
+  static constexpr int kChunks = 8;
+  __device__ __forceinline__ void load16(int i, int h, const float* p) { w[i][h] = __ldg(reinterpret_cast<const float4*>(p)); }
+  __device__ __forceinline__ void from_smem(const uint8_t* slot) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      w[i][0] = reinterpret_cast<const float4*>(slot)[(2 * i) * NT + threadIdx.x];
+      w[i][1] = reinterpret_cast<const float4*>(slot)[(2 * i + 1) * NT + threadIdx.x];
+    }
+  }
   __device__ __forceinline__ void values(int i, float (&v)[8]) const {
     v[0] = w[i][0].x; v[1] = w[i][0].y; v[2] = w[i][0].z; v[3] = w[i][0].w;
     v[4] = w[i][1].x; v[5] = w[i][1].y; v[6] = w[i][1].z; v[7] = w[i][1].w;
@@ -192,26 +225,28 @@ __device__ __forceinline__ void store_f8(void* base, long long off, const float 
   if (valid <= 0) return;
   if (f32) {
     float* p = static_cast<float*>(base) + off;
+    float g[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) g[e] = canon_f32(f[e]);
     if (vec) {
-      if (valid >= 4) *reinterpret_cast<float4*>(p) = make_float4(f[0], f[1], f[2], f[3]);
-      if (valid >= 8) *reinterpret_cast<float4*>(p + 4) = make_float4(f[4], f[5], f[6], f[7]);
+      if (valid >= 4) *reinterpret_cast<float4*>(p) = make_float4(g[0], g[1], g[2], g[3]);
+      if (valid >= 8) *reinterpret_cast<float4*>(p + 4) = make_float4(g[4], g[5], g[6], g[7]);
     } else {
 #pragma unroll
       for (int e = 0; e < 8; ++e)
-        if (e < valid) p[e] = f[e];
+        if (e < valid) p[e] = g[e];
     }
   } else {
     uint16_t* p = static_cast<uint16_t*>(base) + off;
-    uint32_t h[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) h[e] = out_bf16(f[e]);
+    const uint4 h = make_uint4(pack_bf16x2(f[0], f[1]), pack_bf16x2(f[2], f[3]), pack_bf16x2(f[4], f[5]),
+                               pack_bf16x2(f[6], f[7]));
     if (vec) {
-      *reinterpret_cast<uint4*>(p) =
-          make_uint4(h[0] | (h[1] << 16), h[2] | (h[3] << 16), h[4] | (h[5] << 16), h[6] | (h[7] << 16));
+      *reinterpret_cast<uint4*>(p) = h;
     } else {
+      const uint32_t hw[4] = {h.x, h.y, h.z, h.w};
 #pragma unroll
       for (int e = 0; e < 8; ++e)
-        if (e < valid) p[e] = static_cast<uint16_t>(h[e]);
+        if (e < valid) p[e] = static_cast<uint16_t>(hw[e >> 1] >> (16 * (e & 1)));
     }
   }
 }
@@ -288,94 +323,158 @@ __device__ __forceinline__ void codes_by_column(const uint2 (&q)[4], uint32_t (&
   w[7][0] = __byte_perm(d01, d23, 0x7632);
 }
 
-// ---- the tile kernel --------------------------------------------------------------------------------
-template <typename In>
-__global__ void __launch_bounds__(NT, 2) quant_tile_kernel(const __grid_constant__ Params P) {
-  extern __shared__ uint4 dyn_smem_[];
-  uint32_t* dsm = reinterpret_cast<uint32_t*>(dyn_smem_);
-  __shared__ Smem sm;
+// ---- tiles -------------------------------------------------------------------------------------------
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(gmem), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait(int pending) {
+  if (pending >= 1) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+  else asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
 
-  const int tid = threadIdx.x, cc = tid & 15, rs = tid >> 4, lane = tid & 31, warp = tid >> 5;
-  const long long cta = blockIdx.x;
-  const long long ct = cta % P.ctiles;
-  const long long rest = cta / P.ctiles;
-  const long long p = rest % P.P;
-  const int b = static_cast<int>(rest / P.P);
-  const long long c0 = ct * 128;
-  const int cols = static_cast<int>(min(128LL, P.C - c0));
-
-  // ---- which rows: panel of a group, tail panel, or plain 128-row panel ----
-  long long r0, r1, run0 = 0, gp0 = 0, gnp = 0;
-  bool in_group = true;
-  if (P.grouped) {
-    if (tid == 0) sm.found = 0;
-    const ScanTotals tot = scan_groups<NT>(P.offs, P.offs_stride, P.G, P.R, 0, sm.scan, [&](const GroupInfo& gi) {
-      if (p >= gi.p0 && p < gi.p0 + gi.panels) {
-        sm.found = 1;
-        sm.g_start = gi.start;
-        sm.g_end = gi.end;
-        sm.g_p0 = gi.p0;
-        sm.g_b0 = gi.b0;
-        sm.g_np = gi.panels;
-      }
-    });
-    // Zero-fill what no tile writes (2D only): unused grouped scale_r entries, blocked tails.
-    if (P.col_on && P.col.scale != nullptr && P.n_r > tot.blocks) {
-      long long lo, hi;
-      grid_share(P.C, lo, hi);
-      for (long long c = lo; c < hi; ++c)
-        zero_bytes_cta<NT>(P.col.scale + c * P.n_r, tot.blocks, P.n_r);
-    }
-    if (P.row_on && P.row.blocked != nullptr) {
-      long long lo, hi;
-      const long long from = tot.panels * 512 * P.ctiles;
-      grid_share(max(0LL, P.row.blocked_size - from), lo, hi, 16);
-      zero_bytes_cta<NT>(P.row.blocked, from + lo, from + hi);
-    }
-    if (P.col_on && P.col.blocked != nullptr) {
-      long long lo, hi;
-      const long long from = tot.panels * 512 * P.ctiles;
-      grid_share(max(0LL, P.col.blocked_size - from), lo, hi, 16);
-      zero_bytes_cta<NT>(P.col.blocked, from + lo, from + hi);
-    }
-    if (sm.found) {
-      gp0 = sm.g_p0;
-      gnp = sm.g_np;
-      r0 = sm.g_start + 128 * (p - gp0);
-      r1 = min(sm.g_end, r0 + 128);
-      run0 = sm.g_b0 + 4 * (p - gp0);
+// Tile index -> rows. Uniform over the CTA; without a shared group table it scans offs (syncs).
+__device__ __forceinline__ TileInfo resolve(const Params& P, Smem& sm, const int* table, long long tile) {
+  TileInfo t{};
+  t.valid = false;
+  if (tile >= P.tiles) return t;
+  {
+    // 32-bit index math (the host guarantees tiles < 2^31).
+    const int ti = static_cast<int>(tile), per_b = P.P * P.ctiles;
+    t.b = ti / per_b;
+    const int u = ti - t.b * per_b;
+    if (P.order == 0) {
+      t.p = u / P.ctiles;
+      t.ct = u - t.p * P.ctiles;
     } else {
-      r0 = tot.covered + 128 * (p - tot.panels);
-      r1 = min(P.R, r0 + 128);
-      in_group = false;
+      // 8 panels x 8 column tiles per super-tile: x rows are read in 2 KB runs (8 tiles of 256 B)
+      // and transposed outputs written in 1 KB runs per row, both DRAM-page friendly.
+      const int sp = u / (8 * P.ctiles);
+      const int v = u - sp * 8 * P.ctiles;
+      const int h = min(8, P.P - 8 * sp);
+      const int sc = v / (8 * h);
+      const int y = v - sc * 8 * h;
+      const int w = min(8, P.ctiles - 8 * sc);
+      const int py = y / w;
+      t.p = 8 * sp + py;
+      t.ct = 8 * sc + (y - py * w);
     }
-  } else {
-    r0 = 128 * p;
-    r1 = min(P.R, r0 + 128);
-    run0 = r0 / 32;
-    gnp = P.P;
   }
-  if (r0 >= r1 || cols <= 0) return;  // uniform per CTA
-  const int rows = static_cast<int>(r1 - r0);
-  const int lr0 = 4 * rs;          // first local row of this thread
-  const int lc = 8 * cc;           // first local column
-  const int cvalid = cols - lc;    // valid columns of this thread's chunk (<= 0: none)
+  if (!P.grouped) {
+    t.r0 = 128 * t.p;
+    t.r1 = min(P.R, t.r0 + 128);
+    t.run0 = t.r0 / 32;
+    t.gp0 = 0;
+    t.gnp = P.P;
+    t.in_group = true;
+  } else {
+    long long start = 0, end = 0, p0 = 0, b0 = 0, np = 0;
+    bool found = false;
+    if (P.table) {
+      if (t.p < sm.tot_panels) {
+        const int* tstart = table;
+        const int* tp0 = table + kMaxTable;
+        const int* tb0 = table + 2 * kMaxTable;
+        int lo = 0, hi = P.G;  // last group with p0 <= p (p0[0] = 0)
+        while (hi - lo > 1) {
+          const int mid = (lo + hi) >> 1;
+          if (tp0[mid] <= t.p) lo = mid;
+          else hi = mid;
+        }
+        start = tstart[lo];
+        end = lo + 1 < P.G ? tstart[lo + 1] : sm.covered;
+        p0 = tp0[lo];
+        b0 = tb0[lo];
+        np = (lo + 1 < P.G ? tp0[lo + 1] : sm.tot_panels) - p0;
+        found = true;
+      }
+    } else {
+      __syncthreads();
+      if (threadIdx.x == 0) sm.found = 0;
+      const int p = t.p;
+      scan_groups<NT>(P.offs, P.offs_stride, P.G, P.R, 0, sm.scan, [&](const GroupInfo& gi) {
+        if (p >= gi.p0 && p < gi.p0 + gi.panels) {
+          sm.found = 1;
+          sm.g_start = gi.start;
+          sm.g_end = gi.end;
+          sm.g_p0 = gi.p0;
+          sm.g_b0 = gi.b0;
+          sm.g_np = gi.panels;
+        }
+      });
+      found = sm.found != 0;
+      start = sm.g_start;
+      end = sm.g_end;
+      p0 = sm.g_p0;
+      b0 = sm.g_b0;
+      np = sm.g_np;
+    }
+    if (found) {
+      t.r0 = static_cast<int>(start + 128 * (t.p - p0));
+      t.r1 = static_cast<int>(min(end, static_cast<long long>(t.r0) + 128));
+      t.run0 = static_cast<int>(b0 + 4 * (t.p - p0));
+      t.gp0 = static_cast<int>(p0);
+      t.gnp = static_cast<int>(np);
+      t.in_group = true;
+    } else {
+      const long long r0 = sm.covered + 128 * (t.p - sm.tot_panels);
+      t.r0 = static_cast<int>(min(r0, static_cast<long long>(P.R)));
+      t.r1 = static_cast<int>(min(static_cast<long long>(P.R), r0 + 128));
+      t.in_group = false;
+    }
+  }
+  t.valid = t.r0 < t.r1 && P.C - 128 * t.ct > 0;
+  return t;
+}
+
+__device__ __forceinline__ bool needs_x(const Params& P, const TileInfo& t) {
+  return t.valid && (P.row_block > 0 || ((P.tile || P.col_block > 0) && t.in_group));
+}
+
+// Issue this thread's 16-byte copies of tile t into its private slots (zero-filled past the edges).
+template <typename In>
+__device__ __forceinline__ void prefetch(const Params& P, const TileInfo& t, uint8_t* slot) {
+  if (!P.x_vec || !needs_x(P, t)) return;
+  const int tid = threadIdx.x, lr0 = 4 * (tid >> 4), lc = 8 * (tid & 15);
+  const int rows = t.r1 - t.r0, cvalid = min(128, P.C - 128 * t.ct) - lc;
+  const In* xb = static_cast<const In*>(P.x) +
+                 ((static_cast<long long>(t.b) * P.R + t.r0) * P.C + 128LL * t.ct + lc);
+  constexpr int kPer = 16 / static_cast<int>(sizeof(In));  // elements per 16-byte chunk
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const bool rok = lr0 + i < rows;
+    const In* src = xb + static_cast<long long>(lr0 + i) * P.C;
+#pragma unroll
+    for (int h = 0; h < 8 / kPer; ++h) {
+      const bool ok = rok && cvalid >= kPer * (h + 1);
+      cp_async16(slot + ((i * (8 / kPer) + h) * NT + tid) * 16, ok ? static_cast<const void*>(src + kPer * h) : P.x,
+                 ok ? 16 : 0);
+    }
+  }
+}
+
+// ---- one tile ---------------------------------------------------------------------------------------
+template <typename In>
+__device__ __forceinline__ void process_tile(const Params& P, Smem& sm, uint32_t* dsm, const TileInfo& t,
+                                             const Frag<In>& f) {
+  const int tid = threadIdx.x, cc = tid & 15, rs = tid >> 4, lane = tid & 31, warp = tid >> 5;
+  const int b = t.b;
+  const long long p = t.p, ct = t.ct;
+  const long long c0 = 128 * ct;
+  const int r0 = t.r0;
+  const int cols = static_cast<int>(min(128LL, P.C - c0));
+  const int rows = t.r1 - t.r0;
+  const bool in_group = t.in_group;
+  const int lr0 = 4 * rs;        // first local row of this thread
+  const int lc = 8 * cc;         // first local column
+  const int cvalid = cols - lc;  // valid columns of this thread's chunk (<= 0: none)
   const bool col_q = P.tile || P.col_block > 0;
   const bool row_q = P.row_block > 0;
 
-  // ---- load ----
-  Frag<In> f;
-  f.zero();
-  if (row_q || (col_q && in_group)) {
-    const In* xb = static_cast<const In*>(P.x) + ((static_cast<long long>(b) * P.R + r0) * P.C + c0 + lc);
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      if (lr0 + i < rows && cvalid > 0) f.load(i, xb + static_cast<long long>(lr0 + i) * P.C, cvalid, P.x_vec);
-  }
-
   // ---- rowwise quantization (1 x row_block) ----
   uint2 rq[4];
-  uint8_t rsb[4];
+  uint32_t rsb = 0;  // scale byte of each of the thread's 4 rows (byte i)
   if (row_q) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -387,7 +486,7 @@ __global__ void __launch_bounds__(NT, 2) quant_tile_kernel(const __grid_constant
         m = max(m, __shfl_xor_sync(kFull, m, 8));
       }
       const uint8_t s = e8m0_from_amax_bits(m, static_cast<mxmoe_scale_mode>(P.mode));
-      rsb[i] = s;
+      rsb |= static_cast<uint32_t>(s) << (8 * i);
       if (s == kE8M0Nan) {
         rq[i] = make_uint2(0x7F7F7F7Fu, 0x7F7F7F7Fu);
       } else {
@@ -403,7 +502,7 @@ __global__ void __launch_bounds__(NT, 2) quant_tile_kernel(const __grid_constant
 
   // ---- columnwise / tile quantization ----
   uint2 cq[4];
-  uint8_t csb[8];  // scale byte of each of the thread's 8 columns (its rows lie in one 32-run)
+  uint32_t csb[2] = {0, 0};  // scale byte of each of the thread's 8 columns (byte j&3 of word j>>2)
   if (col_q) {
     if (in_group) {
       uint32_t m[8];
@@ -428,12 +527,10 @@ __global__ void __launch_bounds__(NT, 2) quant_tile_kernel(const __grid_constant
           if (lane == 0) sm.red[warp] = a;
         }
         __syncthreads();
-        if (tid == 0) sm.tile_byte = e8m0_from_amax_bits(max(max(sm.red[0], sm.red[1]), max(sm.red[2], sm.red[3])), mode);
-        __syncthreads();
-        const uint8_t s = sm.tile_byte;
+        const uint8_t s = e8m0_from_amax_bits(max(max(sm.red[0], sm.red[1]), max(sm.red[2], sm.red[3])), mode);
+        if (tid == 0) sm.tile_byte = s;
         if (tid < 128) sm.scol[tid] = s * 0x01010101u;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) csb[j] = s;
+        csb[0] = csb[1] = s * 0x01010101u;
       } else {
         if (P.col_block == 32) {
           const int k = tid >> 7, c = tid & 127;
@@ -447,37 +544,35 @@ __global__ void __launch_bounds__(NT, 2) quant_tile_kernel(const __grid_constant
           sm.scol[tid] = e8m0_from_amax_bits(a, mode) * 0x01010101u;
         }
         __syncthreads();
+        // Byte k of the 8 column words (lc..lc+7): the scale of this thread's 32-run.
         const int k = rs >> 3;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) csb[j] = scolb[(lc + j) * 4 + k];
+        const uint4 a = *reinterpret_cast<const uint4*>(sm.scol + lc);
+        const uint4 c = *reinterpret_cast<const uint4*>(sm.scol + lc + 4);
+        const uint32_t sel = static_cast<uint32_t>(k | ((k + 4) << 4));  // byte k of x, byte k of y
+        csb[0] = __byte_perm(__byte_perm(a.x, a.y, sel), __byte_perm(a.z, a.w, sel), 0x5410);
+        csb[1] = __byte_perm(__byte_perm(c.x, c.y, sel), __byte_perm(c.z, c.w, sel), 0x5410);
       }
-      float r[8];
-      bool anynan = false;
+      // NaN scale bytes (0xFF) -> those columns' codes are 0x7F.
+      uint32_t mk[2];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        r[j] = e8m0_reciprocal_f32(csb[j]);
-        anynan |= csb[j] == kE8M0Nan;
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t z = ~csb[h];  // 0x00 bytes where the scale byte is 0xFF
+        mk[h] = __vcmpeq4(z, 0u);
       }
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        float v[8];
+        float v[8], r[8];
         f.values(i, v);
-        cq[i] = quant8(v, r);
-        if (anynan) {
-          uint32_t mk[2] = {0, 0};
 #pragma unroll
-          for (int j = 0; j < 8; ++j)
-            if (csb[j] == kE8M0Nan) mk[j >> 2] |= 0xFFu << (8 * (j & 3));
-          cq[i].x = (cq[i].x & ~mk[0]) | (0x7F7F7F7Fu & mk[0]);
-          cq[i].y = (cq[i].y & ~mk[1]) | (0x7F7F7F7Fu & mk[1]);
-        }
+        for (int j = 0; j < 8; ++j) r[j] = e8m0_reciprocal_f32(static_cast<uint8_t>(csb[j >> 2] >> (8 * (j & 3))));
+        cq[i] = quant8(v, r);
+        cq[i].x = (cq[i].x & ~mk[0]) | (0x7F7F7F7Fu & mk[0]);
+        cq[i].y = (cq[i].y & ~mk[1]) | (0x7F7F7F7Fu & mk[1]);
       }
     } else {
       // Rows past the last group: zeros (scale byte 0 dequantizes them to +0).
 #pragma unroll
       for (int i = 0; i < 4; ++i) cq[i] = make_uint2(0, 0);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) csb[j] = 0;
       if (tid < 128) sm.scol[tid] = 0;
       if (P.tile && tid == 0) sm.tile_byte = 0;
     }
@@ -486,8 +581,10 @@ __global__ void __launch_bounds__(NT, 2) quant_tile_kernel(const __grid_constant
 
   // ---- outputs of one side ----
   // is_row: rowwise side (scale_c, blocked by rows); else columnwise side (scale_r).
-  auto emit = [&](const SideP& S, bool is_row, const uint2 (&qd)[4], bool per_row_scale) {
-    auto scale_of = [&](int i, int j) -> uint8_t { return per_row_scale ? rsb[i] : csb[j]; };
+  auto emit = [&](const SideP& S, bool is_row, const uint2(&qd)[4], bool per_row_scale) {
+    auto scale_of = [&](int i, int j) -> uint8_t {
+      return static_cast<uint8_t>(per_row_scale ? (rsb >> (8 * i)) : (csb[j >> 2] >> (8 * (j & 3))));
+    };
     const long long xrow0 = static_cast<long long>(b) * P.R + r0;  // (b, r0) row index in (B*R)
     if (S.q) {
 #pragma unroll
@@ -527,14 +624,14 @@ __global__ void __launch_bounds__(NT, 2) quant_tile_kernel(const __grid_constant
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) w[j][i] = __float_as_uint(v[i][j]);
+          for (int i = 0; i < 4; ++i) w[j][i] = __float_as_uint(canon_f32(v[i][j]));
         transpose_store<4>(dsm, static_cast<uint8_t*>(S.dqt) + (xcol0 * P.R + r0) * 4, P.R, rows, cols, w);
       } else {
         uint32_t w[8][2];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          w[j][0] = out_bf16(v[0][j]) | (out_bf16(v[1][j]) << 16);
-          w[j][1] = out_bf16(v[2][j]) | (out_bf16(v[3][j]) << 16);
+          w[j][0] = pack_bf16x2(v[0][j], v[1][j]);
+          w[j][1] = pack_bf16x2(v[2][j], v[3][j]);
         }
         transpose_store<2>(dsm, static_cast<uint8_t*>(S.dqt) + (xcol0 * P.R + r0) * 2, P.R, rows, cols, w);
       }
@@ -546,7 +643,7 @@ __global__ void __launch_bounds__(NT, 2) quant_tile_kernel(const __grid_constant
       } else if ((cc & 3) == 0) {
         uint8_t* srowb = reinterpret_cast<uint8_t*>(sm.srow);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) srowb[(lr0 + i) * 4 + (cc >> 2)] = rsb[i];
+        for (int i = 0; i < 4; ++i) srowb[(lr0 + i) * 4 + (cc >> 2)] = static_cast<uint8_t>(rsb >> (8 * i));
       }
       __syncthreads();
       const long long W = P.C / 32;
@@ -574,14 +671,13 @@ __global__ void __launch_bounds__(NT, 2) quant_tile_kernel(const __grid_constant
           for (int k = 0; k < 4; ++k) d[k] = static_cast<uint8_t>(val >> (8 * k));
         }
       }
-      __syncthreads();
     }
     if (!is_row && in_group && (S.scale || S.blocked)) {
       // scol: byte k of column c = scale of rows 32k..32k+31 of the panel.
       const int nruns = (rows + 31) / 32;
       const uint32_t kmask = nruns >= 4 ? 0xFFFFFFFFu : ((1u << (8 * nruns)) - 1u);
       if (S.scale && tid < cols) {
-        uint8_t* d = S.scale + (xcol0 + tid) * P.n_r + run0;
+        uint8_t* d = S.scale + (xcol0 + tid) * P.n_r + t.run0;
         const uint32_t val = sm.scol[tid];
         if (nruns == 4 && (reinterpret_cast<uintptr_t>(d) & 3u) == 0) {
           *reinterpret_cast<uint32_t*>(d) = val;
@@ -591,7 +687,7 @@ __global__ void __launch_bounds__(NT, 2) quant_tile_kernel(const __grid_constant
       }
       if (S.blocked && tid < 128) {
         long long blk;
-        if (S.kind == MXMOE_BLOCKED_GROUPS_K) blk = gp0 * P.ctiles + ct * gnp + (p - gp0);
+        if (S.kind == MXMOE_BLOCKED_GROUPS_K) blk = static_cast<long long>(t.gp0) * P.ctiles + ct * t.gnp + (p - t.gp0);
         else blk = (static_cast<long long>(b) * P.ctiles + ct) * P.P + p;
         const int i = (tid & 3) * 32 + (tid >> 2);
         const uint32_t val = i < cols ? (sm.scol[i] & kmask) : 0u;
@@ -606,14 +702,203 @@ __global__ void __launch_bounds__(NT, 2) quant_tile_kernel(const __grid_constant
   };
 
   if (P.row_on) {
-    if (P.tile) {
-      // Tile mode: the rowwise side views the tile quantization (zeros past the last group).
-      emit(P.row, true, cq, false);
-    } else {
-      emit(P.row, true, rq, true);
-    }
+    if (P.tile) emit(P.row, true, cq, false);  // the rowwise view of the tile quantization
+    else emit(P.row, true, rq, true);
   }
   if (P.col_on) emit(P.col, false, cq, false);
+}
+
+// ---- the kernel: persistent CTAs, x tiles prefetched with cp.async ----------------------------------
+template <typename In, int S>
+__global__ void __launch_bounds__(NT, 2) quant_tile_kernel(const __grid_constant__ Params P) {
+  extern __shared__ uint4 dyn_smem_[];
+  constexpr int kStage = 16 * Frag<In>::kChunks * NT;  // bytes of one x tile
+  uint8_t* stage_base = reinterpret_cast<uint8_t*>(dyn_smem_);
+  uint32_t* dsm = reinterpret_cast<uint32_t*>(stage_base + S * kStage);
+  int* table = reinterpret_cast<int*>(stage_base + S * kStage + P.tr_bytes);
+  __shared__ Smem sm;
+  const int tid = threadIdx.x;
+
+  // ---- setup: groups (once per CTA), then what no tile writes ----
+  if (P.grouped) {
+    const ScanTotals tot = scan_groups<NT>(P.offs, P.offs_stride, P.G, P.R, 0, sm.scan, [&](const GroupInfo& gi) {
+      if (P.table) {
+        table[gi.g] = static_cast<int>(gi.start);
+        table[kMaxTable + gi.g] = static_cast<int>(gi.p0);
+        table[2 * kMaxTable + gi.g] = static_cast<int>(gi.b0);
+      }
+    });
+    if (tid == 0) {
+      sm.covered = tot.covered;
+      sm.tot_panels = tot.panels;
+    }
+    // Unused grouped scale_r entries and the blocked tails, split over all CTAs (2D only).
+    if (P.col_on && P.col.scale != nullptr && P.n_r > tot.blocks) {
+      long long lo, hi;
+      grid_share(P.C, lo, hi);
+      for (long long c = lo; c < hi; ++c) zero_bytes_cta<NT>(P.col.scale + c * P.n_r, tot.blocks, P.n_r);
+    }
+    const long long from = tot.panels * 512 * P.ctiles;
+    if (P.row_on && P.row.blocked != nullptr) {
+      long long lo, hi;
+      grid_share(max(0LL, P.row.blocked_size - from), lo, hi, 16);
+      zero_bytes_cta<NT>(P.row.blocked, from + lo, from + hi);
+    }
+    if (P.col_on && P.col.blocked != nullptr) {
+      long long lo, hi;
+      grid_share(max(0LL, P.col.blocked_size - from), lo, hi, 16);
+      zero_bytes_cta<NT>(P.col.blocked, from + lo, from + hi);
+    }
+    __syncthreads();
+  }
+
+  if (S == 0) {
+    // Direct: each tile's x chunks are loaded into registers (16-byte __ldg, all issued first).
+    for (long long tile = blockIdx.x; tile < P.tiles; tile += gridDim.x) {
+      const TileInfo t = resolve(P, sm, table, tile);
+      if (!t.valid) continue;  // uniform
+      Frag<In> f;
+      f.zero();
+      if (needs_x(P, t)) {
+        const int lr0 = 4 * (tid >> 4), lc = 8 * (tid & 15);
+        const int rows = t.r1 - t.r0, cvalid = min(128, P.C - 128 * t.ct) - lc;
+        const In* xb = static_cast<const In*>(P.x) +
+                       ((static_cast<long long>(t.b) * P.R + t.r0) * P.C + 128LL * t.ct + lc);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          if (lr0 + i < rows && cvalid > 0) f.load(i, xb + static_cast<long long>(lr0 + i) * P.C, cvalid, P.x_vec);
+      }
+      process_tile<In>(P, sm, dsm, t, f);
+      __syncthreads();  // shared scratch (scales, partials, transposes) is reused by the next tile
+    }
+    return;
+  }
+  // ---- pipeline: S-1 tiles in flight ahead of the one being processed (cp.async) ----
+  constexpr int SS = S > 1 ? S : 2;
+  const long long step = gridDim.x;
+#pragma unroll
+  for (int s = 0; s < SS - 1; ++s) {
+    const TileInfo tn = resolve(P, sm, table, blockIdx.x + s * step);
+    prefetch<In>(P, tn, stage_base + s * kStage);
+    cp_async_commit();
+  }
+  int slot = 0;
+  for (long long tile = blockIdx.x; tile < P.tiles; tile += step) {
+    const TileInfo t = resolve(P, sm, table, tile);
+    cp_async_wait(SS - 2);
+    Frag<In> f;
+    f.zero();
+    if (needs_x(P, t)) {
+      if (P.x_vec) {
+        f.from_smem(stage_base + slot * kStage);
+      } else {
+        const int lr0 = 4 * (tid >> 4), lc = 8 * (tid & 15);
+        const int rows = t.r1 - t.r0, cvalid = min(128, P.C - 128 * t.ct) - lc;
+        const In* xb = static_cast<const In*>(P.x) +
+                       ((static_cast<long long>(t.b) * P.R + t.r0) * P.C + 128LL * t.ct + lc);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          if (lr0 + i < rows && cvalid > 0) f.load(i, xb + static_cast<long long>(lr0 + i) * P.C, cvalid, false);
+      }
+    }
+    {
+      const int nslot = slot + SS - 1 >= SS ? slot - 1 : slot + SS - 1;  // (slot + S - 1) % S
+      const TileInfo tn = resolve(P, sm, table, tile + (SS - 1) * step);
+      prefetch<In>(P, tn, stage_base + nslot * kStage);
+      cp_async_commit();
+    }
+    if (t.valid) process_tile<In>(P, sm, dsm, t, f);
+    slot = slot + 1 == SS ? 0 : slot + 1;
+    __syncthreads();  // shared scratch (scales, partials, transposes) is reused by the next tile
+  }
+  cp_async_wait(0);
+}
+
+// ---- rowwise-only requests: a streaming kernel --------------------------------------------------
+// Blocks of 1x32 / 1x128 along C are runs of 32 / 128 consecutive elements of the flat tensor
+// (C % 32 == 0; C % 128 == 0 for 1x128), so q, scale_c and dq need no row index at all: chunk k
+// (8 elements) has codes at 8k, its 32-run's scale at k/4. Each warp takes 4 x 32 consecutive
+// chunks per step (16-byte loads, all four issued first); no shared memory, no barriers.
+struct RowParams {
+  const void* x;
+  uint8_t* q;
+  uint8_t* scale;
+  void* dq;
+  bool dq_f32;
+  long long nchunks;
+  int mode;
+};
+
+template <typename In>
+__device__ __forceinline__ void rows_load(const RowParams& P, long long base, Frag<In>& f) {
+  constexpr int kPer = 16 / static_cast<int>(sizeof(In));  // elements per 16-byte load
+  const int lane = threadIdx.x & 31;
+  f.zero();
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const long long k = base + 32 * u + lane;
+    if (k < P.nchunks) {
+      const In* src = static_cast<const In*>(P.x) + 8 * k;
+#pragma unroll
+      for (int h = 0; h < 8 / kPer; ++h) f.load16(u, h, src + kPer * h);
+    }
+  }
+}
+
+// PF: software pipelining, the next step's loads are issued before this step's math and stores.
+template <typename In, int BLK, bool PF>
+__global__ void __launch_bounds__(256, PF ? 3 : 4) quant_rows_kernel(const __grid_constant__ RowParams P) {
+  constexpr int U = 4;
+  const int lane = threadIdx.x & 31;
+  const long long warp0 = (static_cast<long long>(blockIdx.x) * 256 + threadIdx.x) >> 5;
+  const long long nwarps = static_cast<long long>(gridDim.x) * 8;
+  const long long stride = nwarps * (32 * U);
+  const mxmoe_scale_mode mode = static_cast<mxmoe_scale_mode>(P.mode);
+  Frag<In> nxt;
+  if (PF) rows_load<In>(P, warp0 * (32 * U), nxt);
+  for (long long base = warp0 * (32 * U); base < P.nchunks; base += stride) {
+    Frag<In> f;
+    if (PF) {
+      f = nxt;
+      if (base + stride < P.nchunks) rows_load<In>(P, base + stride, nxt);
+    } else {
+      rows_load<In>(P, base, f);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const long long k = base + 32 * u + lane;
+      uint32_t m = f.row_amax(u);
+      m = max(m, __shfl_xor_sync(kFull, m, 1));
+      m = max(m, __shfl_xor_sync(kFull, m, 2));
+      if (BLK == 128) {
+        m = max(m, __shfl_xor_sync(kFull, m, 4));
+        m = max(m, __shfl_xor_sync(kFull, m, 8));
+      }
+      if (k >= P.nchunks) continue;
+      const uint8_t sb = e8m0_from_amax_bits(m, mode);
+      uint2 q;
+      if (sb == kE8M0Nan) {
+        q = make_uint2(0x7F7F7F7Fu, 0x7F7F7F7Fu);
+      } else {
+        float v[8], r[8];
+        f.values(u, v);
+        const float rc = e8m0_reciprocal_f32(sb);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) r[e] = rc;
+        q = quant8(v, r);
+      }
+      if (P.q) *reinterpret_cast<uint2*>(P.q + 8 * k) = q;
+      if (P.scale && (k & 3) == 0) P.scale[k >> 2] = sb;
+      if (P.dq) {
+        uint8_t s8[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) s8[e] = sb;
+        float v[8];
+        dequant8(q, s8, v);
+        store_f8(P.dq, 8 * k, v, 8, P.dq_f32, true);
+      }
+    }
+  }
 }
 
 // ---- host ----------------------------------------------------------------------------------------------
@@ -635,44 +920,111 @@ void fill_side(SideP& s, const OptTensor& q, const OptTensor& qt, const OptTenso
   s.sc_vec = s.scale == nullptr || (aligned(s.scale, 4) && (C / 32) % 4 == 0);
 }
 
-int dyn_smem_bytes(const Params& p) {
+template <typename In>
+void launch_typed(Params& p, int device, cudaStream_t stream) {
+  if (p.tiles <= 0) return;
   int e = 0;
   for (const SideP* s : {&p.row, &p.col}) {
     if (s->qt) e = std::max(e, 1);
     if (s->dqt) e = std::max(e, s->dqt_f32 ? 4 : 2);
   }
-  return std::max(8192, e * 16384);
-}
-
-template <typename In>
-void launch_typed(const Params& p, cudaStream_t stream) {
-  const long long grid = static_cast<long long>(p.B) * p.P * p.ctiles;
-  if (grid <= 0) return;
-  if (grid > 0x7FFFFFFFLL) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: tensor too large for one launch (", grid, " tiles)");
-  const int smem = dyn_smem_bytes(p);
-  cuda_check(cudaFuncSetAttribute(quant_tile_kernel<In>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-             "quantize: cudaFuncSetAttribute");
-  quant_tile_kernel<In><<<static_cast<unsigned>(grid), NT, smem, stream>>>(p);
+  p.tr_bytes = std::max(8192, e * 16384);
+  p.stage_bytes = 16 * Frag<In>::kChunks * NT;
+  const int table_bytes = p.table ? 3 * kMaxTable * 4 : 0;
+  int sms = 0;
+  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "quantize: device attribute");
+  auto occupancy = [&](auto kernel, int stages) {
+    const int smem = stages * p.stage_bytes + p.tr_bytes + table_bytes;
+    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+               "quantize: cudaFuncSetAttribute");
+    int blocks = 0;
+    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, NT, smem), "quantize: occupancy");
+    return blocks;
+  };
+  // Default: direct register loads (stages = 0; measured faster than the cp.async pipeline, see
+  // docs/perf/quantize.md). MXMOE_QUANT_STAGES=2|3 selects the cp.async pipeline (measurements).
+  static const int forced = [] {
+    const char* e = std::getenv("MXMOE_QUANT_STAGES");
+    return e ? std::atoi(e) : 0;
+  }();
+  int max_smem = 0;
+  cuda_check(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "quantize: attribute");
+  const int fixed = p.tr_bytes + table_bytes + static_cast<int>(sizeof(Smem));
+  p.stages = forced;
+  if (p.stages == 3 && 3 * p.stage_bytes + fixed > max_smem) p.stages = 2;
+  if (p.stages != 0 && p.stages != 3) p.stages = 2;
+  int blocks = 0;
+  if (p.stages == 3) blocks = occupancy(quant_tile_kernel<In, 3>, 3);
+  else if (p.stages == 2) blocks = occupancy(quant_tile_kernel<In, 2>, 2);
+  else blocks = occupancy(quant_tile_kernel<In, 0>, 0);
+  if (blocks < 1) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: kernel does not fit on the device");
+  const int smem = p.stages * p.stage_bytes + p.tr_bytes + table_bytes;
+  const long long grid = std::min<long long>(p.tiles, static_cast<long long>(blocks) * sms);
+  if (p.stages == 3) quant_tile_kernel<In, 3><<<static_cast<unsigned>(grid), NT, smem, stream>>>(p);
+  else if (p.stages == 2) quant_tile_kernel<In, 2><<<static_cast<unsigned>(grid), NT, smem, stream>>>(p);
+  else quant_tile_kernel<In, 0><<<static_cast<unsigned>(grid), NT, smem, stream>>>(p);
   cuda_check(cudaGetLastError(), "quantize: kernel launch");
 }
 
 void launch(Params& p, const mxmoe_tensor& x, const OptTensor& offs, void* stream) {
+  if (x.shape[1] >= (int64_t{1} << 31) - 256 || x.shape[2] >= (int64_t{1} << 31) - 256)
+    fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: dims of 2^31 elements and more are not supported on CUDA");
   p.x = x.data;
   p.B = static_cast<int>(x.shape[0]);
-  p.R = x.shape[1];
-  p.C = x.shape[2];
+  p.R = static_cast<int>(x.shape[1]);
+  p.C = static_cast<int>(x.shape[2]);
   p.offs = offs.present ? static_cast<const int32_t*>(offs.t.data) : nullptr;
   p.G = offs.present ? static_cast<int>(offs.t.shape[0]) : 0;
   p.offs_stride = offs.present ? offs.t.strides[0] : 1;
-  if (!p.grouped) p.offs = nullptr;
-  p.P = cdiv(p.R, 128) + (p.grouped ? p.G + 1 : 0);
-  p.ctiles = cdiv(p.C, 128);
+  if (!p.grouped) {
+    p.offs = nullptr;
+    p.G = 0;
+  }
+  p.table = p.grouped && p.G <= kMaxTable;
+  p.P = static_cast<int>(cdiv(p.R, 128) + (p.grouped ? p.G + 1 : 0));
+  p.ctiles = static_cast<int>(cdiv(p.C, 128));
+  p.tiles = static_cast<long long>(p.B) * p.P * p.ctiles;
   const bool bf16 = x.dtype == MXMOE_DTYPE_BF16;
   p.x_vec = aligned(x.data, 16) && p.C % (bf16 ? 8 : 4) == 0;
   DeviceGuard guard(x.device);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (bf16) launch_typed<uint16_t>(p, s);
-  else launch_typed<float>(p, s);
+  static const int stream_env = [] {
+    const char* e = std::getenv("MXMOE_QUANT_STREAM");
+    return e ? std::atoi(e) : 1;
+  }();
+  static const int order_env = [] {
+    const char* e = std::getenv("MXMOE_QUANT_ORDER");
+    return e ? std::atoi(e) : 1;
+  }();
+  p.order = order_env;
+  // Rowwise only, outputs in x's orientation, aligned: the streaming kernel.
+  const SideP& r = p.row;
+  if (stream_env && p.row_on && !p.col_on && !p.tile && p.row_block > 0 && !r.qt && !r.dqt && !r.blocked &&
+      p.x_vec && (p.row_block == 32 || p.C % 128 == 0) && (!r.q || aligned(r.q, 8)) && (!r.dq || aligned(r.dq, 16))) {
+    RowParams rp{x.data, r.q, r.scale, r.dq, r.dq_f32, static_cast<long long>(p.B) * p.R * (p.C / 8), p.mode};
+    if (rp.nchunks == 0) return;
+    auto go = [&](auto kernel) {
+      int blocks = 0, sms = 0;
+      cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 256, 0), "quantize: occupancy");
+      cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device), "quantize: device attribute");
+      const long long need = cdiv(rp.nchunks, 8 * 32 * 4);
+      const long long grid = std::max(1LL, std::min(need, static_cast<long long>(std::max(1, blocks)) * sms));
+      kernel<<<static_cast<unsigned>(grid), 256, 0, s>>>(rp);
+      cuda_check(cudaGetLastError(), "quantize: kernel launch");
+    };
+    const bool pf = stream_env != 2;  // MXMOE_QUANT_STREAM=2: no software pipelining (measurements)
+    if (bf16) {
+      if (p.row_block == 32) pf ? go(quant_rows_kernel<uint16_t, 32, true>) : go(quant_rows_kernel<uint16_t, 32, false>);
+      else pf ? go(quant_rows_kernel<uint16_t, 128, true>) : go(quant_rows_kernel<uint16_t, 128, false>);
+    } else {
+      if (p.row_block == 32) pf ? go(quant_rows_kernel<float, 32, true>) : go(quant_rows_kernel<float, 32, false>);
+      else pf ? go(quant_rows_kernel<float, 128, true>) : go(quant_rows_kernel<float, 128, false>);
+    }
+    return;
+  }
+  if (p.tiles > 0x7FFFFFFFLL) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: too many tiles for one launch");
+  if (bf16) launch_typed<uint16_t>(p, x.device, s);
+  else launch_typed<float>(p, x.device, s);
 }
 
 }  // namespace
