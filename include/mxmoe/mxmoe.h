@@ -174,6 +174,12 @@ MXMOE_API mxmoe_status mxmoe_grouped_mm_mx_kgroups(const mxmoe_tensor* a,
                                                    const mxmoe_tensor* offs, mxmoe_tensor* out,
                                                    void* stream);
 
+/* Writes 0 into the rows of x (M, N) (bf16 or f32, contiguous) past the last group's end
+ * (clamped offs, as everywhere), touching only those rows: outputs of GEMMs that leave rows outside
+ * every group unwritten (e.g. torch._grouped_mm) get the core's "rows past offs[G-1] are 0". */
+MXMOE_API mxmoe_status mxmoe_zero_rows_past_groups(mxmoe_tensor* x, const mxmoe_tensor* offs,
+                                                   void* stream);
+
 /* Checked mode for device-resident offsets: validates non-decreasing, >= 0 and <= m (syncs the
  * stream when offs is on a device). */
 MXMOE_API mxmoe_status mxmoe_check_offsets(const mxmoe_tensor* offs, int64_t m, void* stream);

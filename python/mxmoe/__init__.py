@@ -16,6 +16,7 @@ from env MXMOE_LIBRARY, else from the package (mxmoe/lib/libmxmoe.so).
 from __future__ import annotations
 
 from . import ops  # registers torch.ops.mxmoe.*
+from . import sm90  # registers the Hopper backend
 from ._lib import has_cuda, library_path, version as core_version
 from .backends import BACKENDS, register_backend
 from .conversion import convert, is_converted, unconvert

@@ -124,7 +124,12 @@ _SIGNATURES = {
     "mxmoe_grouped_mm_mx": (ctypes.c_int, [_P, _P, _P, _P, _P, _P, _P, ctypes.c_void_p]),
     "mxmoe_grouped_mm_mx_kgroups": (ctypes.c_int, [_P, _P, _P, _P, _P, _P, ctypes.c_void_p]),
     "mxmoe_check_offsets": (ctypes.c_int, [_P, ctypes.c_int64, ctypes.c_void_p]),
+    "mxmoe_zero_rows_past_groups": (ctypes.c_int, [_P, _P, ctypes.c_void_p]),
     "mxmoe_quantize_fused": (ctypes.c_int, [_P, _P, FusedConfigC, _PS, _PS, ctypes.c_void_p]),
+    "mxmoe_grouped_mm_tile128_workspace_size": (ctypes.c_int64, [ctypes.c_int64] * 4 + [ctypes.c_int32]),
+    "mxmoe_grouped_mm_tile128_kgroups_workspace_size": (ctypes.c_int64, [ctypes.c_int64] * 4 + [ctypes.c_int32]),
+    "mxmoe_grouped_mm_tile128": (ctypes.c_int, [_P] * 8 + [ctypes.c_void_p]),
+    "mxmoe_grouped_mm_tile128_kgroups": (ctypes.c_int, [_P] * 7 + [ctypes.c_void_p]),
 }
 
 _lock = threading.Lock()

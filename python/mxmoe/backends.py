@@ -114,18 +114,35 @@ def hp_wgrad(dy: Tensor, a: Tensor, offs: Tensor, out_dtype: torch.dtype) -> Ten
 class Backend:
     """Interface. W is the (G, N, K) weight (B_t.transpose(-2, -1)); offs int32 (G,) group ends.
 
-    forward(a, a_mx, w, offs, bias, recipe, out_dtype) -> (out (M, N), saved):
+    forward(a, a_mx, w, offs, bias, recipe, out_dtype, need_dw) -> (out (M, N), saved):
         a: (M, K) bf16/f32 or None when a_mx = (q, scale_c) is a pre-quantized operand along K.
-        saved: tensors the backend wants back in dgrad (e.g. the tile128 weight's transposed
-        quantization), a tuple of 2 (entries may be None).
+        saved: a tuple of tensors (entries may be None) the backend wants back in backward, e.g. the
+        weight's dgrad orientation or A's wgrad quantization from the same pass over memory.
+    needs_input_for_backward(recipe) -> whether the autograd must keep A (or its a_mx) for backward.
+    backward(dy, a, a_mx, w, saved, offs, recipe, need_da, need_dw, a_dtype, w_dtype) -> (dA, dW):
+        the default runs dgrad and wgrad separately:
     dgrad(dy, w, saved, offs, recipe, out_dtype) -> dA (M, K)
     wgrad(dy, a, offs, recipe, out_dtype) -> dW (G, N, K)   (a in high precision)
     """
 
     name = "base"
 
-    def forward(self, a, a_mx, w, offs, bias, recipe: Recipe, out_dtype):
+    def forward(self, a, a_mx, w, offs, bias, recipe: Recipe, out_dtype, need_dw=True):
         raise NotImplementedError
+
+    def needs_input_for_backward(self, recipe: Recipe) -> bool:
+        return True
+
+    def backward(self, dy, a, a_mx, w, saved, offs, recipe: Recipe, need_da, need_dw, a_dtype, w_dtype):
+        da = self.dgrad(dy, w, saved, offs, recipe, a_dtype) if need_da else None
+        dw = None
+        if need_dw:
+            if a is None:
+                # Pre-quantized A: the wgrad operand needs A along M (tokens), so dequantize (exact in
+                # bf16) and requantize column-wise per group.
+                a = ops.dequantize(a_mx[0], a_mx[1], 1, None, torch.bfloat16)
+            dw = self.wgrad(dy, a, offs, recipe, w_dtype)
+        return da, dw
 
     def dgrad(self, dy, w, saved, offs, recipe: Recipe, out_dtype):
         raise NotImplementedError
@@ -149,7 +166,7 @@ class QuantizeThenMM(Backend):
         Default: qt (X, M) + scale_r (X, cap), the layout of mxmoe_grouped_mm_mx_kgroups."""
         return quant_along_rows(x, block, mode, offs)
 
-    def forward(self, a, a_mx, w, offs, bias, recipe, out_dtype):
+    def forward(self, a, a_mx, w, offs, bias, recipe, out_dtype, need_dw=True):
         a_q, a_s = a_mx if a_mx is not None else quant_along_last(a, recipe.a_block, recipe.mode)
         if recipe.w_tile128:
             # One quantization of W per step serves forward (q, scale_c) and dgrad (qt, scale_r).
@@ -235,8 +252,14 @@ register_backend(EmulatedBackend())
 def resolve_backend(name: str, device: torch.device) -> str:
     """Name of the backend a call with `backend=name` on `device` uses ('auto' picks the best)."""
     if name == "auto":
-        # GPU backends (sm90, sm100) will be chosen here once they exist; until then: emulated.
-        return "emulated"
+        # Hopper: the sm90 backend (FP8 tensor cores for tile128, fused MX round trip + bf16 GEMMs for
+        # the exact recipes). CPU: the core's exact MX GEMMs (faster there than fp32 torch matmuls on
+        # dequantized operands). Elsewhere (e.g. Blackwell until its backend lands): emulated.
+        if device.type == "cuda":
+            from .sm90 import is_sm90
+
+            return "sm90" if is_sm90(device) else "emulated"
+        return "reference"
     if name not in BACKENDS:
         raise ValueError(f"backend: expected 'auto' or one of {', '.join(sorted(BACKENDS))}, got {name!r}")
     return name

@@ -68,33 +68,30 @@ class _GroupedMMFunction(torch.autograd.Function):
         backend = get_backend(backend_name)
         w = b_t.transpose(-2, -1)  # (G, N, K): contiguous when b_t is the usual transposed view
         a_mx = None if a is not None else (a_q, a_s)
-        out, saved = backend.forward(a, a_mx, w, offs, bias, recipe, out_dtype)
-        ctx.save_for_backward(a, a_q, a_s, b_t, offs, *saved)
+        need_dw = ctx.needs_input_grad[3]
+        out, saved = backend.forward(a, a_mx, w, offs, bias, recipe, out_dtype, need_dw)
+        # A backend that keeps its own (quantized) copy of A for wgrad lets the autograd drop A.
+        keep_a = backend.needs_input_for_backward(recipe)
+        ctx.save_for_backward(a if keep_a else None, a_q if keep_a else None, a_s if keep_a else None,
+                              b_t, offs, *saved)
         ctx.recipe_name = recipe_name
         ctx.backend_name = backend_name
         ctx.bias_dtype = bias.dtype if bias is not None else None
+        ctx.a_dtype = a.dtype if a is not None else torch.bfloat16
         return out
 
     @staticmethod
     def backward(ctx, dy):
-        a, a_q, a_s, b_t, offs, w_saved0, w_saved1 = ctx.saved_tensors
+        a, a_q, a_s, b_t, offs, *saved = ctx.saved_tensors
         recipe = RECIPES[ctx.recipe_name]
         backend = get_backend(ctx.backend_name)
         w = b_t.transpose(-2, -1)
         need_a, need_b, need_bias = ctx.needs_input_grad[0], ctx.needs_input_grad[3], ctx.needs_input_grad[5]
-        da = db_t = dbias = None
-        if need_a:
-            da = backend.dgrad(dy, w, (w_saved0, w_saved1), offs, recipe, a.dtype)
-        if need_b:
-            a_hp = a
-            if a_hp is None:
-                # Pre-quantized A: the wgrad operand needs A along M (tokens), so dequantize (exact in
-                # bf16) and requantize column-wise per group.
-                a_hp = ops.dequantize(a_q, a_s, 1, None, torch.bfloat16)
-            dw = backend.wgrad(dy, a_hp, offs, recipe, b_t.dtype)
-            db_t = dw.transpose(-2, -1)
-        if need_bias:
-            dbias = group_sum(dy, offs, b_t.shape[0]).to(ctx.bias_dtype)
+        a_mx = (a_q, a_s) if a_q is not None else None
+        da, dw = backend.backward(dy, a, a_mx, w, tuple(saved), offs, recipe, need_a, need_b,
+                                  ctx.a_dtype, b_t.dtype)
+        db_t = dw.transpose(-2, -1) if dw is not None else None
+        dbias = group_sum(dy, offs, b_t.shape[0]).to(ctx.bias_dtype) if need_bias else None
         return da, None, None, db_t, None, dbias, None, None, None
 
 
@@ -125,8 +122,9 @@ def grouped_mm(
          (MXMOE_CHECK_OFFSETS=1, or mxmoe.check_offsets) validates them with a sync and raises.
       recipe: 'mxfp8_rceil' (default), 'mxfp8_floor', 'mxfp8_rceil_wgrad_with_hp' or
          'mxfp8_rceil_tile128' (see mxmoe.recipes).
-      backend: 'auto', 'reference' (core MX GEMMs) or 'emulated' (core quantize/dequantize +
-         torch._grouped_mm). 'auto' is 'emulated' on CPU.
+      backend: 'auto', 'reference' (core MX GEMMs), 'sm90' (Hopper: FP8 tensor cores for tile128, fused MX
+         round trip + bf16 GEMMs for the exact recipes) or 'emulated' (core quantize/dequantize +
+         torch._grouped_mm). 'auto': sm90 on Hopper, reference on CPU, emulated elsewhere.
       bias: optional (G, N) bf16/f32, added to group g's rows (in fp32, before rounding to out_dtype).
       out_dtype: bfloat16 (default) or float32.
     Returns (M, N) out_dtype. Grads: A (its dtype), B_t (its dtype, shape and the layout of a transposed

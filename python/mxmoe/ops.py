@@ -21,6 +21,10 @@ Ops (schemas are inferred from the type hints below):
   check_offsets(offs, m) -> ()   (checked mode: syncs, raises ValueError on bad offsets)
   quantize_fused(x, offs?, row_block, col_block, tile128, mode, row_outputs, col_outputs, dq_dtype)
       -> 12 tensors: one read of x, rowwise and/or columnwise MX operands, blocked scales, MX round trip
+  zero_rows_past_groups(x!, offs) -> ()   zero x's rows past the last group's end (in place)
+  grouped_mm_tile128(a, a_scale, b, b_scale, offs, bias?, out_dtype) -> out (M, N)
+  grouped_mm_tile128_kgroups(a, a_scale, b, b_scale, offs, out_dtype) -> out (G, N, K)
+      the tile128 recipe's GEMMs (Hopper FP8 tensor cores on sm90; exact CPU reference on the host)
 See include/mxmoe/mxmoe.h for the layouts (grouped compact scales, scale_c / scale_r, q / qt).
 """
 from __future__ import annotations
@@ -46,6 +50,9 @@ __all__ = [
     "grouped_mm_mx_kgroups",
     "check_offsets",
     "quantize_fused",
+    "grouped_mm_tile128",
+    "grouped_mm_tile128_kgroups",
+    "zero_rows_past_groups",
     "grouped_scale_capacity",
     "blocked_size",
 ]
@@ -400,3 +407,93 @@ def _(a, b, offs):
 # check_offsets returns nothing; without this mark, graph dead-code elimination (AOTAutograd,
 # Inductor) would drop it from compiled graphs and checked mode would silently do nothing.
 torch.fx.node.has_side_effect(torch.ops.mxmoe.check_offsets.default)
+
+
+# ---- tile128 grouped GEMMs (Hopper FP8 tensor cores; the exact CPU reference on the host) ------------
+
+
+def _workspace(size_fn: str, m, n, k, g, device: torch.device) -> Tensor:
+    """Scratch for the GEMM's device-built group descriptors and fp32 scales. Its size depends only on
+    the shapes (never on offs), so it is allocated by torch without a host sync."""
+    ordinal = device.index if device.type == "cuda" else -1
+    if ordinal is None:
+        ordinal = torch.cuda.current_device()
+    size = getattr(_lib.lib(), size_fn)(m, n, k, g, ordinal)
+    if size < 0:  # the device cannot run the kernel (not Hopper, or a build without CUTLASS)
+        raise NotImplementedError(f"mxmoe.{size_fn}: {_lib.last_error()}")
+    return torch.empty((_cdiv(size, 4),), dtype=torch.int32, device=device)
+
+
+@torch.library.custom_op("mxmoe::grouped_mm_tile128", mutates_args=())
+def grouped_mm_tile128(
+    a: Tensor,
+    a_scale: Tensor,
+    b: Tensor,
+    b_scale: Tensor,
+    offs: Tensor,
+    bias: Optional[Tensor],
+    out_dtype: torch.dtype,
+) -> Tensor:
+    """out (M, N) = A (M, K) . B[g] (N, K)^T per row group (+ bias), A in 1x128 blocks along K, B in
+    128x128 tiles (coarse-encoded E8M0 scales, one byte per 32); rows past offs[-1] are 0."""
+    out = _empty((a.shape[0], b.shape[1]), out_dtype, a.device)
+    ws = _workspace("mxmoe_grouped_mm_tile128_workspace_size", a.shape[0], b.shape[1], a.shape[1], b.shape[0], a.device)
+    _lib.check(
+        _lib.lib().mxmoe_grouped_mm_tile128(
+            _lib.view(a, "a"), _lib.view(a_scale, "a_scale"), _lib.view(b, "b"),
+            _lib.view(b_scale, "b_scale"), _lib.view(offs, "offs"), _lib.view(bias, "bias"),
+            _lib.view(out, "out"), _lib.view(ws, "workspace"), _lib.stream_for(a),
+        ),
+        "grouped_mm_tile128",
+    )
+    return out
+
+
+@grouped_mm_tile128.register_fake
+def _(a, a_scale, b, b_scale, offs, bias, out_dtype):
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+
+
+@torch.library.custom_op("mxmoe::grouped_mm_tile128_kgroups", mutates_args=())
+def grouped_mm_tile128_kgroups(
+    a: Tensor,
+    a_scale: Tensor,
+    b: Tensor,
+    b_scale: Tensor,
+    offs: Tensor,
+    out_dtype: torch.dtype,
+) -> Tensor:
+    """wgrad: out[g] (N, K) = A (N, M)[:, group g] . B (K, M)[:, group g]^T, 1x128 blocks along the
+    tokens of each group (grouped compact scales); empty groups give 0."""
+    g = offs.shape[0]
+    out = _empty((g, a.shape[0], b.shape[0]), out_dtype, a.device)
+    ws = _workspace("mxmoe_grouped_mm_tile128_kgroups_workspace_size", a.shape[1], a.shape[0], b.shape[0], g, a.device)
+    _lib.check(
+        _lib.lib().mxmoe_grouped_mm_tile128_kgroups(
+            _lib.view(a, "a"), _lib.view(a_scale, "a_scale"), _lib.view(b, "b"),
+            _lib.view(b_scale, "b_scale"), _lib.view(offs, "offs"), _lib.view(out, "out"),
+            _lib.view(ws, "workspace"), _lib.stream_for(a),
+        ),
+        "grouped_mm_tile128_kgroups",
+    )
+    return out
+
+
+@grouped_mm_tile128_kgroups.register_fake
+def _(a, a_scale, b, b_scale, offs, out_dtype):
+    return a.new_empty((offs.shape[0], a.shape[0], b.shape[0]), dtype=out_dtype)
+
+
+@torch.library.custom_op("mxmoe::zero_rows_past_groups", mutates_args=("x",))
+def zero_rows_past_groups(x: Tensor, offs: Tensor) -> None:
+    """In place: rows of x (M, N) past the last group's end become 0 (work only on those rows).
+    For GEMM outputs that leave them unwritten, e.g. torch._grouped_mm's."""
+    _lib.check(
+        _lib.lib().mxmoe_zero_rows_past_groups(_lib.view(x, "x"), _lib.view(offs, "offs"), _lib.stream_for(x)),
+        "zero_rows_past_groups",
+    )
+
+
+@zero_rows_past_groups.register_fake
+def _(x, offs):
+    return None

@@ -460,6 +460,27 @@ mxmoe_status mxmoe_grouped_mm_mx_kgroups(const mxmoe_tensor* a_, const mxmoe_ten
   MXMOE_API_END
 }
 
+mxmoe_status mxmoe_zero_rows_past_groups(mxmoe_tensor* x_, const mxmoe_tensor* offs_, void* stream) {
+  MXMOE_API_BEGIN
+  const mxmoe_tensor& x = require(x_, "x");
+  check_dtype(x, "x", {MXMOE_DTYPE_BF16, MXMOE_DTYPE_F32});
+  check_ndim(x, "x", {2});
+  check_contiguous(x, "x");
+  check_backend(x.device, "x");
+  const mxmoe_tensor& offs = require(offs_, "offs");
+  check_offs_view(offs, x);
+  check_no_overlap(x, "x", offs, "offs");
+  if (x.device >= 0) {
+#if defined(MXMOE_WITH_CUDA)
+    cuda::zero_rows_past_groups(x, offs, stream);
+#endif
+  } else {
+    (void)stream;
+    cpu::zero_rows_past_groups(x, offs);
+  }
+  MXMOE_API_END
+}
+
 mxmoe_status mxmoe_check_offsets(const mxmoe_tensor* offs_, int64_t m, void* stream) {
   MXMOE_API_BEGIN
   const mxmoe_tensor& offs = require(offs_, "offs");
