@@ -286,11 +286,6 @@ def run_shape(name, M, N, K, G, jagged, passes, profile, sweep=False):
         ws = workspace(LIB.mxmoe_grouped_mm_tile128_kgroups_workspace_size(M, N, K, G, 0))
         mx = mx_kg_call(dyt8, a_s, xt8, b_s, offs, out, ws)
         t_mx = bench_us(mx)
-        os.environ["MXMOE_TILE128_KG_TILE"] = "192"  # the 128x192 CTA tile variant
-        t_mx192 = bench_us(mx)
-        os.environ.pop("MXMOE_TILE128_KG_TILE")
-        print(f"    wgrad CTA tile 128x128: {t_mx:.1f} us, 128x192: {t_mx192:.1f} us")
-        stages["wgrad_tile192_us"] = t_mx192
         if profile:
             stages["wgrad"] = profile_kernels(mx, f"wgrad {name} G={G}")
         if sweep:
@@ -329,7 +324,7 @@ def main():
     ap.add_argument("--passes", default="forward,dgrad,wgrad")
     ap.add_argument("--only", default="", help="shape names to run (comma list); default all")
     ap.add_argument("--profile", default="llama4-scout:8,jagged:32", help="name:G pairs to profile")
-    ap.add_argument("--sweep", default="llama4-scout:8,seeds:16", help="name:G pairs for the scheduler sweep")
+    ap.add_argument("--sweep", default="", help="name:G pairs for the scheduler sweep (e.g. llama4-scout:8)")
     args = ap.parse_args()
     passes = args.passes.split(",")
     profile_set = {p for p in args.profile.split(",") if p}
@@ -363,8 +358,6 @@ def main():
             rows, sizes, stages = run_shape(name, M, N, K, G, jagged, passes, f"{name}:{G}" in profile_set,
                                             f"{name}:{G}" in sweep_set)
             for r in rows:
-                if r["pass_"] == "wgrad":
-                    r["tile192"] = stages.get("wgrad_tile192_us")
                 r.update(shape=name, groups=sizes if jagged else None,
                          stages={"kernels": stages.get(r["pass_"]), "sweep": stages.get(r["pass_"] + "_sweep")})
             all_rows += rows
@@ -376,7 +369,6 @@ def main():
             "G": r["G"], "mxmoe_us": r["mxmoe_us"], "bf16_us": r["bf16_us"], "fp8_rowwise_us": r["fp8_rowwise_us"],
             "ratio_vs_bf16": r["ratio_vs_bf16"], "mxmoe_tflops": r["mxmoe_tflops"], "bf16_tflops": r["bf16_tflops"],
             "fp8_rowwise_tflops": r["fp8_rowwise_tflops"], "groups": r["groups"], "stages": r["stages"],
-            "mxmoe_us_kg_tile192": r.get("tile192"),
             "date": date, "commit": commit, "device": device, "clocks": clocks, "torch": torch.__version__,
         })
     with open(args.json, "w") as f:

@@ -52,6 +52,7 @@ else
   echo "cuobjdump not found"
 fi
 
+[[ -n "${MXMOE_GEMM_SKIP_BENCH:-}" ]] && exit $status
 echo "--- bench_gemm.py"
 SECONDS=0
 timeout ${MXMOE_BENCH_GEMM_TIMEOUT:-280} python3 bench/bench_gemm.py --json "$OUT/gemm.json" --table "$OUT/table-gemm.txt" ${MXMOE_BENCH_GEMM_ARGS:-} \

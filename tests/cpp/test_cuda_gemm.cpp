@@ -485,32 +485,6 @@ TEST(CudaGemmTile128, Wgrad) {
   g_data = Data::kFullRange;
 }
 
-// Wgrad with the 128x192 CTA tile variant (MXMOE_TILE128_KG_TILE=192).
-TEST(CudaGemmTile128, WgradTile192) {
-  SKIP_WITHOUT_CUDA();
-  std::mt19937 rng(17);
-  std::vector<KgCase> cases = {
-      {160, 224, {37, 0, 300, 1, 662}, MXMOE_DTYPE_F32},
-      {256, 416, random_sizes(16, 2500, rng, true), MXMOE_DTYPE_BF16, 3},
-      {96, 288, random_sizes(64, 3000, rng, true), MXMOE_DTYPE_F32},
-  };
-  setenv("MXMOE_TILE128_KG_TILE", "192", 1);
-  uint32_t seed = 400;
-  for (Data d : {Data::kExactGrid, Data::kFullRange}) {
-    g_data = d;
-    for (const auto& c : cases) {
-      bool unsupported = false;
-      run_kg_case(c, seed++, &unsupported);
-      if (unsupported) {
-        unsetenv("MXMOE_TILE128_KG_TILE");
-        GTEST_SKIP() << "tile128 GEMMs unsupported here: " << mxmoe_last_error();
-      }
-    }
-  }
-  g_data = Data::kFullRange;
-  unsetenv("MXMOE_TILE128_KG_TILE");
-}
-
 // A call is stream-ordered with no host sync: it can be captured in a CUDA graph and replayed.
 TEST(CudaGemmTile128, CapturedInCudaGraph) {
   SKIP_WITHOUT_CUDA();

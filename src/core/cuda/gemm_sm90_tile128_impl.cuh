@@ -49,9 +49,8 @@ namespace sm90 {
 using namespace cute;
 
 // One grouped GEMM configuration. GranN: scale granularity along the output's N (128 for the
-// weight tiles of forward/dgrad, 1 for wgrad's per-row B scales). TileN: CTA tile along N (128, or
-// 192 for wgrad, whose per-row B scales allow any multiple of 16; 192 keeps the two accumulator
-// sets of the blockwise mainloop, 2 x 96 fp32 per thread, inside the register budget).
+// weight tiles of forward/dgrad, 1 for wgrad's per-row B scales). TileN: CTA tile along N (128; a
+// 128x192 wgrad tile was measured 20-30% slower: ptxas spills ~300 bytes, docs/perf/gemm.md).
 template <class ElementD_, int GranN, int TileN = 128>
 struct Config {
   using ElementA = cutlass::float_e4m3_t;

@@ -20,7 +20,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <mutex>
 #include <vector>
 
@@ -38,7 +37,6 @@ using tile128::GroupInfo;
 using tile128::kTile;
 
 constexpr int64_t kAlign = 256;
-constexpr int kKgTileDefault = 128;  // wgrad CTA tile along N (128 or 192)
 int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -340,10 +338,8 @@ KgLayout kg_layout(void* ws, int64_t m, int64_t n, int64_t k, int64_t g, int sm_
   l.a_stage = c.take<uint8_t>(n * l.lds);
   l.b_stage = c.take<uint8_t>(k * l.lds);
 #if defined(MXMOE_HAVE_CUTLASS)
-  const int gi = static_cast<int>(g);
-  const int64_t desc = static_cast<int64_t>(
-      std::max({tile128::kg_desc_bytes_bf16(gi, sm_count), tile128::kg_desc_bytes_f32(gi, sm_count),
-                tile128::kg_desc_bytes_bf16_n192(gi, sm_count), tile128::kg_desc_bytes_f32_n192(gi, sm_count)}));
+  const int64_t desc = static_cast<int64_t>(std::max(tile128::kg_desc_bytes_bf16(static_cast<int>(g), sm_count),
+                                                     tile128::kg_desc_bytes_f32(static_cast<int>(g), sm_count)));
 #else
   (void)sm_count;
   const int64_t desc = 0;
@@ -481,14 +477,10 @@ void grouped_mm_tile128_kgroups(const GroupedMMKArgs& a, void* workspace, int64_
   p.desc = l.desc;
   p.sm_count = props.sm_count;
   p.stream = stream;
-  // CTA tile along K_model: 128 or 192 (MXMOE_TILE128_KG_TILE; default in kKgTileDefault, measured
-  // in docs/perf/gemm.md).
-  const char* tile_env = std::getenv("MXMOE_TILE128_KG_TILE");
-  const int tile_n = tile_env ? std::atoi(tile_env) : kKgTileDefault;
   if (a.out.dtype == MXMOE_DTYPE_BF16)
-    tile_n == 192 ? tile128::kg_run_bf16_n192(p) : tile128::kg_run_bf16(p);
+    tile128::kg_run_bf16(p);
   else
-    tile_n == 192 ? tile128::kg_run_f32_n192(p) : tile128::kg_run_f32(p);
+    tile128::kg_run_f32(p);
 #endif
 }
 

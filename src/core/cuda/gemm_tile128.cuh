@@ -72,16 +72,12 @@ size_t fwd_desc_bytes_bf16(int groups, int sm_count);
 size_t fwd_desc_bytes_f32(int groups, int sm_count);
 size_t kg_desc_bytes_bf16(int groups, int sm_count);
 size_t kg_desc_bytes_f32(int groups, int sm_count);
-size_t kg_desc_bytes_bf16_n192(int groups, int sm_count);
-size_t kg_desc_bytes_f32_n192(int groups, int sm_count);
 
 // Launch (descriptor kernel + the CUTLASS grouped GEMM) on plan.stream. Throw mxmoe::Error.
 void fwd_run_bf16(const FwdPlan& p);
 void fwd_run_f32(const FwdPlan& p);
 void kg_run_bf16(const KgPlan& p);
 void kg_run_f32(const KgPlan& p);
-void kg_run_bf16_n192(const KgPlan& p);  // 128x192 CTA tiles
-void kg_run_f32_n192(const KgPlan& p);
 
 }  // namespace tile128
 }  // namespace cuda
