@@ -113,6 +113,15 @@ def _env() -> dict:
     }
 
 
+_COMPILED = {}
+
+
+def _compiled(key, fn):
+    if key not in _COMPILED:
+        _COMPILED[key] = torch.compile(fn, fullgraph=True, dynamic=True)
+    return _COMPILED[key]
+
+
 def bench_grouped_mm(shape, recipe: str, backend: str, compiled: bool, reps: int) -> Row:
     import mxmoe
 
@@ -130,9 +139,9 @@ def bench_grouped_mm(shape, recipe: str, backend: str, compiled: bool, reps: int
     def scaled(a, w, offs):
         return mxmoe.grouped_mm(a, w.transpose(-2, -1), offs, recipe=recipe, backend=backend)
 
-    if compiled:
-        bf16 = torch.compile(bf16, fullgraph=True, dynamic=True)
-        scaled = torch.compile(scaled, fullgraph=True, dynamic=True)
+    if compiled:  # one compiled function per recipe for all shapes (dynamic shapes: no recompiles)
+        bf16 = _compiled(("bf16",), bf16)
+        scaled = _compiled((recipe, backend), scaled)
 
     def fwd(f):
         def run():
