@@ -44,20 +44,20 @@ void check_offs(const mxmoe_tensor& offs, int32_t device) {
 }
 
 // Device path: the FP8 kernels read dense tensors through TMA.
-void check_device_layout(const mxmoe_tensor& t, const char* name, bool aligned16) {
+[[maybe_unused]] void check_device_layout(const mxmoe_tensor& t, const char* name, bool aligned16) {
   if (!is_contiguous(t)) fail(name, ": expected a contiguous tensor on ", device_str(t.device));
   if (aligned16 && reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
     fail(name, ": expected a 16-byte aligned data pointer on ", device_str(t.device), ", got ", t.data);
 }
 
-void check_int32_dims(std::initializer_list<int64_t> dims, const char* what) {
+[[maybe_unused]] void check_int32_dims(std::initializer_list<int64_t> dims, const char* what) {
   for (int64_t d : dims)
     if (d > std::numeric_limits<int32_t>::max())
       fail_status(MXMOE_ERR_UNSUPPORTED, what, ": dimensions must be < 2^31 on CUDA, got ", d);
 }
 
 // Workspace view -> (pointer, bytes); required on a device.
-int64_t workspace_bytes(const mxmoe_tensor* ws, int32_t device, int64_t need, void** data) {
+[[maybe_unused]] int64_t workspace_bytes(const mxmoe_tensor* ws, int32_t device, int64_t need, void** data) {
   *data = nullptr;
   if (device < 0) return 0;
   if (ws == nullptr) fail("workspace: expected a device tensor of at least ", need, " bytes, got NULL");
@@ -180,6 +180,8 @@ mxmoe_status mxmoe_grouped_mm_tile128(const mxmoe_tensor* a_, const mxmoe_tensor
   if (dev >= 0) {
 #if defined(MXMOE_WITH_CUDA)
     cuda::grouped_mm_tile128(args, ws, ws_bytes);
+#else
+    (void)ws, (void)ws_bytes, (void)workspace_;
 #endif
   } else {
     cpu::grouped_mm(args);
@@ -245,6 +247,8 @@ mxmoe_status mxmoe_grouped_mm_tile128_kgroups(const mxmoe_tensor* a_, const mxmo
   if (dev >= 0) {
 #if defined(MXMOE_WITH_CUDA)
     cuda::grouped_mm_tile128_kgroups(args, ws, ws_bytes);
+#else
+    (void)ws, (void)ws_bytes, (void)workspace_;
 #endif
   } else {
     cpu::grouped_mm_kgroups(args);

@@ -49,7 +49,7 @@ struct DeviceProps {
   int major = 0, minor = 0;
 };
 
-DeviceProps device_props(int device) {
+[[maybe_unused]] DeviceProps device_props(int device) {
   static std::mutex mu;
   static std::vector<DeviceProps> cache;
   std::lock_guard<std::mutex> lock(mu);
