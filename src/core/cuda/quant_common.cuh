@@ -95,6 +95,16 @@ __device__ __forceinline__ void dequant8(uint2 q, const uint8_t (&s)[8], float (
   for (int e = 0; e < 8; ++e) out[e] = __fmul_rn(out[e], e8m0_to_f32(s[e]));
 }
 
+// As dequant8, with the scales already decoded (e8m0_to_f32).
+__device__ __forceinline__ void dequant8f(uint2 q, const float (&sf)[8], float (&out)[8]) {
+  e4m3x2_to_f32(q.x & 0xFFFFu, out[0], out[1]);
+  e4m3x2_to_f32(q.x >> 16, out[2], out[3]);
+  e4m3x2_to_f32(q.y & 0xFFFFu, out[4], out[5]);
+  e4m3x2_to_f32(q.y >> 16, out[6], out[7]);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) out[e] = __fmul_rn(out[e], sf[e]);
+}
+
 __device__ __forceinline__ float canon_f32(float f) {
   return (__float_as_uint(f) & 0x7FFFFFFFu) > 0x7F800000u ? __uint_as_float(0x7FC00000u) : f;
 }

@@ -559,12 +559,13 @@ __device__ __forceinline__ void process_tile(const Params& P, Smem& sm, uint32_t
         const uint32_t z = ~csb[h];  // 0x00 bytes where the scale byte is 0xFF
         mk[h] = __vcmpeq4(z, 0u);
       }
+      float r[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) r[j] = e8m0_reciprocal_f32(static_cast<uint8_t>(csb[j >> 2] >> (8 * (j & 3))));
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        float v[8], r[8];
+        float v[8];
         f.values(i, v);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) r[j] = e8m0_reciprocal_f32(static_cast<uint8_t>(csb[j >> 2] >> (8 * (j & 3))));
         cq[i] = quant8(v, r);
         cq[i].x = (cq[i].x & ~mk[0]) | (0x7F7F7F7Fu & mk[0]);
         cq[i].y = (cq[i].y & ~mk[1]) | (0x7F7F7F7Fu & mk[1]);
@@ -845,18 +846,12 @@ __device__ __forceinline__ SlabInfo resolve_slab(const Params& P, SlabSmem& sm, 
   t.valid = false;
   if (tile >= P.tiles) return t;
   {
-    const int ti = static_cast<int>(tile), per_b = P.P * P.ctiles;
-    t.b = ti / per_b;
-    const int u = ti - t.b * per_b;
-    const int sp = u / (8 * P.ctiles);
-    const int v = u - sp * 8 * P.ctiles;
-    const int h = min(8, P.P - 8 * sp);
-    const int sc = v / (8 * h);
-    const int y = v - sc * 8 * h;
-    const int w = min(8, P.ctiles - 8 * sc);
-    const int py = y / w;
-    t.p = 8 * sp + py;
-    t.ct = 8 * sc + (y - py * w);
+    // Row-major over (batch, slab, column tile): 32-bit math, the host keeps tiles < 2^31.
+    const int ti = static_cast<int>(tile);
+    const int pc = ti / P.ctiles;
+    t.ct = ti - pc * P.ctiles;
+    t.b = pc / P.P;
+    t.p = pc - t.b * P.P;
   }
   if (!P.grouped) {
     t.r0 = 32 * t.p;
@@ -918,6 +913,25 @@ __device__ __forceinline__ void transpose_slab(uint32_t* sm, uint8_t* dst, long 
   }
   __syncthreads();
   const int nbytes = rows * E;
+  if ((reinterpret_cast<uintptr_t>(dst) & 3u) == 0 && ((ld * E) & 3) == 0) {
+    // Every destination row starts 4-byte aligned: thread t writes word t % (8E) of rows
+    // t / (8E) + k * (NS / 8E), whole words except a partial last one.
+    constexpr int WPR = 8 * E, RPS = NS / WPR;
+    const int wi = tid % WPR;
+    const int k0 = 4 * wi;
+    for (int c = tid / WPR; c < cols; c += RPS) {
+      if (k0 >= nbytes) continue;
+      uint8_t* d = dst + static_cast<long long>(c) * ld * E + k0;
+      const uint32_t val = sm[c * RWS + wi];
+      if (k0 + 4 <= nbytes) {
+        *reinterpret_cast<uint32_t*>(d) = val;
+      } else {
+        for (int m = 0; k0 + m < nbytes; ++m) d[m] = static_cast<uint8_t>(val >> (8 * m));
+      }
+    }
+    __syncthreads();
+    return;
+  }
   for (int idx = tid; idx < cols * NWM; idx += NS) {
     const int c = idx / NWM, wi = idx - c * NWM;
     uint8_t* rowp = dst + static_cast<long long>(c) * ld * E;
@@ -1011,12 +1025,13 @@ __device__ __forceinline__ void process_slab(const Params& P, SlabSmem& sm, uint
       uint32_t mk[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) mk[h] = __vcmpeq4(~csb[h], 0u);
+      float r[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) r[j] = e8m0_reciprocal_f32(static_cast<uint8_t>(csb[j >> 2] >> (8 * (j & 3))));
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        float v[8], r[8];
+        float v[8];
         f.values(i, v);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) r[j] = e8m0_reciprocal_f32(static_cast<uint8_t>(csb[j >> 2] >> (8 * (j & 3))));
         cq[i] = quant8(v, r);
         cq[i].x = (cq[i].x & ~mk[0]) | (0x7F7F7F7Fu & mk[0]);
         cq[i].y = (cq[i].y & ~mk[1]) | (0x7F7F7F7Fu & mk[1]);
@@ -1028,8 +1043,11 @@ __device__ __forceinline__ void process_slab(const Params& P, SlabSmem& sm, uint
   }
 
   auto emit = [&](const SideP& S, bool is_row, const uint2(&qd)[4]) {
-    auto scale_of = [&](int i, int j) -> uint8_t {
-      return static_cast<uint8_t>(is_row ? (rsb >> (8 * i)) : (csb[j >> 2] >> (8 * (j & 3))));
+    // Decoded scales: per row (rowwise) or per column (columnwise).
+    auto scales_of = [&](int i, float (&sf)[8]) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        sf[j] = e8m0_to_f32(static_cast<uint8_t>(is_row ? (rsb >> (8 * i)) : (csb[j >> 2] >> (8 * (j & 3)))));
     };
     const long long xrow0 = static_cast<long long>(b) * P.R + r0;
     if (S.q) {
@@ -1041,11 +1059,9 @@ __device__ __forceinline__ void process_slab(const Params& P, SlabSmem& sm, uint
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         if (lr0 + i < rows) {
-          uint8_t s8[8];
-#pragma unroll
-          for (int j = 0; j < 8; ++j) s8[j] = scale_of(i, j);
-          float v[8];
-          dequant8(qd[i], s8, v);
+          float sf[8], v[8];
+          scales_of(i, sf);
+          dequant8f(qd[i], sf, v);
           store_f8(S.dq, (xrow0 + lr0 + i) * P.C + c0 + lc, v, cvalid, S.dq_f32, S.dq_vec);
         }
       }
@@ -1060,10 +1076,9 @@ __device__ __forceinline__ void process_slab(const Params& P, SlabSmem& sm, uint
       float v[4][8];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        uint8_t s8[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) s8[j] = scale_of(i, j);
-        dequant8(qd[i], s8, v[i]);
+        float sf[8];
+        scales_of(i, sf);
+        dequant8f(qd[i], sf, v[i]);
       }
       if (S.dqt_f32) {
         uint32_t w[8][4];
@@ -1138,7 +1153,7 @@ __device__ __forceinline__ void process_slab(const Params& P, SlabSmem& sm, uint
 }
 
 template <typename In>
-__global__ void __launch_bounds__(NS, 8) quant_slab_kernel(const __grid_constant__ Params P) {
+__global__ void __launch_bounds__(NS, 6) quant_slab_kernel(const __grid_constant__ Params P) {
   extern __shared__ uint4 dyn_smem_[];
   uint32_t* dsm = reinterpret_cast<uint32_t*>(dyn_smem_);
   int* table = reinterpret_cast<int*>(reinterpret_cast<uint8_t*>(dyn_smem_) + P.tr_bytes);
@@ -1267,11 +1282,11 @@ __global__ void __launch_bounds__(256, PF ? 3 : 4) quant_rows_kernel(const __gri
       if (P.q) *reinterpret_cast<uint2*>(P.q + 8 * k) = q;
       if (P.scale && (k & 3) == 0) P.scale[k >> 2] = sb;
       if (P.dq) {
-        uint8_t s8[8];
+        float sf[8], v[8];
+        const float sc = e8m0_to_f32(sb);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) s8[e] = sb;
-        float v[8];
-        dequant8(q, s8, v);
+        for (int e = 0; e < 8; ++e) sf[e] = sc;
+        dequant8f(q, sf, v);
         store_f8(P.dq, 8 * k, v, 8, P.dq_f32, true);
       }
     }
