@@ -4,9 +4,9 @@ expert GEMMs through `mxmoe.convert` -- from the same init and data order, and c
 What differs between the two runs is only the expert GEMMs:
   bf16   the model's `torch._grouped_mm` calls take bf16 operands (fp32 accumulation) and give bf16
          results. On CUDA these are real bf16 GEMMs. On CPU torch's bf16 grouped GEMM is ~75x slower
-         than fp32, so they are emulated exactly: fp32 GEMMs on bf16-rounded operands, rounded back to
-         bf16. Rounding through autograd also rounds the output grad and the dgrad/wgrad results, so
-         backward has bf16 GEMM numerics too.
+         than fp32, so they are emulated: fp32 GEMMs on bf16-rounded operands, rounded back to bf16
+         (the same numerics up to fp32 summation order). The rounding is part of the autograd graph,
+         so the output grad and the dgrad/wgrad results are rounded too: backward is bf16 as well.
   mxfp8  `mxmoe.convert(model, recipe=...)` routes the same calls through `mxmoe.grouped_mm`
          (forward, dgrad and wgrad on MXFP8 operands).
 The rest of the model runs in fp32 on CPU and under bf16 autocast on CUDA, identically in both runs.
@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from . import _lib
 from .backends import BACKENDS
 from .conversion import convert
 from .demo.data import SyntheticLanguage, make_batches
@@ -39,7 +40,7 @@ BASELINE = "bf16"
 @dataclass
 class TrainConfig:
     steps: int = 300
-    batch_size: int = 16
+    batch_size: int = 8
     seq_len: int = 128
     dim: int = 128
     n_layers: int = 2
@@ -47,7 +48,7 @@ class TrainConfig:
     num_experts: int = 8
     top_k: int = 2
     moe_hidden: int = 256
-    lr: float = 3e-3
+    lr: float = 2e-3
     warmup_steps: int = 20
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.01
@@ -128,6 +129,20 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device is available")
     return torch.device(name)
+
+
+def cpu_threads(requested: int = 0) -> int:
+    """requested > 0: that many. Otherwise torch's default, except 1 when other processes already keep
+    the cores busy: torch's OpenMP threads then wait on each other, measured here 10-20x slower per
+    step (2 threads, load average 6 on 2 cores) than one thread."""
+    if requested > 0:
+        return requested
+    default = torch.get_num_threads()
+    try:
+        busy = os.getloadavg()[0] >= (os.cpu_count() or 1) - 0.5
+    except OSError:  # no load average on this platform
+        busy = False
+    return 1 if busy else default
 
 
 def _lr_lambda(cfg: TrainConfig):
@@ -278,6 +293,17 @@ def _device_name(device: torch.device) -> str:
     return f"cpu ({n} thread{'s' if n > 1 else ''})"
 
 
+def _smooth_width(steps: int) -> int:
+    return max(1, steps // 30)
+
+
+def _centered_mean(losses: list[float], width: int) -> list[float]:
+    """Moving average centered on each step (no lag), for the plot."""
+    h = width // 2
+    return [sum(losses[max(0, i - h):i + h + 1]) / len(losses[max(0, i - h):i + h + 1])
+            for i in range(len(losses))]
+
+
 def _window_mean(losses: list[float], end: int, width: int) -> float:
     lo = max(0, end - width)
     chunk = losses[lo:end]
@@ -296,6 +322,12 @@ def _summarize(cfg, device, vocab, entropy, runs: list[RunResult]) -> dict:
     final_train = {r.name: _window_mean(r.losses, cfg.steps, width) for r in runs}
     rel_eval = (mx.eval_loss - base.eval_loss) / base.eval_loss
     rel_train = (final_train[mx.name] - final_train[base.name]) / final_train[base.name]
+    # Largest gap between the smoothed curves, for information: mid-training the two runs can learn a
+    # piece of the grammar a few steps apart, which shows here but not in the final losses.
+    sw = _smooth_width(cfg.steps)
+    gaps = [(_window_mean(mx.losses, s, sw) / _window_mean(base.losses, s, sw) - 1, s)
+            for s in range(1, cfg.steps + 1)]
+    max_gap, max_gap_step = max(gaps, key=lambda g: abs(g[0]))
     return {
         "config": asdict(cfg),
         "device": _device_name(device),
@@ -319,6 +351,8 @@ def _summarize(cfg, device, vocab, entropy, runs: list[RunResult]) -> dict:
         "mxfp8": mx.name,
         "rel_diff_eval": rel_eval,
         "rel_diff_train": rel_train,
+        "max_rel_diff_curve": max_gap,
+        "max_rel_diff_step": max_gap_step,
         "within_tolerance": abs(rel_eval) <= cfg.tolerance and abs(rel_train) <= cfg.tolerance,
     }
 
@@ -327,7 +361,7 @@ def format_report(rep: dict) -> str:
     base, mx = rep["baseline"], rep["mxfp8"]
     rb, rm = rep["runs"][base], rep["runs"][mx]
     steps = len(rb["loss"])
-    width = rep["final_train_window"]
+    width = _smooth_width(steps)
     col = max(len(mx), 10)
     lines = [
         "",
@@ -339,20 +373,28 @@ def format_report(rep: dict) -> str:
         lines.append(f"  {s:>6}  {lb:>{col}.4f}  {lm:>{col}.4f}  {100 * (lm - lb) / lb:>+8.2f}%")
     tol = rep["config"]["tolerance"]
     verdict = "PASS" if rep["within_tolerance"] else "FAIL"
+    final = f"final train loss ({rep['final_train_window']}-step mean)"
+    lw = max(24, len(final) + 2)
+
+    def row(label: str, b: str, m: str, tail: str = "") -> str:
+        return f"  {label:<{lw}}{b:>{col}}  {m:>{col}}  {tail}".rstrip()
+
     lines += [
         "",
-        f"  {'':<24}{base:>{col}}  {mx:>{col}}  {'rel diff':>9}",
-        f"  {'final train loss':<24}{rb['final_train_loss']:>{col}.4f}  {rm['final_train_loss']:>{col}.4f}  "
-        f"{100 * rep['rel_diff_train']:>+8.2f}%",
-        f"  {'held-out loss':<24}{rb['eval_loss']:>{col}.4f}  {rm['eval_loss']:>{col}.4f}  "
-        f"{100 * rep['rel_diff_eval']:>+8.2f}%",
-        f"  {'source entropy':<24}{rep['source_entropy']:>{col}.4f}",
-        f"  {'tokens/s':<24}{rb['tokens_per_s']:>{col},.0f}  {rm['tokens_per_s']:>{col},.0f}  "
-        f"{rm['tokens_per_s'] / rb['tokens_per_s']:>8.2f}x",
-        f"  {'wall time (s)':<24}{rb['wall_s']:>{col}.1f}  {rm['wall_s']:>{col}.1f}",
-        f"  {'expert load min/max':<24}{_load_range(rb):>{col}}  {_load_range(rm):>{col}}  "
-        f"(share of routed tokens over all steps, worst layer; ideal {100 / len(rb['expert_load'][0]):.1f}%)",
+        row("", base, mx, f"{'rel diff':>9}"),
+        row(final, f"{rb['final_train_loss']:.4f}", f"{rm['final_train_loss']:.4f}",
+            f"{100 * rep['rel_diff_train']:>+8.2f}%"),
+        row("held-out loss", f"{rb['eval_loss']:.4f}", f"{rm['eval_loss']:.4f}",
+            f"{100 * rep['rel_diff_eval']:>+8.2f}%"),
+        row("source entropy", f"{rep['source_entropy']:.4f}", ""),
+        row("tokens/s", f"{rb['tokens_per_s']:,.0f}", f"{rm['tokens_per_s']:,.0f}",
+            f"{rm['tokens_per_s'] / rb['tokens_per_s']:>8.2f}x"),
+        row("wall time (s)", f"{rb['wall_s']:.1f}", f"{rm['wall_s']:.1f}"),
+        row("expert load min/max", _load_range(rb), _load_range(rm),
+            f"(share of routed tokens, all steps, worst layer; ideal {100 / len(rb['expert_load'][0]):.1f}%)"),
         "",
+        f"largest gap between the curves: {100 * rep['max_rel_diff_curve']:+.2f}% at step "
+        f"{rep['max_rel_diff_step']} ({width}-step means)",
         f"{verdict}: MXFP8 final losses within {100 * tol:.0f}% of bf16 "
         f"(train {100 * rep['rel_diff_train']:+.2f}%, held-out {100 * rep['rel_diff_eval']:+.2f}%)",
     ]
@@ -381,7 +423,7 @@ def plot_curves(rep: dict, path: str) -> None:
     matplotlib.use("Agg")  # files only; no display needed
     import matplotlib.pyplot as plt
 
-    width = rep["final_train_window"]
+    width = _smooth_width(len(rep["runs"][rep["baseline"]]["loss"]))
     fig, (ax, ax_rel) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True,
                                      gridspec_kw={"height_ratios": [3, 1]})
     smooth = {}
@@ -390,13 +432,13 @@ def plot_curves(rep: dict, path: str) -> None:
     for name, color, linestyle, lw in styles:
         loss = rep["runs"][name]["loss"]
         steps = list(range(1, len(loss) + 1))
-        smooth[name] = [_window_mean(loss, s, width) for s in steps]
+        smooth[name] = _centered_mean(loss, width)
         ax.plot(steps, loss, color=color, alpha=0.2, linewidth=0.8)
         ax.plot(steps, smooth[name], color=color, linestyle=linestyle, linewidth=lw,
                 label=f"{name} (held-out {rep['runs'][name]['eval_loss']:.3f})")
     ax.axhline(rep["source_entropy"], color="gray", linestyle="--", linewidth=1,
                label=f"source entropy {rep['source_entropy']:.3f}")
-    ax.set_ylabel("training loss (nats/token)")
+    ax.set_ylabel(f"training loss (nats/token; {width}-step mean)")
     ax.set_title(f"mxmoe demo: bf16 vs {rep['mxfp8']} expert GEMMs ({rep['device']})")
     ax.legend()
     ax.grid(alpha=0.3)
@@ -426,7 +468,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="mxmoe backend of the MXFP8 run (default %(default)s)")
     p.add_argument("--device", default=d.device, choices=("auto", "cpu", "cuda"),
                    help="auto: cuda when available, else cpu (default %(default)s)")
-    p.add_argument("--out", default="out", help="directory for train_curves.png/.json (default %(default)s)")
+    p.add_argument("--out", default=os.path.join("out", "train"),
+                   help="directory for train_curves.png/.json (default %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="model init and data sampling seed")
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--seq-len", type=int, default=d.seq_len)
@@ -443,7 +486,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="allowed relative final-loss difference (default %(default)s)")
     p.add_argument("--strict", action="store_true", help="exit with status 1 when outside --tolerance")
     p.add_argument("--threads", type=int, default=0,
-                   help="CPU threads for torch (default: torch's choice; 1 can be faster on a busy machine)")
+                   help="CPU threads for torch; default: torch's choice, or 1 when the machine is busy")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -454,8 +497,12 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def main(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
+    try:  # fail now rather than after the bf16 run when the core library is missing or stale
+        _lib.lib()
+    except (OSError, AttributeError) as e:
+        raise SystemExit(f"mxmoe train: cannot load the mxmoe core library: {e}")
+    if resolve_device(cfg.device).type == "cpu":
+        torch.set_num_threads(cpu_threads(args.threads))
     if cfg.dim % 32 or cfg.moe_hidden % 32:
         raise SystemExit("--dim and --hidden must be multiples of 32 (MX blocks are 32 wide)")
     if cfg.dim % cfg.n_heads:

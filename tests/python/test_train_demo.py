@@ -12,11 +12,20 @@ import torch
 
 from mxmoe.demo.data import SyntheticLanguage, make_batches
 from mxmoe.demo.model import MoEModelArgs, MoETransformer
-from mxmoe.train import Bf16GroupedMM, TrainConfig, format_report, run_comparison
+from mxmoe.train import Bf16GroupedMM, TrainConfig, cpu_threads, format_report, run_comparison
 
 # Small enough for CI, big enough that the loss falls well below the unigram level (~4.1 nats).
 SMALL = dict(steps=60, batch_size=8, seq_len=64, dim=64, n_heads=2, n_layers=2, num_experts=8, top_k=2,
              moe_hidden=128, lr=4e-3, warmup_steps=10, eval_batches=4)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _threads():
+    # As the CLI does: one thread when the machine is busy (OpenMP threads stall each other there).
+    before = torch.get_num_threads()
+    torch.set_num_threads(cpu_threads())
+    yield
+    torch.set_num_threads(before)
 
 
 def _check_report(rep, cfg):
@@ -41,7 +50,9 @@ def test_mxfp8_matches_bf16_cpu(recipe):
     cfg = TrainConfig(**SMALL, recipe=recipe, device="cpu")
     rep = run_comparison(cfg, progress=False, log=lambda *_: None)
     _check_report(rep, cfg)
-    assert "PASS" in format_report(rep)
+    report = format_report(rep)
+    print(report)
+    assert "PASS" in report
 
 
 def test_cli_writes_png_and_json(tmp_path):

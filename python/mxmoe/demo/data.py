@@ -110,28 +110,26 @@ class SyntheticLanguage:
         zn, zv, za = _zipf(NOUNS_PER_TOPIC), _zipf(VERBS_PER_TOPIC), _zipf(N_ADJ)
         self.adj_dist = _Dist({self.id[f"adj{i}"]: za[i] for i in range(N_ADJ)})
         self.topic_dist = _Dist({self.id[f"<topic{t}>"]: 1.0 / N_TOPICS for t in range(N_TOPICS)})
-        # Subject nouns and verbs: Zipf within the topic, each topic ranks its stems differently.
+        # Subject nouns and verbs: Zipf within the topic (each topic ranks its stems differently, both
+        # numbers alike), mixed with a uniform draw from every topic.
         self._subj, self._verb, self._obj = {}, {}, {}
+        n_order = {t: rng.sample(range(NOUNS_PER_TOPIC), NOUNS_PER_TOPIC) for t in range(N_TOPICS)}
+        v_order = {t: rng.sample(range(VERBS_PER_TOPIC), VERBS_PER_TOPIC) for t in range(N_TOPICS)}
         for pl in (0, 1):
             any_noun = {self.noun[(t, s, pl)]: 1.0 / (N_TOPICS * NOUNS_PER_TOPIC)
                         for t in range(N_TOPICS) for s in range(NOUNS_PER_TOPIC)}
             any_verb = {self.verb[(t, s, pl)]: 1.0 / (N_TOPICS * VERBS_PER_TOPIC)
                         for t in range(N_TOPICS) for s in range(VERBS_PER_TOPIC)}
             for t in range(N_TOPICS):
-                order = list(range(NOUNS_PER_TOPIC))
-                rng.shuffle(order)
-                on = {self.noun[(t, s, pl)]: zn[r] for r, s in enumerate(order)}
+                on = {self.noun[(t, s, pl)]: zn[r] for r, s in enumerate(n_order[t])}
                 self._subj[(t, pl)] = _Dist(_mix(on, any_noun, 1 - params.p_off_topic))
-                vorder = list(range(VERBS_PER_TOPIC))
-                rng.shuffle(vorder)
-                ov = {self.verb[(t, s, pl)]: zv[r] for r, s in enumerate(vorder)}
+                ov = {self.verb[(t, s, pl)]: zv[r] for r, s in enumerate(v_order[t])}
                 self._verb[(t, pl)] = _Dist(_mix(ov, any_verb, 1 - params.p_off_topic))
         # Each verb stem prefers a few object nouns (selectional preference), of either number.
         for t in range(N_TOPICS):
             for s in range(VERBS_PER_TOPIC):
+                pref = rng.sample(range(NOUNS_PER_TOPIC), NOUNS_PER_TOPIC)
                 for opl in (0, 1):
-                    pref = list(range(NOUNS_PER_TOPIC))
-                    rng.shuffle(pref)
                     o = {self.noun[(t, n, opl)]: zn[r] ** 2 for r, n in enumerate(pref)}
                     z = sum(o.values())
                     self._obj[(t, s, opl)] = _Dist({k: v / z for k, v in o.items()})
