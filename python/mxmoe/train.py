@@ -262,10 +262,11 @@ def run_comparison(cfg: TrainConfig, progress: bool = True, log=print) -> dict:
     # Held-out text: same language, a sampling seed no training run uses.
     eval_batches, _ = make_batches(lang, cfg.eval_batches, cfg.batch_size, cfg.seq_len,
                                    seed=cfg.seed + 1_000_003)
-    log(_header(cfg, device, lang.vocab_size, entropy))
+    header = _header(cfg, device, lang.vocab_size, entropy)
+    log(header)
     runs = [train_one(name, cfg, lang.vocab_size, batches, eval_batches, device, progress)
             for name in (BASELINE, cfg.recipe)]
-    return _summarize(cfg, device, lang.vocab_size, entropy, runs)
+    return {"header": header, **_summarize(cfg, device, lang.vocab_size, entropy, runs)}
 
 
 # -- report ---------------------------------------------------------------------------------------------
@@ -407,14 +408,16 @@ def _load_range(run: dict) -> str:
     return f"{100 * lo:.1f}/{100 * hi:.1f}%"
 
 
-def write_outputs(rep: dict, out_dir: str) -> tuple[str, str]:
+def write_outputs(rep: dict, out_dir: str) -> list[str]:
+    """train_curves.json (everything, per-step losses included), train_curves.png, train_report.txt."""
     os.makedirs(out_dir, exist_ok=True)
-    json_path = os.path.join(out_dir, "train_curves.json")
-    with open(json_path, "w") as f:
+    paths = [os.path.join(out_dir, f) for f in ("train_curves.png", "train_curves.json", "train_report.txt")]
+    plot_curves(rep, paths[0])
+    with open(paths[1], "w") as f:
         json.dump(rep, f, indent=1)
-    png_path = os.path.join(out_dir, "train_curves.png")
-    plot_curves(rep, png_path)
-    return png_path, json_path
+    with open(paths[2], "w") as f:
+        f.write(rep["header"] + "\n" + format_report(rep) + "\n")
+    return paths
 
 
 def plot_curves(rep: dict, path: str) -> None:
@@ -509,8 +512,7 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit("--dim must be a multiple of --heads")
     rep = run_comparison(cfg, progress=not args.no_progress)
     print(format_report(rep))
-    png, js = write_outputs(rep, args.out)
-    print(f"wrote {png} and {js}")
+    print("wrote " + ", ".join(write_outputs(rep, args.out)))
     return 1 if args.strict and not rep["within_tolerance"] else 0
 
 
