@@ -472,7 +472,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=d.device, choices=("auto", "cpu", "cuda"),
                    help="auto: cuda when available, else cpu (default %(default)s)")
     p.add_argument("--out", default=os.path.join("out", "train"),
-                   help="directory for train_curves.png/.json (default %(default)s)")
+                   help="directory for train_curves.png/.json and train_report.txt (default %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="model init and data sampling seed")
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--seq-len", type=int, default=d.seq_len)
@@ -500,16 +500,18 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def main(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
+    if cfg.dim % 32 or cfg.moe_hidden % 32:
+        raise SystemExit("--dim and --hidden must be multiples of 32 (MX blocks are 32 wide)")
+    if cfg.dim % (2 * cfg.n_heads):
+        raise SystemExit("--dim must be a multiple of 2 x --heads (even head size for rotary embeddings)")
+    if cfg.steps < 1 or cfg.eval_batches < 1 or not 1 <= cfg.top_k <= cfg.num_experts:
+        raise SystemExit("need --steps >= 1, --eval-batches >= 1 and 1 <= --top-k <= --experts")
     try:  # fail now rather than after the bf16 run when the core library is missing or stale
         _lib.lib()
     except (OSError, AttributeError) as e:
         raise SystemExit(f"mxmoe train: cannot load the mxmoe core library: {e}")
     if resolve_device(cfg.device).type == "cpu":
         torch.set_num_threads(cpu_threads(args.threads))
-    if cfg.dim % 32 or cfg.moe_hidden % 32:
-        raise SystemExit("--dim and --hidden must be multiples of 32 (MX blocks are 32 wide)")
-    if cfg.dim % cfg.n_heads:
-        raise SystemExit("--dim must be a multiple of --heads")
     rep = run_comparison(cfg, progress=not args.no_progress)
     print(format_report(rep))
     print("wrote " + ", ".join(write_outputs(rep, args.out)))
