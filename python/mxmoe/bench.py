@@ -56,6 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", choices=["both", "eager", "compiled"], default="both")
     p.add_argument("--reps", type=int, default=10, help="timed repetitions per measurement (median)")
     p.add_argument("--no-moe-layer", action="store_true", help="skip the single MoE layer benchmark")
+    p.add_argument("--profile", default="", help="comma list of shape names (e.g. seeds:1 = seeds G=1) whose "
+                   "e2e step is profiled per kernel (torch.profiler), for each recipe and bf16")
     p.add_argument("--out", default=os.environ.get("OUT", "out/bench"), help="folder for e2e.json")
 
 
@@ -198,6 +200,42 @@ def bench_moe_layer(recipe: str, backend: str, reps: int, tokens: int = 16384, d
             "recipe": recipe, "bf16_us": bf16_us, "scaled_us": mx_us, "speedup": bf16_us / mx_us}
 
 
+def profile_step(shape, recipe: Optional[str], backend: str, out_dir: str) -> str:
+    """Per-kernel CUDA time of one forward+backward (bf16 torch._grouped_mm when recipe is None):
+    the breakdown that explains a ratio."""
+    import mxmoe
+    from torch.profiler import ProfilerActivity, profile
+
+    m, n, k, g, jagged = shape
+    dev = torch.device("cuda")
+    a = torch.randn(m, k, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(g, n, k, device=dev, dtype=torch.bfloat16).mul_(k**-0.5).requires_grad_(True)
+    dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+    offs = _offsets(m, g, jagged, dev)
+
+    def step():
+        a.grad = w.grad = None
+        if recipe is None:
+            y = torch._grouped_mm(a, w.transpose(-2, -1), offs=offs)
+        else:
+            y = mxmoe.grouped_mm(a, w.transpose(-2, -1), offs, recipe=recipe, backend=backend)
+        y.backward(dy)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+    title = f"per-kernel CUDA time, 5 steps, {(m, n, k, g)} {recipe or 'bf16'}"
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"profile-{m}-{n}-{k}-{g}-{recipe or 'bf16'}.txt"), "w") as f:
+        f.write(title + "\n" + table)
+    return title + "\n" + table
+
+
 def _fmt(col: str, v) -> str:
     if col.endswith("speedup") or col == "peak_mem_ratio":
         return f"{v:.3f}x"
@@ -239,6 +277,16 @@ def main(args) -> int:
                 layers.append(bench_moe_layer(recipe, args.backend, args.reps))
             except Exception as e:
                 print(f"FAILED MoE layer {recipe}: {type(e).__name__}: {e}")
+    for spec in filter(None, args.profile.split(",")):
+        name, _, g = spec.partition(":")
+        for shape in SHAPES[name]:
+            if g and shape[3] != int(g):
+                continue
+            for recipe in [None] + args.recipes.split(","):
+                try:
+                    print(profile_step(shape, recipe, args.backend, args.out))
+                except Exception as e:
+                    print(f"FAILED profile {shape} {recipe}: {type(e).__name__}: {e}")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "e2e.json"), "w") as f:
         json.dump({"rows": rows, "moe_layer": layers, **env}, f, indent=1)

@@ -380,7 +380,8 @@ def _(x, offs, row_block, col_block, tile128, mode, row_outputs, col_outputs, dq
 # torch._grouped_mm computes fp32 on CPU in eager mode, but its fake (meta) kernel insists on bf16
 # operands, so tracing an fp32 call under torch.compile fails. The emulated backend computes on CPU
 # in fp32 (see backends.compute_dtype), so it calls torch._grouped_mm through this op, whose fake
-# only states the output shape. Not part of the public op set.
+# only states the output shape. Not part of the public op set. Being opaque also keeps Inductor from
+# replacing torch._grouped_mm with its own grouped-GEMM template inside mxmoe's graphs.
 
 
 @torch.library.custom_op("mxmoe::_dense_grouped_mm", mutates_args=())
@@ -389,11 +390,11 @@ def _dense_grouped_mm(a: Tensor, b: Tensor, offs: Tensor) -> Tensor:
     them unwritten); 2D x 2D (k-grouped) -> (G, M, N). offs must be valid (the caller clamps it)."""
     out = torch._grouped_mm(a, b, offs=offs)
     if b.dim() == 3 and offs.numel() > 0:
-        if out.device.type == "cpu":
-            out[int(offs[-1]) :] = 0  # host memory: reading offs costs no device sync
-        else:
-            rows = torch.arange(out.shape[0], device=out.device).unsqueeze(1)
-            out = torch.where(rows < offs[-1], out, torch.zeros((), dtype=out.dtype, device=out.device))
+        # A core kernel that touches only those rows (offs read on its device: no host sync).
+        _lib.check(
+            _lib.lib().mxmoe_zero_rows_past_groups(_lib.view(out, "out"), _lib.view(offs, "offs"), _lib.stream_for(out)),
+            "_dense_grouped_mm",
+        )
     return out
 
 

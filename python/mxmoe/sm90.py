@@ -37,16 +37,14 @@ def _fused(x: Tensor, offs, row_block: int, col_block: int, tile128: bool, mode:
 
 
 def _mm_rows(a: Tensor, b: Tensor, offs: Tensor) -> Tensor:
-    """bf16 torch._grouped_mm, 2D x 3D with row groups; rows past the groups are zeroed by a kernel
-    that touches only those rows (torch leaves them unwritten)."""
-    out = torch._grouped_mm(a, b, offs=clamp_offsets(offs, a.shape[0]))
-    ops.zero_rows_past_groups(out, offs)
-    return out
+    """bf16 torch._grouped_mm, 2D x 3D with row groups, rows past the groups zeroed (by a kernel that
+    touches only them), as an opaque op so torch.compile keeps torch's kernel."""
+    return ops._dense_grouped_mm(a, b, clamp_offsets(offs, a.shape[0]))
 
 
 def _mm_tokens(a_t: Tensor, b: Tensor, offs: Tensor) -> Tensor:
     """bf16 torch._grouped_mm, 2D x 2D with groups along the tokens: (N, M) x (M, K) -> (G, N, K)."""
-    return torch._grouped_mm(a_t, b, offs=clamp_offsets(offs, b.shape[0]))
+    return ops._dense_grouped_mm(a_t, b, clamp_offsets(offs, b.shape[0]))
 
 
 def _add_bias(out: Tensor, bias, offs: Tensor) -> Tensor:
