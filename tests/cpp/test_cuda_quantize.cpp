@@ -62,15 +62,21 @@ struct DevBuf {
   uint8_t* data() const { return base + kGuard + shift; }
   void fill(uint8_t inner) {
     EXPECT_EQ(cudaMemset(base, kGuardByte, total()), cudaSuccess);
-    if (nbytes) EXPECT_EQ(cudaMemset(data(), inner, nbytes), cudaSuccess);
+    if (nbytes) {
+      EXPECT_EQ(cudaMemset(data(), inner, nbytes), cudaSuccess);
+    }
   }
   void upload(const Buffer& h) {
     EXPECT_EQ(cudaMemset(base, kGuardByte, total()), cudaSuccess);
-    if (nbytes) EXPECT_EQ(cudaMemcpy(data(), h.bytes.data(), nbytes, cudaMemcpyHostToDevice), cudaSuccess);
+    if (nbytes) {
+      EXPECT_EQ(cudaMemcpy(data(), h.bytes.data(), nbytes, cudaMemcpyHostToDevice), cudaSuccess);
+    }
   }
   Buffer download() const {
     Buffer h(shape, dtype);
-    if (nbytes) EXPECT_EQ(cudaMemcpy(h.bytes.data(), data(), nbytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    if (nbytes) {
+      EXPECT_EQ(cudaMemcpy(h.bytes.data(), data(), nbytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    }
     return h;
   }
   // Index of the first guard byte that changed, or -1.
