@@ -51,14 +51,22 @@ typedef enum {
   MXMOE_DTYPE_E4M3 = 2, /* float8_e4m3fn */
   MXMOE_DTYPE_E8M0 = 3, /* float8_e8m0fnu */
   MXMOE_DTYPE_I32 = 4,
-  MXMOE_DTYPE_F64 = 5
+  MXMOE_DTYPE_F64 = 5,
+  /* Not values to use: these give the enum the whole int32 range, so whatever a caller passes (an
+     invalid value is rejected with a message) is a well-defined value of the type in C and C++. */
+  MXMOE_DTYPE_INT32_MIN_ = -2147483647 - 1,
+  MXMOE_DTYPE_INT32_MAX_ = 2147483647
 } mxmoe_dtype;
 
 typedef enum {
   MXMOE_SCALE_RCEIL = 0, /* training default, torchao/cuBLAS compatible */
   MXMOE_SCALE_FLOOR = 1,
   MXMOE_SCALE_CEIL = 2,
-  MXMOE_SCALE_EVEN = 3
+  MXMOE_SCALE_EVEN = 3,
+  /* Not values to use: these give the enum the whole int32 range, so whatever a caller passes (an
+     invalid value is rejected with a message) is a well-defined value of the type in C and C++. */
+  MXMOE_SCALE_MODE_INT32_MIN_ = -2147483647 - 1,
+  MXMOE_SCALE_MODE_INT32_MAX_ = 2147483647
 } mxmoe_scale_mode;
 
 typedef struct {
@@ -131,7 +139,11 @@ typedef enum {
   MXMOE_BLOCKED_GROUPS_M = 1,   /* scale (M, W), groups of rows (offs): (M + 128*G) rows */
   MXMOE_BLOCKED_GROUPS_K = 2,   /* scale (R, cap) in grouped compact layout along columns, offs in
                                    tokens: columns ceil(M/32) + 4*G ... see mxmoe_blocked_size */
-  MXMOE_BLOCKED_PER_EXPERT = 3  /* scale (G, R, C): (G, ceil(R/128)*128 * ceil(C/4)*4) */
+  MXMOE_BLOCKED_PER_EXPERT = 3, /* scale (G, R, C): (G, ceil(R/128)*128 * ceil(C/4)*4) */
+  /* Not values to use: these give the enum the whole int32 range, so whatever a caller passes (an
+     invalid value is rejected with a message) is a well-defined value of the type in C and C++. */
+  MXMOE_BLOCKED_KIND_INT32_MIN_ = -2147483647 - 1,
+  MXMOE_BLOCKED_KIND_INT32_MAX_ = 2147483647
 } mxmoe_blocked_kind;
 
 /* Bytes of the blocked buffer (static upper bound, no device->host sync needed).

@@ -119,6 +119,7 @@ int64_t mxmoe_blocked_size(mxmoe_blocked_kind kind, int64_t h, int64_t w, int64_
     case MXMOE_BLOCKED_GROUPS_M: return (h + 128 * g) * round_up(w, 4);
     case MXMOE_BLOCKED_GROUPS_K: return round_up(h, 128) * (ceil_div(w, kBlock) + 4 * g);
     case MXMOE_BLOCKED_PER_EXPERT: return g * round_up(h, 128) * round_up(w, 4);
+    default: break;  // invalid codes fall through to the caller's rejection
   }
   return -1;
 }

@@ -44,6 +44,7 @@ const char* mode_name(mxmoe_scale_mode m) {
     case MXMOE_SCALE_FLOOR: return "FLOOR";
     case MXMOE_SCALE_CEIL: return "CEIL";
     case MXMOE_SCALE_EVEN: return "EVEN";
+    default: break;  // invalid codes fall through to the caller's rejection
   }
   return "?";
 }

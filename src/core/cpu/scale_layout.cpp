@@ -64,6 +64,7 @@ Plan make_plan(const BlockedArgs& a) {
         add(g.block_start[i] * s.strides[2], H, ceil_div(g.end[i] - g.start[i], kBlock));
       break;
     }
+    default: break;  // invalid codes fall through to the caller's rejection
   }
   p.covered = dst;
   return p;
