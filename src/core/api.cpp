@@ -9,24 +9,15 @@
 #include "common/tensor.hpp"
 #include "mxmoe/mx_format.hpp"
 #include "mxmoe/mxmoe.h"
+#include "api_checks.hpp"
 #include "ops.hpp"
 
 namespace mxmoe {
 namespace {
 
-// (R, C) -> (1, R, C); 3D views pass through.
-mxmoe_tensor as_3d(const mxmoe_tensor& t) {
-  if (t.ndim == 3) return t;
-  mxmoe_tensor r = t;
-  r.ndim = 3;
-  r.shape[0] = 1;
-  r.shape[1] = t.shape[0];
-  r.shape[2] = t.shape[1];
-  r.strides[0] = t.shape[0] * t.strides[0];
-  r.strides[1] = t.strides[0];
-  r.strides[2] = t.strides[1];
-  return r;
-}
+using api::as_3d;
+using api::batched;
+using api::check_backend;
 
 OptTensor optional(const mxmoe_tensor* t) {
   OptTensor o;
@@ -37,17 +28,7 @@ OptTensor optional(const mxmoe_tensor* t) {
   return o;
 }
 
-// Shape with the leading batch dim only when the reference tensor had one.
-std::vector<int64_t> batched(const mxmoe_tensor& ref, std::vector<int64_t> tail) {
-  if (ref.ndim == 3) tail.insert(tail.begin(), ref.shape[0]);
-  return tail;
-}
-
-void check_offs_view(const mxmoe_tensor& offs, const mxmoe_tensor& like) {
-  check_dtype(offs, "offs", {MXMOE_DTYPE_I32});
-  check_ndim(offs, "offs", {1});
-  check_device(offs, "offs", like.device);
-}
+void check_offs_view(const mxmoe_tensor& offs, const mxmoe_tensor& like) { api::check_offs(offs, like.device); }
 
 void check_output(const mxmoe_tensor& t, const char* name, mxmoe_dtype dtype,
                   const std::vector<int64_t>& shape, int32_t device) {
@@ -62,18 +43,6 @@ void check_no_overlap_inputs(const mxmoe_tensor& out,
                              std::initializer_list<std::pair<const mxmoe_tensor*, const char*>> inputs) {
   for (const auto& in : inputs)
     if (in.first != nullptr) check_no_overlap(out, "out", *in.first, in.second);
-}
-
-void check_backend(int32_t device, const char* name) {
-  if (device < -1) fail(name, ": expected device -1 (host) or a CUDA ordinal >= 0, got ", device);
-#if !defined(MXMOE_WITH_CUDA)
-  if (device >= 0)
-    fail_status(MXMOE_ERR_UNSUPPORTED, name, ": expected a host tensor (this libmxmoe has no CUDA), got one on ",
-                device_str(device));
-#else
-  (void)device;
-  (void)name;
-#endif
 }
 
 bool valid_block(const mxmoe_quant_config& c) {

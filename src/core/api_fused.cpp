@@ -7,28 +7,11 @@
 #include "common/tensor.hpp"
 #include "mxmoe/mx_format.hpp"
 #include "mxmoe/mxmoe.h"
+#include "api_checks.hpp"
 #include "ops.hpp"
 
 namespace mxmoe {
 namespace {
-
-mxmoe_tensor to_3d(const mxmoe_tensor& t) {
-  if (t.ndim == 3) return t;
-  mxmoe_tensor r = t;
-  r.ndim = 3;
-  r.shape[0] = 1;
-  r.shape[1] = t.shape[0];
-  r.shape[2] = t.shape[1];
-  r.strides[0] = t.shape[0] * t.strides[0];
-  r.strides[1] = t.strides[0];
-  r.strides[2] = t.strides[1];
-  return r;
-}
-
-std::vector<int64_t> with_batch(const mxmoe_tensor& x, std::vector<int64_t> tail) {
-  if (x.ndim == 3) tail.insert(tail.begin(), x.shape[0]);
-  return tail;
-}
 
 struct Named {
   const mxmoe_tensor* t;
@@ -82,9 +65,7 @@ extern "C" mxmoe_status mxmoe_quantize_fused(const mxmoe_tensor* x_, const mxmoe
   int64_t G = 0;
   if (offs_ != nullptr) {
     const mxmoe_tensor& offs = require(offs_, "offs");
-    check_dtype(offs, "offs", {MXMOE_DTYPE_I32});
-    check_ndim(offs, "offs", {1});
-    check_device(offs, "offs", x.device);
+    api::check_offs(offs, x.device);
     if (x.ndim != 2) fail("offs: token groups need a 2D x, got x with shape ", shape_str(x));
     G = offs.shape[0];
   }
@@ -94,7 +75,7 @@ extern "C" mxmoe_status mxmoe_quantize_fused(const mxmoe_tensor* x_, const mxmoe
     fail("x: expected dim -2 to be a multiple of 32 for the columnwise side without offs, got ", R);
 
   FusedArgs a;
-  a.x = to_3d(x);
+  a.x = api::as_3d(x);
   if (offs_ != nullptr) {
     a.offs.present = true;
     a.offs.t = *offs_;
@@ -129,12 +110,12 @@ extern "C" mxmoe_status mxmoe_quantize_fused(const mxmoe_tensor* x_, const mxmoe
       OptTensor* dst;
       bool flat;
     } specs[] = {
-        {s->q, "q", Kind::kE4M3, with_batch(x, {R, C}), &d.q, false},
-        {s->qt, "qt", Kind::kE4M3, with_batch(x, {C, R}), &d.qt, false},
-        {s->scale, "scale", Kind::kE8M0, with_batch(x, {sh, sw}), &d.scale, false},
+        {s->q, "q", Kind::kE4M3, api::batched(x, {R, C}), &d.q, false},
+        {s->qt, "qt", Kind::kE4M3, api::batched(x, {C, R}), &d.qt, false},
+        {s->scale, "scale", Kind::kE8M0, api::batched(x, {sh, sw}), &d.scale, false},
         {s->scale_blocked, "scale_blocked", Kind::kE8M0, {bsize}, &d.scale_blocked, true},
-        {s->dq, "dq", Kind::kFloat, with_batch(x, {R, C}), &d.dq, false},
-        {s->dqt, "dqt", Kind::kFloat, with_batch(x, {C, R}), &d.dqt, false},
+        {s->dq, "dq", Kind::kFloat, api::batched(x, {R, C}), &d.dq, false},
+        {s->dqt, "dqt", Kind::kFloat, api::batched(x, {C, R}), &d.dqt, false},
     };
     for (auto& sp : specs) {
       if (sp.t == nullptr) continue;
@@ -142,7 +123,7 @@ extern "C" mxmoe_status mxmoe_quantize_fused(const mxmoe_tensor* x_, const mxmoe
       const mxmoe_tensor& t = require(sp.t, name.c_str());
       check_out(t, name, sp.kind, sp.shape, x.device);
       sp.dst->present = true;
-      sp.dst->t = sp.flat ? t : to_3d(t);
+      sp.dst->t = sp.flat ? t : api::as_3d(t);
       outs.push_back({sp.t, name});
     }
   };

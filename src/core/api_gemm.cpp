@@ -9,21 +9,14 @@
 #include "common/tensor.hpp"
 #include "mxmoe/mx_format.hpp"
 #include "mxmoe/mxmoe.h"
+#include "api_checks.hpp"
 #include "ops.hpp"
 
 namespace mxmoe {
 namespace {
 
-void check_backend(int32_t device, const char* name) {
-#if !defined(MXMOE_WITH_CUDA)
-  if (device >= 0)
-    fail_status(MXMOE_ERR_UNSUPPORTED, name, ": tensors on ", device_str(device),
-                " need a build with CUDA; this libmxmoe was built without it");
-#else
-  (void)device;
-  (void)name;
-#endif
-}
+using api::check_backend;
+using api::check_offs;
 
 void check_e4m3(const mxmoe_tensor& t, const char* name, int ndim, int32_t device) {
   check_dtype(t, name, {MXMOE_DTYPE_E4M3});
@@ -35,12 +28,6 @@ void check_scale(const mxmoe_tensor& t, const char* name, const std::vector<int6
   check_dtype(t, name, {MXMOE_DTYPE_E8M0});
   check_shape(t, name, shape);
   check_device(t, name, device);
-}
-
-void check_offs(const mxmoe_tensor& offs, int32_t device) {
-  check_dtype(offs, "offs", {MXMOE_DTYPE_I32});
-  check_ndim(offs, "offs", {1});
-  check_device(offs, "offs", device);
 }
 
 // Device path: the FP8 kernels read dense tensors through TMA.

@@ -1,0 +1,54 @@
+// Validation helpers shared by the C API translation units (api.cpp, api_fused.cpp, api_gemm.cpp):
+// one wording for every message (argument name, expected vs actual) and one 2D -> 3D normalization.
+#pragma once
+
+#include <vector>
+
+#include "common/error.hpp"
+#include "common/tensor.hpp"
+#include "mxmoe/mxmoe.h"
+
+namespace mxmoe {
+namespace api {
+
+// (R, C) -> (1, R, C); 3D views pass through.
+inline mxmoe_tensor as_3d(const mxmoe_tensor& t) {
+  if (t.ndim == 3) return t;
+  mxmoe_tensor r = t;
+  r.ndim = 3;
+  r.shape[0] = 1;
+  r.shape[1] = t.shape[0];
+  r.shape[2] = t.shape[1];
+  r.strides[0] = t.shape[0] * t.strides[0];
+  r.strides[1] = t.strides[0];
+  r.strides[2] = t.strides[1];
+  return r;
+}
+
+// Shape with the leading batch dim only when the reference tensor had one.
+inline std::vector<int64_t> batched(const mxmoe_tensor& ref, std::vector<int64_t> tail) {
+  if (ref.ndim == 3) tail.insert(tail.begin(), ref.shape[0]);
+  return tail;
+}
+
+// A valid device code; tensors on a device need a library built with CUDA.
+inline void check_backend(int32_t device, const char* name) {
+  if (device < -1) fail(name, ": expected device -1 (host) or a CUDA ordinal >= 0, got ", device);
+#if !defined(MXMOE_WITH_CUDA)
+  if (device >= 0)
+    fail_status(MXMOE_ERR_UNSUPPORTED, name, ": expected a host tensor (this libmxmoe has no CUDA), got one on ",
+                device_str(device));
+#else
+  (void)name;
+#endif
+}
+
+// offs: 1-D int32 on the given device.
+inline void check_offs(const mxmoe_tensor& offs, int32_t device) {
+  check_dtype(offs, "offs", {MXMOE_DTYPE_I32});
+  check_ndim(offs, "offs", {1});
+  check_device(offs, "offs", device);
+}
+
+}  // namespace api
+}  // namespace mxmoe
