@@ -62,7 +62,7 @@ def quant_tiles(w: Tensor, mode: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
 def clamp_offsets(offs: Tensor, m) -> Tensor:
     """The core's clamping rule, on the device: end_g = min(m, max(0, offs[0..g])) (bad offsets give
     empty groups, never out-of-bounds rows)."""
-    return ops.clamp_offsets(offs, m)
+    return torch.cummax(offs.clamp(min=0), dim=0).values.clamp(max=m)
 
 
 def row_groups(offs: Tensor, m) -> Tensor:

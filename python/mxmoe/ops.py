@@ -53,7 +53,6 @@ __all__ = [
     "grouped_mm_tile128",
     "grouped_mm_tile128_kgroups",
     "zero_rows_past_groups",
-    "clamp_offsets",
     "grouped_scale_capacity",
     "blocked_size",
 ]
@@ -499,17 +498,3 @@ def zero_rows_past_groups(x: Tensor, offs: Tensor) -> None:
 @zero_rows_past_groups.register_fake
 def _(x, offs):
     return None
-
-
-@torch.library.custom_op("mxmoe::clamp_offsets", mutates_args=())
-def clamp_offsets(offs: Tensor, m: int) -> Tensor:
-    """The core's clamping rule for group ends, on offs' device: end_g = min(m, max(0, offs[0..g])).
-    An opaque op: on the GPU, the compiled (Inductor) form of this cummax gave all-zero offsets in a
-    fullgraph dynamic-shape graph (the exact recipe's compiled forward came out all zeros on the
-    H200), while eager is right."""
-    return torch.cummax(offs.clamp(min=0), dim=0).values.clamp(max=m)
-
-
-@clamp_offsets.register_fake
-def _(offs, m):
-    return torch.empty_like(offs)
