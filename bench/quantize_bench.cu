@@ -330,6 +330,23 @@ void quantize_cases(Runner& R, const std::string& tag, int64_t M, int64_t K, int
            mxmoe_fused_side col{nullptr, nullptr, nullptr, nullptr, nullptr, &t[3]};
            MK(mxmoe_quantize_fused(&t[0], &t[1], {32, 32, 0, mode}, &row, &col, st));
          }});
+  // The sm90 backend's exact-recipe passes (python/mxmoe/sm90.py), outputs in x's orientation:
+  // A: rowwise round trip (forward operand) + columnwise codes/scales per group (saved for wgrad);
+  // dY: rowwise round trip (dgrad) + columnwise round trip per group (wgrad).
+  R.run({"fused_rt_1x32+q_32x1", s,
+         {in_bf16({M, K}), in_offs(offs), out({M, K}, MXMOE_DTYPE_BF16), out({M, K}), out({K, cap}, MXMOE_DTYPE_E8M0)},
+         [=](std::vector<mxmoe_tensor>& t, cudaStream_t st) {
+           mxmoe_fused_side row{nullptr, nullptr, nullptr, nullptr, &t[2], nullptr};
+           mxmoe_fused_side col{&t[3], nullptr, &t[4], nullptr, nullptr, nullptr};
+           MK(mxmoe_quantize_fused(&t[0], &t[1], {32, 32, 0, mode}, &row, &col, st));
+         }});
+  R.run({"fused_rt_1x32+rt_32x1", s,
+         {in_bf16({M, K}), in_offs(offs), out({M, K}, MXMOE_DTYPE_BF16), out({M, K}, MXMOE_DTYPE_BF16)},
+         [=](std::vector<mxmoe_tensor>& t, cudaStream_t st) {
+           mxmoe_fused_side row{nullptr, nullptr, nullptr, nullptr, &t[2], nullptr};
+           mxmoe_fused_side col{nullptr, nullptr, nullptr, nullptr, &t[3], nullptr};
+           MK(mxmoe_quantize_fused(&t[0], &t[1], {32, 32, 0, mode}, &row, &col, st));
+         }});
   if (jagged || !full) return;
   R.run({"fused_rt_1x32", s, {in_bf16({M, K}), out({M, K}, MXMOE_DTYPE_BF16)},
          [=](std::vector<mxmoe_tensor>& t, cudaStream_t st) {
@@ -383,6 +400,14 @@ void weight_cases(Runner& R, int64_t G, int64_t N, int64_t K) {
          [=](std::vector<mxmoe_tensor>& t, cudaStream_t st) {
            mxmoe_fused_side row{nullptr, nullptr, nullptr, nullptr, &t[1], nullptr};
            mxmoe_fused_side col{nullptr, nullptr, nullptr, nullptr, &t[2], nullptr};
+           MK(mxmoe_quantize_fused(&t[0], nullptr, {32, 32, 0, mode}, &row, &col, st));
+         }});
+  // The sm90 backend's exact-recipe W pass: round trip along K (forward) + codes/scales along N (saved for dgrad).
+  R.run({"fused_rt_1x32+q_32x1", s,
+         {in_bf16({G, N, K}), out({G, N, K}, MXMOE_DTYPE_BF16), out({G, N, K}), out({G, K, N / 32}, MXMOE_DTYPE_E8M0)},
+         [=](std::vector<mxmoe_tensor>& t, cudaStream_t st) {
+           mxmoe_fused_side row{nullptr, nullptr, nullptr, nullptr, &t[1], nullptr};
+           mxmoe_fused_side col{&t[2], nullptr, &t[3], nullptr, nullptr, nullptr};
            MK(mxmoe_quantize_fused(&t[0], nullptr, {32, 32, 0, mode}, &row, &col, st));
          }});
 }

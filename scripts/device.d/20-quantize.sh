@@ -14,6 +14,14 @@ grc=$?
 grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Failure|differ|error' "$OUT/gtest-quantize.log" | head -40
 [[ $grc -eq 0 ]] || status=1
 
+# The bf16 32x1 requests now go to the warp-tile kernel; keep the slab kernel they replaced exact too.
+echo "--- gtest with MXMOE_QUANT_WARP=0 (slab kernel for the same requests)"
+MXMOE_QUANT_WARP=0 timeout 300 "$T" --gtest_filter='CudaQuantize.AlongR:CudaQuantize.FusedWarpTile:CudaQuantize.Fused' \
+  >"$OUT/gtest-quantize-slab.log" 2>&1
+wrc=$?
+grep -E '^\[  (PASSED|FAILED) |Failure' "$OUT/gtest-quantize-slab.log" | head -10
+[[ $wrc -eq 0 ]] || status=1
+
 echo "--- compute-sanitizer memcheck (CudaQuantize.SmallSanitizer)"
 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$T" --gtest_filter='CudaQuantize.SmallSanitizer' \
   >"$OUT/sanitizer-quantize.log" 2>&1
@@ -30,4 +38,8 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --fo
 brc=${PIPESTATUS[0]}
 tail -3 "$OUT/table-quantize.txt"
 [[ $brc -eq 0 ]] || status=1
+# Same-run A/B of the kernel choice for the columnwise requests (docs/perf/quantize.md, version 6).
+echo "--- A/B: slab kernel (MXMOE_QUANT_WARP=0), A shapes"
+MXMOE_QUANT_WARP=0 timeout 200 "$B/bench/quantize_bench" --quick --json "$OUT/quantize-slab.json" 2>&1 \
+  | grep -E "32x1|rows" | tee "$OUT/ab-quantize.txt"
 exit $status

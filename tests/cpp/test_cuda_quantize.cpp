@@ -621,6 +621,54 @@ TEST(CudaQuantize, Fused) {
   check_fused({300, 96}, MXMOE_DTYPE_F32, cfg, &g, side_all(), side_all(), seed++);
 }
 
+// The combinations the warp-tile kernel takes (bf16 in, 32x1 with or without 1x32, compact scales,
+// bf16 round trips, no blocked scales): the sm90 backend's operands and the wgrad operand. Shapes
+// with C not a multiple of 64 (partial column tiles), R not a multiple of 16 (unaligned transposed
+// rows), jagged / empty / tiny groups, rows past the last group, batches, specials, misaligned
+// outputs (scalar fallback on the host side).
+TEST(CudaQuantize, FusedWarpTile) {
+  REQUIRE_GPU();
+  uint32_t seed = 9500;
+  auto want = [](bool q, bool qt, bool scale, bool dq, bool dqt) {
+    SideWant w;
+    w.on = true;
+    w.q = q;
+    w.qt = qt;
+    w.scale = scale;
+    w.blocked = false;
+    w.dq = dq;
+    w.dqt = dqt;
+    return w;
+  };
+  SideWant off;
+  const SideWant row_dq = want(false, false, false, true, false), row_qs = want(true, false, true, false, false),
+                 row_all = want(true, false, true, true, false);
+  const SideWant col_qs = want(true, false, true, false, false), col_dq = want(false, false, false, true, false),
+                 col_qts = want(false, true, true, false, false), col_dqt = want(false, false, false, false, true),
+                 col_all = want(true, true, true, true, true);
+  const std::vector<int32_t> g = {0, 45, 45, 130, 290};
+  const std::vector<int32_t> g16 = {64, 64, 192, 256};  // 16-aligned starts: vector transposed stores
+  const std::vector<int32_t> many = jagged_offsets(2000, 64, 31);
+  const std::vector<std::pair<SideWant, SideWant>> combos = {
+      {row_dq, col_qs}, {row_dq, col_dq}, {row_qs, col_qts}, {row_dq, col_dqt}, {row_all, col_all},
+      {off, col_qts},   {off, col_all},   {off, col_dq}};
+  for (mxmoe_scale_mode mode : kAllModes)
+    for (const auto& rc : combos) {
+      mxmoe_fused_config cfg{32, 32, 0, mode};
+      check_fused({300, 96}, MXMOE_DTYPE_BF16, cfg, &g, rc.first, rc.second, seed++);
+      check_fused({256, 160}, MXMOE_DTYPE_BF16, cfg, &g16, rc.first, rc.second, seed++);
+      check_fused({256, 128}, MXMOE_DTYPE_BF16, cfg, nullptr, rc.first, rc.second, seed++);
+      check_fused({2, 96, 160}, MXMOE_DTYPE_BF16, cfg, nullptr, rc.first, rc.second, seed++);
+      check_fused({300, 256}, MXMOE_DTYPE_BF16, cfg, &g, rc.first, rc.second, seed++, true);
+    }
+  for (const auto& rc : combos) {
+    mxmoe_fused_config cfg{32, 32, 0, MXMOE_SCALE_RCEIL};
+    check_fused({2000, 64}, MXMOE_DTYPE_BF16, cfg, &many, rc.first, rc.second, seed++);
+    check_fused({300, 96}, MXMOE_DTYPE_BF16, cfg, &g, rc.first, rc.second, seed++, false, 1);
+    check_fused({37, 40}, MXMOE_DTYPE_BF16, {32, 32, 0, MXMOE_SCALE_FLOOR}, nullptr, off, rc.second, seed++);
+  }
+}
+
 TEST(CudaQuantize, CheckOffsets) {
   REQUIRE_GPU();
   auto run = [](const std::vector<int32_t>& v, int64_t m) {
@@ -680,4 +728,9 @@ TEST(CudaQuantize, SmallSanitizer) {
   check_blocked(MXMOE_BLOCKED_GROUPS_M, {300, 70}, &g, 0, 7, 1);
   check_fused({300, 96}, MXMOE_DTYPE_BF16, {32, 32, 0, MXMOE_SCALE_RCEIL}, &g, side_all(), side_all(MXMOE_DTYPE_F32, MXMOE_DTYPE_F32), 8);
   check_fused({2, 160, 288}, MXMOE_DTYPE_F32, {128, 128, 1, MXMOE_SCALE_RCEIL}, nullptr, side_all(), side_all(), 9, false, 1);
+  // The warp-tile kernel: unaligned transposed rows (R = 300), partial column tiles, all outputs.
+  SideWant row = side_all(), col = side_all();
+  row.qt = row.dqt = row.blocked = col.blocked = false;
+  check_fused({300, 96}, MXMOE_DTYPE_BF16, {32, 32, 0, MXMOE_SCALE_RCEIL}, &g, row, col, 14);
+  check_quantize({300, 136}, MXMOE_DTYPE_BF16, {32, 1, MXMOE_SCALE_RCEIL}, &garbage, QOut{}, 15);
 }

@@ -1206,6 +1206,241 @@ __global__ void __launch_bounds__(NS, 6) quant_slab_kernel(const __grid_constant
   }
 }
 
+// ---- columnwise 32x1 (with or without 1x32 rowwise): the warp-tile kernel --------------------------
+// Version 6 (docs/perf/quantize.md). The slab kernel above is issue-bound: CTA-wide barriers, the
+// scale bookkeeping in shared memory and a shared transpose cost ~40 instructions per element. Here
+// a warp owns a 32-row x 64-column tile outright: lane (rh = lane / 16, cq = lane % 16) holds rows
+// 16 rh .. +15, columns 4 cq .. +3 (16 x 8-byte loads, all issued first). A column's 32-row amax is
+// the lane's own 16 rows plus one xor-16 shuffle; a row's 1x32 amax is 8 lanes (3 shuffles, two rows
+// per packed word). Codes and round-trip values in x's orientation leave as 4 / 8-byte stores per
+// row; transposed outputs leave from registers (each lane holds 16 consecutive rows of its columns:
+// one 16-byte store per column when aligned, funnel-shifted 4-byte words otherwise). No shared
+// memory besides the group table, no barriers after the CTA's one-time offs scan.
+constexpr int NW = 256;  // threads per warp-tile CTA (8 independent warps)
+
+// 4 bf16 values (2 packed words) of one row, column j of the lane's 4.
+__device__ __forceinline__ float wt_val(uint2 w, int j) {
+  const uint32_t a = j < 2 ? w.x : w.y;
+  return __uint_as_float((j & 1) ? (a & 0xFFFF0000u) : (a << 16));
+}
+
+// |x| max of the row's 4 values per half: (max(c0, c2), max(c1, c3)) as bf16 bits.
+__device__ __forceinline__ uint32_t wt_absmax2(uint2 w) { return __vmaxu2(w.x & 0x7FFF7FFFu, w.y & 0x7FFF7FFFu); }
+
+// Codes of 4 values with per-value reciprocals.
+__device__ __forceinline__ uint32_t wt_quant4(uint2 w, const float (&r)[4]) {
+  return cvt_e4m3x2(__fmul_rn(wt_val(w, 0), r[0]), __fmul_rn(wt_val(w, 1), r[1])) |
+         (cvt_e4m3x2(__fmul_rn(wt_val(w, 2), r[2]), __fmul_rn(wt_val(w, 3), r[3])) << 16);
+}
+
+// bf16 round-trip values (2 packed words) of 4 codes with decoded scales.
+__device__ __forceinline__ uint2 wt_dequant4(uint32_t q, const float (&sf)[4]) {
+  float v0, v1, v2, v3;
+  e4m3x2_to_f32(q & 0xFFFFu, v0, v1);
+  e4m3x2_to_f32(q >> 16, v2, v3);
+  return make_uint2(pack_bf16x2(__fmul_rn(v0, sf[0]), __fmul_rn(v1, sf[1])),
+                    pack_bf16x2(__fmul_rn(v2, sf[2]), __fmul_rn(v3, sf[3])));
+}
+
+// Writes one column's transposed segment: nbytes (<= 32 E) bytes at seg, of which this lane holds
+// bytes [16 E rh, 16 E rh + 16 E) as 4E little-endian words u; partner_last is the rh = 0 lane's
+// last word (the rh = 1 lane needs it when seg is not 4-byte aligned). Bytes past nbytes belong to
+// the next slab (or group) and are never touched.
+template <int E>
+__device__ __forceinline__ void wt_store_segment(uint8_t* seg, int nbytes, int rh, const uint32_t (&u)[4 * E],
+                                                 uint32_t partner_last) {
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(seg);
+  if ((addr & 15u) == 0 && nbytes == 32 * E) {
+    uint4* d = reinterpret_cast<uint4*>(seg + 16 * E * rh);
+#pragma unroll
+    for (int e = 0; e < E; ++e) d[e] = make_uint4(u[4 * e], u[4 * e + 1], u[4 * e + 2], u[4 * e + 3]);
+    return;
+  }
+  const int s = static_cast<int>(addr & 3u);
+  uint8_t* al = seg - s;
+  const int k0 = rh ? 4 * E : 0;
+  // Aligned word k of the cover holds segment bytes [4k - s, 4k - s + 4): bytes 4-s..3 of source
+  // word k-1 and bytes 0..3-s of source word k. The rh = 1 lane also writes the cover's last word.
+#pragma unroll
+  for (int kk = 0; kk <= 4 * E; ++kk) {
+    if (kk == 4 * E && rh == 0) break;
+    const uint32_t lo = kk == 0 ? (rh ? partner_last : 0u) : u[kk - 1];
+    const uint32_t hi = kk < 4 * E ? u[kk] : 0u;
+    const uint32_t val = s == 0 ? hi : __funnelshift_r(lo, hi, 8 * (4 - s));
+    const int k = k0 + kk, o = 4 * k - s;
+    if (o >= 0 && o + 4 <= nbytes) {
+      *reinterpret_cast<uint32_t*>(al + 4 * k) = val;
+    } else {
+#pragma unroll
+      for (int m = 0; m < 4; ++m)
+        if (o + m >= 0 && o + m < nbytes) al[4 * k + m] = static_cast<uint8_t>(val >> (8 * m));
+    }
+  }
+}
+
+__global__ void __launch_bounds__(NW, 2) quant_warp_kernel(const __grid_constant__ Params P) {
+  extern __shared__ uint4 dyn_smem_[];
+  int* table = reinterpret_cast<int*>(dyn_smem_);
+  __shared__ SlabSmem sm;
+  const int tid = threadIdx.x;
+  if (P.grouped) {
+    const ScanTotals tot = scan_groups<NW>(P.offs, P.offs_stride, P.G, P.R, 0, sm.scan, [&](const GroupInfo& gi) {
+      table[gi.g] = static_cast<int>(gi.start);
+      table[kMaxTable + gi.g] = static_cast<int>(gi.p0);
+      table[2 * kMaxTable + gi.g] = static_cast<int>(gi.b0);
+    });
+    if (tid == 0) {
+      sm.covered = tot.covered;
+      sm.tot_panels = tot.panels;
+      sm.tot_runs = tot.blocks;
+    }
+    if (P.col_on && P.col.scale != nullptr && P.n_r > tot.blocks) {
+      long long lo, hi;
+      grid_share(P.C, lo, hi);
+      for (long long c = lo; c < hi; ++c) zero_bytes_cta<NW>(P.col.scale + c * P.n_r, tot.blocks, P.n_r);
+    }
+    __syncthreads();
+  }
+  const int lane = tid & 31, rh = lane >> 4, cq = lane & 15;
+  const mxmoe_scale_mode mode = static_cast<mxmoe_scale_mode>(P.mode);
+  const long long warps = static_cast<long long>(gridDim.x) * (NW / 32);
+  for (long long tile = static_cast<long long>(blockIdx.x) * (NW / 32) + (tid >> 5); tile < P.tiles; tile += warps) {
+    const SlabInfo t = resolve_slab(P, sm, table, tile);
+    if (!t.valid) continue;  // warp-uniform
+    const int rows = t.r1 - t.r0;
+    const int c = 64 * t.ct + 4 * cq;  // the lane's first column
+    const bool cvalid = c < P.C;       // C % 8 == 0: a lane's 4 columns are all valid or none
+    const int lr = 16 * rh;            // the lane's first row in the slab
+    const long long xrow0 = static_cast<long long>(t.b) * P.R + t.r0;
+    const bool col_live = P.col_on && t.in_group;
+    uint2 w[16];
+    const bool need_x = P.row_on || col_live;
+    {
+      const uint16_t* xb = static_cast<const uint16_t*>(P.x) + (xrow0 + lr) * P.C + c;
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+        w[i] = (need_x && cvalid && lr + i < rows) ? __ldg(reinterpret_cast<const uint2*>(xb + i * static_cast<long long>(P.C)))
+                                                     : make_uint2(0u, 0u);
+    }
+
+    // Column side: scales of the lane's 4 columns over the slab's 32 rows.
+    uint8_t cs[4] = {0, 0, 0, 0};
+    float crc[4], csf[4];
+    uint32_t cnan = 0;  // 0xFF bytes where a column's scale is NaN
+    if (P.col_on) {
+      uint32_t ax = 0, ay = 0;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        ax = __vmaxu2(ax, w[i].x & 0x7FFF7FFFu);
+        ay = __vmaxu2(ay, w[i].y & 0x7FFF7FFFu);
+      }
+      ax = __vmaxu2(ax, __shfl_xor_sync(kFull, ax, 16));
+      ay = __vmaxu2(ay, __shfl_xor_sync(kFull, ay, 16));
+      const uint32_t m[4] = {ax << 16, ax & 0xFFFF0000u, ay << 16, ay & 0xFFFF0000u};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        cs[j] = col_live ? e8m0_from_amax_bits(m[j], mode) : 0;
+        crc[j] = e8m0_reciprocal_f32(cs[j]);
+        csf[j] = e8m0_to_f32(cs[j]);
+        if (cs[j] == kE8M0Nan) cnan |= 0xFFu << (8 * j);
+      }
+    }
+
+    // Row side state: the scale bytes of rows 2k, 2k+1 (k = cq % 8), written by this lane.
+    uint32_t my_rs = 0;
+    const int k8 = cq & 7;
+    const SideP& RS = P.row;
+    const SideP& CS = P.col;
+#pragma unroll
+    for (int i = 0; i < 16; i += 2) {
+      const long long xr = xrow0 + lr + i;  // x row of w[i]
+      if (P.row_on) {
+        const uint32_t t0 = wt_absmax2(w[i]), t1 = wt_absmax2(w[i + 1]);
+        uint32_t m = __vmaxu2(__byte_perm(t0, t1, 0x5410), __byte_perm(t0, t1, 0x7632));
+        m = __vmaxu2(m, __shfl_xor_sync(kFull, m, 1));
+        m = __vmaxu2(m, __shfl_xor_sync(kFull, m, 2));
+        m = __vmaxu2(m, __shfl_xor_sync(kFull, m, 4));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint8_t s = e8m0_from_amax_bits(h ? (m & 0xFFFF0000u) : (m << 16), mode);
+          if ((i >> 1) == k8) my_rs |= static_cast<uint32_t>(s) << (8 * h);
+          if (!cvalid || lr + i + h >= rows) continue;
+          const float rc = e8m0_reciprocal_f32(s);
+          const float r4[4] = {rc, rc, rc, rc};
+          const uint32_t q = s == kE8M0Nan ? 0x7F7F7F7Fu : wt_quant4(w[i + h], r4);
+          if (RS.q) *reinterpret_cast<uint32_t*>(RS.q + (xr + h) * P.C + c) = q;
+          if (RS.dq) {
+            const float sf = e8m0_to_f32(s);
+            const float s4[4] = {sf, sf, sf, sf};
+            *reinterpret_cast<uint2*>(static_cast<uint16_t*>(RS.dq) + (xr + h) * P.C + c) = wt_dequant4(q, s4);
+          }
+        }
+      }
+      if (P.col_on && (CS.q || CS.dq)) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (!cvalid || lr + i + h >= rows) continue;
+          uint32_t q = 0;
+          uint2 dq = make_uint2(0u, 0u);
+          if (col_live) {
+            q = wt_quant4(w[i + h], crc);
+            q = (q & ~cnan) | (0x7F7F7F7Fu & cnan);
+            if (CS.dq) dq = wt_dequant4(q, csf);
+          }
+          if (CS.q) *reinterpret_cast<uint32_t*>(CS.q + (xr + h) * P.C + c) = q;
+          if (CS.dq) *reinterpret_cast<uint2*>(static_cast<uint16_t*>(CS.dq) + (xr + h) * P.C + c) = dq;
+        }
+      }
+    }
+    if (P.row_on && RS.scale && cvalid) {
+      // Lane k of each 8-lane group writes its block's scale for rows 2k, 2k+1 of its half.
+      const long long W = P.C / 32;
+      const int r = lr + 2 * k8;
+      uint8_t* d = RS.scale + (xrow0 + r) * W + c / 32;
+      if (r < rows) d[0] = static_cast<uint8_t>(my_rs);
+      if (r + 1 < rows) d[W] = static_cast<uint8_t>(my_rs >> 8);
+    }
+
+    if (P.col_on) {
+      const long long xcol0 = static_cast<long long>(t.b) * P.C + c;  // the lane's first column in qt rows
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (CS.qt) {
+          uint32_t u[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            uint32_t v = cvt_e4m3x2(__fmul_rn(wt_val(w[4 * k], j), crc[j]), __fmul_rn(wt_val(w[4 * k + 1], j), crc[j])) |
+                         (cvt_e4m3x2(__fmul_rn(wt_val(w[4 * k + 2], j), crc[j]), __fmul_rn(wt_val(w[4 * k + 3], j), crc[j])) << 16);
+            if ((cnan >> (8 * j)) & 1u) v = 0x7F7F7F7Fu;
+            u[k] = col_live ? v : 0u;
+          }
+          const uint32_t pl = __shfl_xor_sync(kFull, u[3], 16);
+          if (cvalid) wt_store_segment<1>(CS.qt + (xcol0 + j) * P.R + t.r0, rows, rh, u, pl);
+        }
+        if (CS.dqt) {
+          uint32_t u[8];
+#pragma unroll
+          for (int k = 0; k < 8; ++k) {
+            uint32_t q2 = cvt_e4m3x2(__fmul_rn(wt_val(w[2 * k], j), crc[j]), __fmul_rn(wt_val(w[2 * k + 1], j), crc[j]));
+            if ((cnan >> (8 * j)) & 1u) q2 = 0x7F7Fu;
+            float v0, v1;
+            e4m3x2_to_f32(q2, v0, v1);
+            u[k] = col_live ? pack_bf16x2(__fmul_rn(v0, csf[j]), __fmul_rn(v1, csf[j])) : 0u;
+          }
+          const uint32_t pl = __shfl_xor_sync(kFull, u[7], 16);
+          if (cvalid)
+            wt_store_segment<2>(static_cast<uint8_t*>(CS.dqt) + ((xcol0 + j) * P.R + t.r0) * 2, 2 * rows, rh, u, pl);
+        }
+      }
+      if (CS.scale && col_live && cvalid) {
+        // rh = 0 writes columns 0, 1 of the lane's 4, rh = 1 columns 2, 3.
+        CS.scale[(xcol0 + 2 * rh) * P.n_r + t.run] = rh ? cs[2] : cs[0];
+        CS.scale[(xcol0 + 2 * rh + 1) * P.n_r + t.run] = rh ? cs[3] : cs[1];
+      }
+    }
+  }
+}
+
 // ---- rowwise-only requests: a streaming kernel --------------------------------------------------
 // Blocks of 1x32 / 1x128 along C are runs of 32 / 128 consecutive elements of the flat tensor
 // (C % 32 == 0; C % 128 == 0 for 1x128), so q, scale_c and dq need no row index at all: chunk k
@@ -1412,6 +1647,35 @@ void launch(Params& p, const mxmoe_tensor& x, const OptTensor& offs, void* strea
       if (p.row_block == 32) pf ? go(quant_rows_kernel<float, 32, true>) : go(quant_rows_kernel<float, 32, false>);
       else pf ? go(quant_rows_kernel<float, 128, true>) : go(quant_rows_kernel<float, 128, false>);
     }
+    return;
+  }
+  static const int warp_env = [] {
+    const char* e = std::getenv("MXMOE_QUANT_WARP");
+    return e ? std::atoi(e) : 1;
+  }();
+  // 32x1 columnwise (optionally with 1x32 rowwise in x's orientation), bf16 in, compact scales: the
+  // warp-tile kernel. Transposed outputs may have any alignment (handled on the device).
+  auto warp_side_ok = [](const SideP& sd, bool row_side) {
+    if (sd.blocked || sd.dq_f32 || sd.dqt_f32) return false;
+    if (row_side && (sd.qt || sd.dqt)) return false;
+    return (!sd.q || aligned(sd.q, 4)) && (!sd.dq || aligned(sd.dq, 8));
+  };
+  if (warp_env && bf16 && aligned(x.data, 8) && p.C % 8 == 0 && !p.tile && p.col_on && p.col_block == 32 &&
+      warp_side_ok(p.col, false) &&
+      (!p.row_on || (p.row_block == 32 && p.C % 32 == 0 && warp_side_ok(p.row, true))) && (!p.grouped || p.table)) {
+    p.P = static_cast<int>(cdiv(p.R, 32) + (p.grouped ? p.G + 1 : 0));
+    p.ctiles = static_cast<int>(cdiv(p.C, 64));
+    p.tiles = static_cast<long long>(p.B) * p.P * p.ctiles;
+    if (p.tiles <= 0) return;
+    if (p.tiles > 0x7FFFFFFFLL) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: too many tiles for one launch");
+    const int smem = p.table ? 3 * kMaxTable * 4 : 0;
+    int blocks = 0, sms = 0;
+    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, quant_warp_kernel, NW, smem), "quantize: occupancy");
+    cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device), "quantize: device attribute");
+    if (blocks < 1) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: kernel does not fit on the device");
+    const long long grid = std::min<long long>(cdiv(p.tiles, NW / 32), static_cast<long long>(blocks) * sms);
+    quant_warp_kernel<<<static_cast<unsigned>(grid), NW, smem, s>>>(p);
+    cuda_check(cudaGetLastError(), "quantize: kernel launch");
     return;
   }
   static const int slab_env = [] {
