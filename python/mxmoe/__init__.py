@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from . import ops  # registers torch.ops.mxmoe.*
 from . import sm90  # registers the Hopper backend
+from . import sm100  # registers the Blackwell backend (gated by compute capability)
 from ._lib import has_cuda, library_path, version as core_version
 from .backends import BACKENDS, register_backend
 from .conversion import convert, is_converted, unconvert

@@ -8,9 +8,11 @@ branches inside. A backend is a small object with those three methods, registere
   reference  core CPU/CUDA kernels end to end: core quantize + mxmoe_grouped_mm_mx (forward, dgrad)
              + mxmoe_grouped_mm_mx_kgroups (wgrad). The exact MX GEMM (fp32 accumulation).
   emulated   core quantize + core dequantize + torch._grouped_mm on the dequantized values.
-  auto       emulated on CPU for now. GPU backends (sm90: Hopper kernels; sm100: core quantizers
-             writing blocked scales + torch._scaled_grouped_mm) register here later; gate sm100 by
-             compute capability (DESIGN.md: MXFP8 _scaled_grouped_mm corrupts the context on sm90).
+  sm90       (sm90.py) Hopper kernels.
+  sm100      (sm100.py) core quantizers writing blocked scales + MXFP8 torch._scaled_grouped_mm.
+  auto       reference on CPU; on CUDA sm90 on Hopper, sm100 on Blackwell (compute capability 10.x),
+             emulated elsewhere. sm100 is gated by compute capability, also when asked for by name
+             (DESIGN.md: MXFP8 _scaled_grouped_mm corrupts the CUDA context on sm90).
 
 Both current backends share the quantization steps of the recipe (recipes.py) and differ only in the
 two GEMM primitives, so they derive from ``QuantizeThenMM``. Everything numeric is the core's; the
@@ -253,15 +255,23 @@ def resolve_backend(name: str, device: torch.device) -> str:
     """Name of the backend a call with `backend=name` on `device` uses ('auto' picks the best)."""
     if name == "auto":
         # Hopper: the sm90 backend (FP8 tensor cores for tile128, fused MX round trip + bf16 GEMMs for
-        # the exact recipes). CPU: the core's exact MX GEMMs (faster there than fp32 torch matmuls on
-        # dequantized operands). Elsewhere (e.g. Blackwell until its backend lands): emulated.
+        # the exact recipes). Blackwell: sm100 (MXFP8 block-scaled tensor cores through torch). CPU:
+        # the core's exact MX GEMMs (faster there than fp32 torch matmuls on dequantized operands).
+        # Other GPUs: emulated.
         if device.type == "cuda":
             from .sm90 import is_sm90
+            from .sm100 import is_sm100
 
-            return "sm90" if is_sm90(device) else "emulated"
+            if is_sm90(device):
+                return "sm90"
+            return "sm100" if is_sm100(device) else "emulated"
         return "reference"
     if name not in BACKENDS:
         raise ValueError(f"backend: expected 'auto' or one of {', '.join(sorted(BACKENDS))}, got {name!r}")
+    if name == "sm100":
+        from .sm100 import require_sm100_device
+
+        require_sm100_device(device)  # never let the MXFP8 GEMM reach a non-Blackwell device
     return name
 
 
