@@ -665,7 +665,8 @@ TEST(CudaQuantize, FusedWarpTile) {
     mxmoe_fused_config cfg{32, 32, 0, MXMOE_SCALE_RCEIL};
     check_fused({2000, 64}, MXMOE_DTYPE_BF16, cfg, &many, rc.first, rc.second, seed++);
     check_fused({300, 96}, MXMOE_DTYPE_BF16, cfg, &g, rc.first, rc.second, seed++, false, 1);
-    check_fused({37, 40}, MXMOE_DTYPE_BF16, {32, 32, 0, MXMOE_SCALE_FLOOR}, nullptr, off, rc.second, seed++);
+    const std::vector<int32_t> g37 = {20, 33};  // partial blocks, rows 33..36 past the groups
+    check_fused({37, 40}, MXMOE_DTYPE_BF16, {32, 32, 0, MXMOE_SCALE_FLOOR}, &g37, off, rc.second, seed++);
   }
 }
 

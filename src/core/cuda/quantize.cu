@@ -841,7 +841,9 @@ struct SlabSmem {
   uint8_t scol[128];   // columnwise scale byte per column
 };
 
-__device__ __forceinline__ SlabInfo resolve_slab(const Params& P, SlabSmem& sm, const int* table, long long tile) {
+// tile_cols: width of the column tiles P.ctiles counts (128 for the slab kernel, 64 for warp tiles).
+__device__ __forceinline__ SlabInfo resolve_slab(const Params& P, SlabSmem& sm, const int* table, long long tile,
+                                                 int tile_cols = 128) {
   SlabInfo t{};
   t.valid = false;
   if (tile >= P.tiles) return t;
@@ -892,7 +894,7 @@ __device__ __forceinline__ SlabInfo resolve_slab(const Params& P, SlabSmem& sm, 
     t.r1 = static_cast<int>(min(static_cast<long long>(P.R), r0 + 32));
     t.in_group = false;
   }
-  t.valid = t.r0 < t.r1 && P.C - 128 * t.ct > 0;
+  t.valid = t.r0 < t.r1 && P.C - static_cast<long long>(tile_cols) * t.ct > 0;
   return t;
 }
 
@@ -1305,7 +1307,7 @@ __global__ void __launch_bounds__(NW, 2) quant_warp_kernel(const __grid_constant
   const mxmoe_scale_mode mode = static_cast<mxmoe_scale_mode>(P.mode);
   const long long warps = static_cast<long long>(gridDim.x) * (NW / 32);
   for (long long tile = static_cast<long long>(blockIdx.x) * (NW / 32) + (tid >> 5); tile < P.tiles; tile += warps) {
-    const SlabInfo t = resolve_slab(P, sm, table, tile);
+    const SlabInfo t = resolve_slab(P, sm, table, tile, 64);
     if (!t.valid) continue;  // warp-uniform
     const int rows = t.r1 - t.r0;
     const int c = 64 * t.ct + 4 * cq;  // the lane's first column
