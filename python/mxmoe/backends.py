@@ -101,13 +101,22 @@ def torch_grouped_mm(a: Tensor, b: Tensor, offs: Tensor, m) -> Tensor:
     return out
 
 
+def cast(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """t as dtype, and t itself (no .to call at all) when it already is. Under torch.compile on
+    torch 2.11, a no-op ``.to()`` on the tensor an autograd.Function returns makes Dynamo record the
+    same tensor twice as a forward output and route the output's grad to the wrong slot: the
+    backward then ran on zeros (pytorch/pytorch#180642; seen here as compiled != eager for the
+    exact recipe on the H200)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 def hp_wgrad(dy: Tensor, a: Tensor, offs: Tensor, out_dtype: torch.dtype) -> Tensor:
     """Unquantized wgrad dW[g] = dY_g^T A_g (G, N, K) (recipe mxfp8_rceil_wgrad_with_hp)."""
     ct = compute_dtype(dy.device)
     # contiguous(): torch._grouped_mm rejects expanded (stride-0) operands such as the grad of a sum.
     dy_t = dy.to(ct).contiguous().t()
     out = torch_grouped_mm(dy_t, a.to(ct).contiguous(), offs, dy.shape[0])
-    return out.to(out_dtype)
+    return cast(out, out_dtype)
 
 
 # ---- backends ----------------------------------------------------------------------------------------
@@ -222,7 +231,7 @@ class EmulatedBackend(QuantizeThenMM):
             # bias[g] on group g's rows, in fp32 before rounding; rows past offs[-1] get the zero row.
             bias_rows = torch.cat([bias.float(), bias.new_zeros((1, bias.shape[1]), dtype=torch.float32)])
             out = out + bias_rows[row_groups(offs, m)]
-        return out.to(out_dtype)
+        return cast(out, out_dtype)
 
     def quant_tokens(self, x, block, mode, offs):
         # q in x's own (M, X) layout (+ scale_r (X, cap)): torch._grouped_mm wants 16-byte aligned strides,
@@ -236,7 +245,7 @@ class EmulatedBackend(QuantizeThenMM):
         # Grouped compact scales along M (axis 0); tokens outside every group dequantize to 0.
         a = ops.dequantize(a_q, a_s, 0, offs, ct)  # (M, N)
         b = ops.dequantize(b_q, b_s, 0, offs, ct)  # (M, K)
-        return torch_grouped_mm(a.t(), b, offs, a.shape[0]).to(out_dtype)
+        return cast(torch_grouped_mm(a.t(), b, offs, a.shape[0]), out_dtype)
 
 
 BACKENDS: Dict[str, Backend] = {}

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from . import _lib, ops
-from .backends import Backend, clamp_offsets, hp_wgrad, register_backend, row_groups
+from .backends import Backend, cast, clamp_offsets, hp_wgrad, register_backend, row_groups
 from .recipes import Recipe
 
 Q, QT, SB = ops.FUSED_Q, ops.FUSED_QT, ops.FUSED_SCALE_BLOCKED
@@ -157,7 +157,7 @@ def _finish(out: Tensor, bias, ends: Tensor, out_dtype) -> Tensor:
     grouped GEMM writes bf16 only, so fp32 outputs carry bf16 precision and a bias is added after
     that rounding (within one bf16 ulp of the exact result)."""
     if bias is None:
-        return out.to(out_dtype)
+        return cast(out, out_dtype)
     rows = torch.cat([bias.float(), bias.new_zeros((1, bias.shape[1]), dtype=torch.float32)])
     return (out.float() + rows[row_groups(ends, out.shape[0])]).to(out_dtype)
 
@@ -218,14 +218,14 @@ class Sm100Backend(Backend):
         da = dw = None
         if need_da:
             # dA = dY W_g: B[g] = W[g]^T (K, N) along N, i.e. w_qt.
-            da = _mm_rows(dy_row["q"], dy_row["scale_blocked"], w_qt, w_blocked, ends).to(a_dtype)
+            da = cast(_mm_rows(dy_row["q"], dy_row["scale_blocked"], w_qt, w_blocked, ends), a_dtype)
         if need_dw:
             if recipe.wgrad_hp:
                 if a is None:
                     a = ops.dequantize(a_mx[0], a_mx[1], 1, None, BF16)
                 dw = hp_wgrad(dy, a, offs, w_dtype)
             else:
-                dw = _mm_tokens(dy_col["qt"], dy_col["scale_blocked"], a_qt, a_blocked, ends).to(w_dtype)
+                dw = cast(_mm_tokens(dy_col["qt"], dy_col["scale_blocked"], a_qt, a_blocked, ends), w_dtype)
         return da, dw
 
 

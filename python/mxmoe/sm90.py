@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from . import ops
-from .backends import Backend, clamp_offsets, register_backend, row_groups
+from .backends import Backend, cast, clamp_offsets, register_backend, row_groups
 from .recipes import Recipe
 
 Q, QT, S, DQ = ops.FUSED_Q, ops.FUSED_QT, ops.FUSED_SCALE, ops.FUSED_DQ
@@ -76,7 +76,7 @@ class Sm90Backend(Backend):
         a_row, a_col = _fused(a, offs, 32, 32, False, m, DQ, (Q | S) if want_a_col else 0)
         w_row, w_col = _fused(w, None, 32, 32, False, m, DQ, Q | S)
         out = _mm_rows(a_row["dq"], w_row["dq"].transpose(-2, -1), offs)
-        out = _add_bias(out, bias, offs).to(out_dtype)
+        out = cast(_add_bias(out, bias, offs), out_dtype)
         # Saved: W along N (FP8, dgrad) and A along M per group (FP8, wgrad).
         return out, (w_col["q"], w_col["scale"], a_col["q"] if want_a_col else None,
                      a_col["scale"] if want_a_col else None)
@@ -112,17 +112,17 @@ class Sm90Backend(Backend):
                 da = ops.grouped_mm_tile128(dy_row["q"], dy_row["scale"], w_c, w_cs, offs, None, a_dtype)
             else:
                 w_n = ops.dequantize(w_c, w_cs, 0, None, BF16)  # W rounded along N, (G, N, K)
-                da = _mm_rows(dy_row["dq"], w_n, offs).to(a_dtype)
+                da = cast(_mm_rows(dy_row["dq"], w_n, offs), a_dtype)
         if need_dw:
             if recipe.wgrad_hp:
                 if a is None:
                     a = ops.dequantize(a_mx[0], a_mx[1], 1, None, BF16)
-                dw = _mm_tokens(dy.to(BF16).contiguous().t(), a.to(BF16).contiguous(), offs).to(w_dtype)
+                dw = cast(_mm_tokens(cast(dy, BF16).contiguous().t(), cast(a, BF16).contiguous(), offs), w_dtype)
             elif tile:
                 dw = ops.grouped_mm_tile128_kgroups(dy_col["qt"], dy_col["scale"], a_c, a_cs, offs, w_dtype)
             else:
                 a_m = ops.dequantize(a_c, a_cs, 0, offs, BF16)  # A rounded along M per group, (M, K)
-                dw = _mm_tokens(dy_col["dq"].t(), a_m, offs).to(w_dtype)
+                dw = cast(_mm_tokens(dy_col["dq"].t(), a_m, offs), w_dtype)
         return da, dw
 
 

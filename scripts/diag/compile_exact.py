@@ -1,6 +1,7 @@
 """Diagnostic (device): where does the compiled exact recipe's training step differ from eager?
 Logs every torch._grouped_mm call (shapes, strides, offs, input/output checksums) in eager and
 compiled (aot_eager and inductor) runs of the jagged step of tests/python/test_gpu_e2e.py."""
+import os
 import sys
 
 import torch
@@ -29,6 +30,35 @@ def logged(a, b, offs=None, **kw):
 
 torch._grouped_mm = logged
 
+# Every mxmoe op call at run time (inside the compiled graphs too): input/output checksums, strides,
+# data pointers and the stream it launches on.
+from mxmoe import ops  # noqa: E402
+
+OPLOG = []
+
+
+def _sum(t):
+    return None if t is None or t.numel() == 0 else round(float(t.float().nan_to_num().sum()), 3)
+
+
+def _trace(name, fn):
+    def wrapper(*args):
+        torch.cuda.synchronize()
+        ins = [(tuple(a.shape), a.stride(), a.dtype, _sum(a), a.data_ptr() % 4096) if isinstance(a, torch.Tensor) else a
+               for a in args]
+        outs = fn(*args)
+        torch.cuda.synchronize()
+        res = outs if isinstance(outs, (list, tuple)) else [outs]
+        OPLOG.append((name, torch.cuda.current_stream().cuda_stream, ins,
+                      [_sum(o) for o in res if isinstance(o, torch.Tensor)]))
+        return outs
+    return wrapper
+
+
+for opname in ("quantize_fused", "dequantize", "_dense_grouped_mm"):
+    op = getattr(ops, opname)
+    torch.library.register_kernel(f"mxmoe::{opname}", "cuda", _trace(opname, op._init_fn))
+
 
 def f(a, w, o):
     return mxmoe.grouped_mm(a, w.transpose(-2, -1), o, recipe=recipe)
@@ -36,11 +66,16 @@ def f(a, w, o):
 
 def step(fn):
     LOG.clear()
+    OPLOG.clear()
     a = A.detach().clone().requires_grad_()
     w = W.detach().clone().requires_grad_()
     y = fn(a, w, offs)
     y.backward(dy)
     torch.cuda.synchronize()
+    if os.environ.get("MXMOE_DIAG_TRACE"):
+        print(f"  -- op trace ({len(OPLOG)} calls)")
+        for e in OPLOG:
+            print("    ", e)
     return (y.detach(), a.grad, w.grad), list(LOG)
 
 
@@ -72,6 +107,7 @@ def report(name, ref, got):
 e1 = step(f)
 e2 = step(f)
 report("eager vs eager", e1, e2)
+print("dy checksum", _sum(dy), "offs", offs.tolist())
 for backend in ("aot_eager", "inductor"):
     torch._dynamo.reset()
     c = step(torch.compile(f, fullgraph=True, dynamic=True, backend=backend))

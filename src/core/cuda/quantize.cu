@@ -1280,7 +1280,10 @@ __device__ __forceinline__ void wt_store_segment(uint8_t* seg, int nbytes, int r
   }
 }
 
-__global__ void __launch_bounds__(NW, 2) quant_warp_kernel(const __grid_constant__ Params P) {
+// MINB: CTAs per SM the register budget is cut for (2: 128 registers, 3: 85, 4: 64; the kernel is
+// latency-bound, docs/perf/quantize.md version 6).
+template <int MINB>
+__global__ void __launch_bounds__(NW, MINB) quant_warp_kernel(const __grid_constant__ Params P) {
   extern __shared__ uint4 dyn_smem_[];
   int* table = reinterpret_cast<int*>(dyn_smem_);
   __shared__ SlabSmem sm;
@@ -1671,13 +1674,19 @@ void launch(Params& p, const mxmoe_tensor& x, const OptTensor& offs, void* strea
     if (p.tiles <= 0) return;
     if (p.tiles > 0x7FFFFFFFLL) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: too many tiles for one launch");
     const int smem = p.table ? 3 * kMaxTable * 4 : 0;
-    int blocks = 0, sms = 0;
-    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, quant_warp_kernel, NW, smem), "quantize: occupancy");
-    cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device), "quantize: device attribute");
-    if (blocks < 1) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: kernel does not fit on the device");
-    const long long grid = std::min<long long>(cdiv(p.tiles, NW / 32), static_cast<long long>(blocks) * sms);
-    quant_warp_kernel<<<static_cast<unsigned>(grid), NW, smem, s>>>(p);
-    cuda_check(cudaGetLastError(), "quantize: kernel launch");
+    auto go = [&](auto kernel) {
+      int blocks = 0, sms = 0;
+      cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, NW, smem), "quantize: occupancy");
+      cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device), "quantize: device attribute");
+      if (blocks < 1) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: kernel does not fit on the device");
+      const long long grid = std::min<long long>(cdiv(p.tiles, NW / 32), static_cast<long long>(blocks) * sms);
+      kernel<<<static_cast<unsigned>(grid), NW, smem, s>>>(p);
+      cuda_check(cudaGetLastError(), "quantize: kernel launch");
+    };
+    // MXMOE_QUANT_WARP=2|3|4 picks the CTAs-per-SM register budget (measurements); 1 is the default.
+    if (warp_env == 2) go(quant_warp_kernel<2>);
+    else if (warp_env == 4) go(quant_warp_kernel<4>);
+    else go(quant_warp_kernel<3>);
     return;
   }
   static const int slab_env = [] {
