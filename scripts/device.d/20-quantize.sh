@@ -14,12 +14,13 @@ grc=$?
 grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Failure|differ|error' "$OUT/gtest-quantize.log" | head -40
 [[ $grc -eq 0 ]] || status=1
 
-# The bf16 32x1 requests now go to the warp-tile kernel; keep the slab kernel they replaced exact too.
-echo "--- gtest with MXMOE_QUANT_WARP=0 (slab kernel for the same requests)"
-MXMOE_QUANT_WARP=0 timeout 300 "$T" --gtest_filter='CudaQuantize.AlongR:CudaQuantize.FusedWarpTile:CudaQuantize.Fused' \
-  >"$OUT/gtest-quantize-slab.log" 2>&1
+# By default only some bf16 32x1 requests take the warp-tile kernel (the rest the slab kernel);
+# MXMOE_QUANT_WARP=2 sends every eligible request there, so both kernels stay bit-exact.
+echo "--- gtest with MXMOE_QUANT_WARP=2 (warp-tile kernel for every eligible request)"
+MXMOE_QUANT_WARP=2 timeout 300 "$T" --gtest_filter='CudaQuantize.AlongR:CudaQuantize.FusedWarpTile:CudaQuantize.Fused' \
+  >"$OUT/gtest-quantize-warp.log" 2>&1
 wrc=$?
-grep -E '^\[  (PASSED|FAILED) |Failure' "$OUT/gtest-quantize-slab.log" | head -10
+grep -E '^\[  (PASSED|FAILED) |Failure' "$OUT/gtest-quantize-warp.log" | head -10
 [[ $wrc -eq 0 ]] || status=1
 
 echo "--- compute-sanitizer memcheck (CudaQuantize.SmallSanitizer)"
@@ -28,6 +29,11 @@ timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$T" --gtest_fi
 src=$?
 grep -E 'ERROR SUMMARY|Invalid|PASSED|FAILED' "$OUT/sanitizer-quantize.log" | head -12
 [[ $src -eq 0 ]] || status=1
+MXMOE_QUANT_WARP=2 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$T" --gtest_filter='CudaQuantize.SmallSanitizer' \
+  >"$OUT/sanitizer-quantize-warp.log" 2>&1
+src2=$?
+grep -E 'ERROR SUMMARY' "$OUT/sanitizer-quantize-warp.log" | sed 's/^/(MXMOE_QUANT_WARP=2) /'
+[[ $src2 -eq 0 ]] || status=1
 
 echo "--- benchmark"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader 2>/dev/null
@@ -39,7 +45,7 @@ brc=${PIPESTATUS[0]}
 tail -3 "$OUT/table-quantize.txt"
 [[ $brc -eq 0 ]] || status=1
 # Same-run A/B of the kernel choice for the columnwise requests (docs/perf/quantize.md, version 6).
-echo "--- A/B: slab kernel (MXMOE_QUANT_WARP=0), A shapes"
-MXMOE_QUANT_WARP=0 timeout 200 "$B/bench/quantize_bench" --quick --json "$OUT/quantize-slab.json" 2>&1 \
+echo "--- A/B: warp-tile kernel for every eligible request (MXMOE_QUANT_WARP=2), A shapes"
+MXMOE_QUANT_WARP=2 timeout 200 "$B/bench/quantize_bench" --quick --json "$OUT/quantize-warp.json" 2>&1 \
   | grep -E "32x1|rows" | tee "$OUT/ab-quantize.txt"
 exit $status

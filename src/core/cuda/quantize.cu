@@ -1665,7 +1665,14 @@ void launch(Params& p, const mxmoe_tensor& x, const OptTensor& offs, void* strea
     if (row_side && (sd.qt || sd.dqt)) return false;
     return (!sd.q || aligned(sd.q, 4)) && (!sd.dq || aligned(sd.dq, 8));
   };
-  if (warp_env && bf16 && aligned(x.data, 8) && p.C % 8 == 0 && !p.tile && p.col_on && p.col_block == 32 &&
+  // Default route (measured, docs/perf/quantize.md version 6): only requests whose column side is
+  // round trips in x's orientation (the sm90 exact recipe's dY pass), where the warp-tile kernel
+  // beat the slab kernel on every shape; codes and transposed outputs stay on the slab kernel
+  // (equal or better there, 2x better with jagged groups). MXMOE_QUANT_WARP=2|3|4 sends every
+  // eligible request here (A/B runs), 0 none.
+  const bool warp_default = !p.col.q && !p.col.qt && !p.col.dqt;
+  if (warp_env && (warp_env >= 2 || warp_default) && bf16 && aligned(x.data, 8) && p.C % 8 == 0 && !p.tile &&
+      p.col_on && p.col_block == 32 &&
       warp_side_ok(p.col, false) &&
       (!p.row_on || (p.row_block == 32 && p.C % 32 == 0 && warp_side_ok(p.row, true))) && (!p.grouped || p.table)) {
     p.P = static_cast<int>(cdiv(p.R, 32) + (p.grouped ? p.G + 1 : 0));
@@ -1683,10 +1690,10 @@ void launch(Params& p, const mxmoe_tensor& x, const OptTensor& offs, void* strea
       kernel<<<static_cast<unsigned>(grid), NW, smem, s>>>(p);
       cuda_check(cudaGetLastError(), "quantize: kernel launch");
     };
-    // MXMOE_QUANT_WARP=2|3|4 picks the CTAs-per-SM register budget (measurements); 1 is the default.
-    if (warp_env == 2) go(quant_warp_kernel<2>);
+    // CTAs-per-SM register budget: 2 by default (3 measured equal, 4 spills and is slower).
+    if (warp_env == 3) go(quant_warp_kernel<3>);
     else if (warp_env == 4) go(quant_warp_kernel<4>);
-    else go(quant_warp_kernel<3>);
+    else go(quant_warp_kernel<2>);
     return;
   }
   static const int slab_env = [] {
