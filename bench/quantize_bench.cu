@@ -347,6 +347,13 @@ void quantize_cases(Runner& R, const std::string& tag, int64_t M, int64_t K, int
            mxmoe_fused_side col{nullptr, nullptr, nullptr, nullptr, &t[3], nullptr};
            MK(mxmoe_quantize_fused(&t[0], &t[1], {32, 32, 0, mode}, &row, &col, st));
          }});
+  // The exact recipe's backward: A's saved codes along M per group back to bf16.
+  R.run({"dequant_32x1", s,
+         {{{M, K}, MXMOE_DTYPE_E4M3, Spec::kCodes, {}}, {{K, cap}, MXMOE_DTYPE_E8M0, Spec::kScales, {}}, in_offs(offs),
+          out({M, K}, MXMOE_DTYPE_BF16)},
+         [=](std::vector<mxmoe_tensor>& t, cudaStream_t st) {
+           MK(mxmoe_dequantize(&t[0], &t[1], 0, &t[2], &t[3], st));
+         }});
   if (jagged || !full) return;
   R.run({"fused_rt_1x32", s, {in_bf16({M, K}), out({M, K}, MXMOE_DTYPE_BF16)},
          [=](std::vector<mxmoe_tensor>& t, cudaStream_t st) {
@@ -401,6 +408,13 @@ void weight_cases(Runner& R, int64_t G, int64_t N, int64_t K) {
            mxmoe_fused_side row{nullptr, nullptr, nullptr, nullptr, &t[1], nullptr};
            mxmoe_fused_side col{nullptr, nullptr, nullptr, nullptr, &t[2], nullptr};
            MK(mxmoe_quantize_fused(&t[0], nullptr, {32, 32, 0, mode}, &row, &col, st));
+         }});
+  // The exact recipe's backward: W's saved codes along N back to bf16.
+  R.run({"dequant_32x1", s,
+         {{{G, N, K}, MXMOE_DTYPE_E4M3, Spec::kCodes, {}}, {{G, K, N / 32}, MXMOE_DTYPE_E8M0, Spec::kScales, {}},
+          out({G, N, K}, MXMOE_DTYPE_BF16)},
+         [=](std::vector<mxmoe_tensor>& t, cudaStream_t st) {
+           MK(mxmoe_dequantize(&t[0], &t[1], 0, nullptr, &t[2], st));
          }});
   // The sm90 backend's exact-recipe W pass: round trip along K (forward) + codes/scales along N (saved for dgrad).
   R.run({"fused_rt_1x32+q_32x1", s,

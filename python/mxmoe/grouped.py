@@ -123,8 +123,10 @@ def grouped_mm(
       recipe: 'mxfp8_rceil' (default), 'mxfp8_floor', 'mxfp8_rceil_wgrad_with_hp' or
          'mxfp8_rceil_tile128' (see mxmoe.recipes).
       backend: 'auto', 'reference' (core MX GEMMs), 'sm90' (Hopper: FP8 tensor cores for tile128, fused MX
-         round trip + bf16 GEMMs for the exact recipes) or 'emulated' (core quantize/dequantize +
-         torch._grouped_mm). 'auto': sm90 on Hopper, reference on CPU, emulated elsewhere.
+         round trip + bf16 GEMMs for the exact recipes), 'sm100' (Blackwell: core quantizers writing
+         blocked scales + MXFP8 torch._scaled_grouped_mm; compute capability 10.x only) or 'emulated'
+         (core quantize/dequantize + torch._grouped_mm). 'auto': sm90 on Hopper, sm100 on Blackwell,
+         reference on CPU, emulated elsewhere.
       bias: optional (G, N) bf16/f32, added to group g's rows (in fp32, before rounding to out_dtype).
       out_dtype: bfloat16 (default) or float32.
     Returns (M, N) out_dtype. Grads: A (its dtype), B_t (its dtype, shape and the layout of a transposed

@@ -466,6 +466,10 @@ TEST(CudaQuantize, Dequantize) {
     }
     const std::vector<int32_t> many = jagged_offsets(3000, 64, 9);
     check_dequantize({3000, 64}, 0, &many, out, seed++);
+    // Along R with C % 8 == 0: the warp-tile path for bf16 (partial column tiles, jagged, garbage).
+    check_dequantize({300, 296}, 0, &g, out, seed++);
+    check_dequantize({300, 296}, 0, &garbage, out, seed++);
+    check_dequantize({2, 64, 392}, 0, nullptr, out, seed++);
     check_dequantize({64, 3000}, 1, &many, out, seed++);
   }
 }
@@ -725,6 +729,7 @@ TEST(CudaQuantize, SmallSanitizer) {
   check_quantize({300, 160}, MXMOE_DTYPE_BF16, {128, 128, MXMOE_SCALE_RCEIL}, &garbage, QOut{}, 3);
   check_dequantize({300, 137}, 0, &g, MXMOE_DTYPE_BF16, 4, 1);
   check_dequantize({137, 300}, 1, &g, MXMOE_DTYPE_F32, 5);
+  check_dequantize({300, 296}, 0, &g, MXMOE_DTYPE_BF16, 16);  // warp-tile dequantize
   check_blocked(MXMOE_BLOCKED_GROUPS_K, {136, cdiv(300, 32) + 5}, &g, 320, 6);
   check_blocked(MXMOE_BLOCKED_GROUPS_M, {300, 70}, &g, 0, 7, 1);
   check_fused({300, 96}, MXMOE_DTYPE_BF16, {32, 32, 0, MXMOE_SCALE_RCEIL}, &g, side_all(), side_all(MXMOE_DTYPE_F32, MXMOE_DTYPE_F32), 8);

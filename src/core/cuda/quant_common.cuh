@@ -14,7 +14,12 @@
 #include "mxmoe/mxmoe.h"
 
 namespace mxmoe {
+struct DequantizeArgs;
 namespace cuda {
+// dequantize's fast path along R (defined in quantize.cu, used by quant_dequant.cu); false where it
+// does not apply.
+bool dequantize_along_r_warp(const DequantizeArgs& args);
+
 namespace qk {
 
 // ---- host side ----------------------------------------------------------------------------------

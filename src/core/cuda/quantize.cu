@@ -842,7 +842,8 @@ struct SlabSmem {
 };
 
 // tile_cols: width of the column tiles P.ctiles counts (128 for the slab kernel, 64 for warp tiles).
-__device__ __forceinline__ SlabInfo resolve_slab(const Params& P, SlabSmem& sm, const int* table, long long tile,
+template <typename PT>
+__device__ __forceinline__ SlabInfo resolve_slab(const PT& P, SlabSmem& sm, const int* table, long long tile,
                                                  int tile_cols = 128) {
   SlabInfo t{};
   t.valid = false;
@@ -1446,6 +1447,83 @@ __global__ void __launch_bounds__(NW, MINB) quant_warp_kernel(const __grid_const
   }
 }
 
+// ---- dequantize along R (32x1 blocks, compact scales, bf16 out): warp tiles ------------------------
+// The exact recipe's backward dequantizes W along N and A along M per token group (sm90.py). The
+// 128x128-tile dequant kernel (quant_dequant.cu) reads 16 scattered scale bytes per thread and, with
+// groups, scans offs in every CTA: 0.2-0.4 of copy in the e2e profile. Here, as in the warp-tile
+// quantizer: persistent CTAs scan offs once; a warp owns a 32-row slab x 128 columns; lane
+// (rh, cq) holds rows 16 rh .. +15 of columns 8 cq .. +7 (8-byte code loads, 16-byte bf16 stores)
+// and its 8 columns' scale bytes of the slab's run. Positions outside every group are written 0.
+struct DqWarpParams {
+  const uint8_t* q = nullptr;
+  const uint8_t* scale = nullptr;
+  uint16_t* out = nullptr;
+  const int32_t* offs = nullptr;
+  long long offs_stride = 1;
+  int G = 0, B = 1, R = 0, C = 0;
+  long long n_r = 0;  // scale's last dim
+  bool grouped = false;
+  int P = 0, ctiles = 0;
+  long long tiles = 0;
+};
+
+template <int MINB>
+__global__ void __launch_bounds__(NW, MINB) dequant_warp_kernel(const __grid_constant__ DqWarpParams P) {
+  extern __shared__ uint4 dyn_smem_[];
+  int* table = reinterpret_cast<int*>(dyn_smem_);
+  __shared__ SlabSmem sm;
+  const int tid = threadIdx.x;
+  if (P.grouped) {
+    const ScanTotals tot = scan_groups<NW>(P.offs, P.offs_stride, P.G, P.R, 0, sm.scan, [&](const GroupInfo& gi) {
+      table[gi.g] = static_cast<int>(gi.start);
+      table[kMaxTable + gi.g] = static_cast<int>(gi.p0);
+      table[2 * kMaxTable + gi.g] = static_cast<int>(gi.b0);
+    });
+    if (tid == 0) {
+      sm.covered = tot.covered;
+      sm.tot_panels = tot.panels;
+      sm.tot_runs = tot.blocks;
+    }
+    __syncthreads();
+  }
+  const int lane = tid & 31, rh = lane >> 4, cq = lane & 15;
+  const long long warps = static_cast<long long>(gridDim.x) * (NW / 32);
+  for (long long tile = static_cast<long long>(blockIdx.x) * (NW / 32) + (tid >> 5); tile < P.tiles; tile += warps) {
+    const SlabInfo t = resolve_slab(P, sm, table, tile, 128);
+    if (!t.valid) continue;  // warp-uniform
+    const int rows = t.r1 - t.r0, lr = 16 * rh;
+    const int c = 128 * t.ct + 8 * cq;
+    if (c >= P.C) continue;  // C % 8 == 0: the lane's 8 columns are all valid or none
+    const long long xrow0 = static_cast<long long>(t.b) * P.R + t.r0 + lr;
+    uint16_t* out = P.out + xrow0 * P.C + c;
+    if (!t.in_group) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+        if (lr + i < rows) *reinterpret_cast<uint4*>(out + i * static_cast<long long>(P.C)) = make_uint4(0, 0, 0, 0);
+      continue;
+    }
+    uint2 qv[16];
+    const uint8_t* qp = P.q + xrow0 * P.C + c;
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      qv[i] = lr + i < rows ? __ldg(reinterpret_cast<const uint2*>(qp + i * static_cast<long long>(P.C))) : make_uint2(0, 0);
+    float sf[8];
+    {
+      const uint8_t* sp = P.scale + (static_cast<long long>(t.b) * P.C + c) * P.n_r + t.run;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sf[j] = e8m0_to_f32(__ldg(sp + j * P.n_r));
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      if (lr + i >= rows) continue;
+      float v[8];
+      dequant8f(qv[i], sf, v);
+      *reinterpret_cast<uint4*>(out + i * static_cast<long long>(P.C)) =
+          make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]), pack_bf16x2(v[4], v[5]), pack_bf16x2(v[6], v[7]));
+    }
+  }
+}
+
 // ---- rowwise-only requests: a streaming kernel --------------------------------------------------
 // Blocks of 1x32 / 1x128 along C are runs of 32 / 128 consecutive elements of the flat tensor
 // (C % 32 == 0; C % 128 == 0 for 1x128), so q, scale_c and dq need no row index at all: chunk k
@@ -1734,6 +1812,49 @@ void launch(Params& p, const mxmoe_tensor& x, const OptTensor& offs, void* strea
 }
 
 }  // namespace
+
+// Dequantize along R to bf16 with warp tiles (see dequant_warp_kernel); false when the request is
+// not one it takes (the caller then runs the 128x128-tile kernel). MXMOE_DEQUANT_WARP=0 disables it
+// (A/B measurements).
+bool dequantize_along_r_warp(const DequantizeArgs& a) {
+  static const int env = [] {
+    const char* e = std::getenv("MXMOE_DEQUANT_WARP");
+    return e ? std::atoi(e) : 1;
+  }();
+  const int64_t B = a.q.shape[0], R = a.q.shape[1], C = a.q.shape[2];
+  const bool grouped = a.offs.present;
+  if (!env || a.axis != 0 || a.out.dtype != MXMOE_DTYPE_BF16 || C % 8 != 0 || !aligned(a.q.data, 8) ||
+      !aligned(a.out.data, 16) || (grouped && a.offs.t.shape[0] > kMaxTable) || R >= (int64_t{1} << 31) - 256 ||
+      C >= (int64_t{1} << 31) - 256)
+    return false;
+  DqWarpParams p;
+  p.q = static_cast<const uint8_t*>(a.q.data);
+  p.scale = static_cast<const uint8_t*>(a.scale.data);
+  p.out = static_cast<uint16_t*>(a.out.data);
+  p.grouped = grouped;
+  p.offs = grouped ? static_cast<const int32_t*>(a.offs.t.data) : nullptr;
+  p.offs_stride = grouped ? a.offs.t.strides[0] : 1;
+  p.G = grouped ? static_cast<int>(a.offs.t.shape[0]) : 0;
+  p.B = static_cast<int>(B);
+  p.R = static_cast<int>(R);
+  p.C = static_cast<int>(C);
+  p.n_r = a.scale.shape[2];
+  p.P = static_cast<int>(cdiv(R, 32) + (grouped ? p.G + 1 : 0));
+  p.ctiles = static_cast<int>(cdiv(C, 128));
+  p.tiles = B * p.P * p.ctiles;
+  if (p.tiles <= 0) return true;
+  if (p.tiles > 0x7FFFFFFFLL) return false;
+  DeviceGuard guard(a.q.device);
+  const int smem = grouped ? 3 * kMaxTable * 4 : 0;
+  int blocks = 0, sms = 0;
+  cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, dequant_warp_kernel<3>, NW, smem), "dequantize: occupancy");
+  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a.q.device), "dequantize: attribute");
+  if (blocks < 1) return false;
+  const long long grid = std::min<long long>(cdiv(p.tiles, NW / 32), static_cast<long long>(blocks) * sms);
+  dequant_warp_kernel<3><<<static_cast<unsigned>(grid), NW, smem, static_cast<cudaStream_t>(a.stream)>>>(p);
+  cuda_check(cudaGetLastError(), "dequantize: kernel launch");
+  return true;
+}
 
 void quantize(const QuantizeArgs& a) {
   Params p;
