@@ -2,7 +2,8 @@
 
 Prints the seeds' table (A_shape, B_shape, recipe, bf16_e2e_us, scaled_e2e_us, scaled_e2e_speedup,
 bf16_fwd_us, scaled_fwd_us, scaled_fwd_speedup; e2e = forward + backward) for the BENCH.md shapes and
-the chosen recipes, eager and torch.compile'd, with the step's peak memory next to bf16's, and a
+the chosen recipes, eager, torch.compile'd and replayed as a CUDA graph (the ratio without host
+overhead), with the step's peak memory next to bf16's, and a
 single MoE layer (router + experts) forward+backward. Every ratio is against bf16
 `torch._grouped_mm` measured in the same run (the machines are shared; absolute times drift).
 Rows also go to <out>/e2e.json. A benchmark, not a test: nothing here asserts a time.
@@ -35,6 +36,7 @@ class Row:
     B_shape: str
     recipe: str
     compiled: bool
+    mode: str  # eager | compiled | cuda_graph (the eager step captured once, then replayed)
     bf16_e2e_us: float
     scaled_e2e_us: float
     scaled_e2e_speedup: float
@@ -53,7 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shapes", default="seeds,scout,dsv3,jagged", help=f"comma list of {', '.join(SHAPES)}")
     p.add_argument("--recipes", default="mxfp8_rceil,mxfp8_rceil_tile128")
     p.add_argument("--backend", default="auto")
-    p.add_argument("--compile", choices=["both", "eager", "compiled"], default="both")
+    p.add_argument("--compile", choices=["all", "both", "eager", "compiled", "graph"], default="all",
+                   help="eager, torch.compile'd, and/or the eager step replayed as a CUDA graph (no host "
+                   "overhead: the GPU-bound ratio); 'both' = eager + compiled, 'all' = the three")
     p.add_argument("--reps", type=int, default=10, help="timed repetitions per measurement (median)")
     p.add_argument("--no-moe-layer", action="store_true", help="skip the single MoE layer benchmark")
     p.add_argument("--profile", default="", help="comma list of shape names (e.g. seeds:1 = seeds G=1) whose "
@@ -127,7 +131,22 @@ def _compiled(key, fn):
     return _COMPILED[key]
 
 
-def bench_grouped_mm(shape, recipe: str, backend: str, compiled: bool, reps: int) -> Row:
+def _graphed(fn: Callable[[], None]) -> Callable[[], None]:
+    """fn captured once into a CUDA graph (after warm-up on a side stream); returns its replay. Both
+    sides of a comparison are captured the same way, so the ratio is the one without host overhead."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def bench_grouped_mm(shape, recipe: str, backend: str, mode: str, reps: int) -> Row:
     import mxmoe
 
     m, n, k, g, jagged = shape
@@ -144,6 +163,7 @@ def bench_grouped_mm(shape, recipe: str, backend: str, compiled: bool, reps: int
     def scaled(a, w, offs):
         return mxmoe.grouped_mm(a, w.transpose(-2, -1), offs, recipe=recipe, backend=backend)
 
+    compiled = mode == "compiled"
     if compiled:  # one compiled function per recipe for all shapes (dynamic shapes: no recompiles)
         bf16 = _compiled(("bf16",), bf16)
         scaled = _compiled((recipe, backend), scaled)
@@ -161,12 +181,14 @@ def bench_grouped_mm(shape, recipe: str, backend: str, compiled: bool, reps: int
             f(a, w, offs).backward(dy)
         return run
 
-    bf16_fwd, scaled_fwd = _time_us(fwd(bf16), reps), _time_us(fwd(scaled), reps)
-    bf16_e2e, scaled_e2e = _time_us(e2e(bf16), reps), _time_us(e2e(scaled), reps)
+    # Peak memory of the eager/compiled step (a graph's private pool would hide the allocations).
     a.grad = w.grad = None
     bf16_peak, scaled_peak = _peak_mib(e2e(bf16)), _peak_mib(e2e(scaled))
+    wrap = _graphed if mode == "cuda_graph" else (lambda fn: fn)
+    bf16_fwd, scaled_fwd = _time_us(wrap(fwd(bf16)), reps), _time_us(wrap(fwd(scaled)), reps)
+    bf16_e2e, scaled_e2e = _time_us(wrap(e2e(bf16)), reps), _time_us(wrap(e2e(scaled)), reps)
     return Row(
-        A_shape=str((m, k)), B_shape=str((g, n, k)), recipe=recipe, compiled=compiled,
+        A_shape=str((m, k)), B_shape=str((g, n, k)), recipe=recipe, compiled=compiled, mode=mode,
         bf16_e2e_us=bf16_e2e, scaled_e2e_us=scaled_e2e, scaled_e2e_speedup=bf16_e2e / scaled_e2e,
         bf16_fwd_us=bf16_fwd, scaled_fwd_us=scaled_fwd, scaled_fwd_speedup=bf16_fwd / scaled_fwd,
         bf16_peak_mib=bf16_peak, scaled_peak_mib=scaled_peak, peak_mem_ratio=scaled_peak / bf16_peak,
@@ -258,16 +280,17 @@ def main(args) -> int:
         return 2
     env = _env()
     print(f"device {env['device']}, torch {torch.__version__}, commit {env['commit']}, {env['date']}")
-    modes = {"both": [False, True], "eager": [False], "compiled": [True]}[args.compile]
+    modes = {"all": ["eager", "compiled", "cuda_graph"], "both": ["eager", "compiled"], "eager": ["eager"],
+             "compiled": ["compiled"], "graph": ["cuda_graph"]}[args.compile]
     rows = []
     for name in args.shapes.split(","):
         for shape in SHAPES[name]:
             for recipe in args.recipes.split(","):
-                for compiled in modes:
+                for mode in modes:
                     try:
-                        row = bench_grouped_mm(shape, recipe, args.backend, compiled, args.reps)
+                        row = bench_grouped_mm(shape, recipe, args.backend, mode, args.reps)
                     except Exception as e:  # report and keep going: one failing case must not hide the rest
-                        print(f"FAILED {shape} {recipe} compiled={compiled}: {type(e).__name__}: {e}")
+                        print(f"FAILED {shape} {recipe} {mode}: {type(e).__name__}: {e}")
                         continue
                     row.date, row.commit, row.device = env["date"], env["commit"], env["device"]
                     rows.append(asdict(row))
@@ -293,7 +316,7 @@ def main(args) -> int:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "e2e.json"), "w") as f:
         json.dump({"rows": rows, "moe_layer": layers, **env}, f, indent=1)
-    cols = ["A_shape", "B_shape", "recipe", "compiled", "bf16_e2e_us", "scaled_e2e_us", "scaled_e2e_speedup",
+    cols = ["A_shape", "B_shape", "recipe", "mode", "bf16_e2e_us", "scaled_e2e_us", "scaled_e2e_speedup",
             "bf16_fwd_us", "scaled_fwd_us", "scaled_fwd_speedup", "peak_mem_ratio"]
     print()
     print(_table(rows, cols) if rows else "no rows")

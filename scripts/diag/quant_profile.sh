@@ -9,24 +9,24 @@ cuobjdump -sass -arch sm_90a "$B/src/core/libmxmoe.so" 2>/dev/null \
 echo "warp kernel SASS lines: $(wc -l < "$OUT/warp.sass")"
 grep -oE '^\s+/\*[0-9a-f]{4}\*/\s+(@!?U?P[0-9T] )?[A-Z0-9_]+(\.[A-Z0-9_]+)*' "$OUT/warp.sass" \
   | awk '{print $NF}' | sort | uniq -c | sort -rn | head -40 > "$OUT/warp_sass_hist.txt"
-head -40 "$OUT/warp_sass_hist.txt"
-# "bench case|kernel name regex" pairs: the kernels whose copy ratio has no measured bound yet.
+# "bench case#kernel name regex" pairs: the kernels whose copy ratio has no measured bound yet.
 cases=(
-  "quant_32x1_t A 16640x5120|regex:quant_(warp|slab)"
-  "fused_rt_1x32+q_32x1 A 16640x5120|regex:quant_(warp|slab)"
-  "fused_rt_1x32+rt_32x1 A 16640x5120|regex:quant_(warp|slab)"
-  "fused_rt_1x32 A 16640x5120|regex:quant_rows"
-  "dequant_1x32 A 16640x5120|regex:dequant_rows"
-  "fused_1x32_blockedM A 16640x5120|regex:quant_slab"
-  "to_blocked A 16640x7168|regex:blocked_kernel"
+  "fused_rt_1x32+rt_32x1 A 16640x5120#regex:quant_warp"
+  "fused_rt_1x32+q_32x1 A 16640x5120#regex:quant_slab"
+  "dequant_1x32 A 16640x5120#regex:dequant_rows"
+  "dequant_32x1 A 16640x5120#regex:dequant_warp"
+  "quant_128x128 W 8x8192x5120#regex:quant_tile"
+  "fused_1x32_blockedM A 16640x5120#regex:quant_slab"
 )
 for pair in "${cases[@]}"; do
-  case=${pair%%|*}; kern=${pair##*|}
+  case=${pair%%#*}; kern=${pair##*#}
   f="$OUT/ncu-$(echo "$case" | tr ' +/' '___').txt"
-  echo "--- ncu: $case ($kern)"
   timeout 120 ncu --kernel-name "$kern" --launch-skip 3 --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section SchedulerStats --section WarpStateStats \
     --section MemoryWorkloadAnalysis --section SourceCounters --section LaunchStats \
-    "$B/bench/quantize_bench" --quick --filter "$case" > "$f" 2>&1
-  grep -E "^    (DRAM Throughput|Compute \(SM\) Throughput|Duration|Issued Warp Per|Eligible Warps|Achieved Occupancy|Registers Per|Warp Cycles Per Issued)" "$f" | tr -s ' ' | paste -sd';'
+    --metrics "regex:smsp__average_warps_issue_stalled_(long_scoreboard|wait|short_scoreboard|no_instruction|math_pipe_throttle|lg_throttle|barrier|mio_throttle)_per_issue_active\.ratio,smsp__inst_executed.sum" \
+    "$B/bench/quantize_bench" --filter "$case" > "$f" 2>&1
+  echo "--- ncu: $case ($kern): $(grep -E '^ +(DRAM Throughput|Compute \(SM\) Throughput|Issued Warp Per Scheduler|Achieved Occupancy|Registers Per Thread|Warp Cycles Per Issued Instruction) ' "$f" \
+    | sed -E 's/ +/ /g' | paste -sd';')"
+  grep -E "smsp__" "$f" | sed -E 's/ +/ /g' | sort -t' ' -k4 -g -r | head -5
 done
