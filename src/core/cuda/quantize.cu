@@ -1283,10 +1283,21 @@ __device__ __forceinline__ void wt_store_segment(uint8_t* seg, int nbytes, int r
 
 // MINB: CTAs per SM the register budget is cut for (2: 128 registers, 3: 85, 4: 64; the kernel is
 // latency-bound, docs/perf/quantize.md version 6).
-template <int MINB>
+// 8-byte asynchronous copy global -> shared (src_bytes 0: zero-fill, nothing read).
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem, int src_bytes) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(gmem), "r"(src_bytes) : "memory");
+}
+constexpr int kWarpTileBytes = 32 * 64 * 2;  // one bf16 32 x 64 tile
+
+// PIPE: each warp copies its next tile into a 2-stage shared ring (cp.async) while it computes the
+// current one, so its loads stay in flight during the compute phase (version 7).
+template <int MINB, bool PIPE>
 __global__ void __launch_bounds__(NW, MINB) quant_warp_kernel(const __grid_constant__ Params P) {
   extern __shared__ uint4 dyn_smem_[];
   int* table = reinterpret_cast<int*>(dyn_smem_);
+  uint8_t* ring = reinterpret_cast<uint8_t*>(dyn_smem_) + (P.grouped ? 3 * kMaxTable * 4 : 0) +
+                  (threadIdx.x >> 5) * 2 * kWarpTileBytes;
   __shared__ SlabSmem sm;
   const int tid = threadIdx.x;
   if (P.grouped) {
@@ -1310,9 +1321,36 @@ __global__ void __launch_bounds__(NW, MINB) quant_warp_kernel(const __grid_const
   const int lane = tid & 31, rh = lane >> 4, cq = lane & 15;
   const mxmoe_scale_mode mode = static_cast<mxmoe_scale_mode>(P.mode);
   const long long warps = static_cast<long long>(gridDim.x) * (NW / 32);
-  for (long long tile = static_cast<long long>(blockIdx.x) * (NW / 32) + (tid >> 5); tile < P.tiles; tile += warps) {
-    const SlabInfo t = resolve_slab(P, sm, table, tile, 64);
-    if (!t.valid) continue;  // warp-uniform
+  // The warp's tiles: every warps-th from its first, invalid ones (uniform per warp) skipped.
+  auto next_valid = [&](long long& tl) {
+    SlabInfo s{};
+    for (; tl < P.tiles; tl += warps) {
+      s = resolve_slab(P, sm, table, tl, 64);
+      if (s.valid) return s;
+    }
+    s.valid = false;
+    return s;
+  };
+  // Lane (rh, cq) copies / reads rows 16 rh .. +15, bytes 8 cq .. +7 of each 128-byte tile row.
+  auto issue = [&](const SlabInfo& s, int stage) {
+    const int rows = s.r1 - s.r0, c = 64 * s.ct + 4 * cq, lr = 16 * rh;
+    const bool live = (P.row_on || (P.col_on && s.in_group)) && c < P.C;
+    const uint16_t* xb = static_cast<const uint16_t*>(P.x) + ((static_cast<long long>(s.b) * P.R + s.r0 + lr) * P.C + c);
+    uint8_t* dst = ring + stage * kWarpTileBytes + lr * 128 + 8 * cq;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const bool v = live && lr + i < rows;
+      cp_async8(dst + i * 128, v ? static_cast<const void*>(xb + i * static_cast<long long>(P.C)) : P.x, v ? 8 : 0);
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  };
+  long long tile = static_cast<long long>(blockIdx.x) * (NW / 32) + (tid >> 5);
+  SlabInfo t = next_valid(tile);
+  int stage = 0;
+  if (PIPE && t.valid) issue(t, 0);
+  while (t.valid) {
+    long long tile_n = tile + warps;
+    const SlabInfo tn = next_valid(tile_n);
     const int rows = t.r1 - t.r0;
     const int c = 64 * t.ct + 4 * cq;  // the lane's first column
     const bool cvalid = c < P.C;       // C % 8 == 0: a lane's 4 columns are all valid or none
@@ -1320,8 +1358,15 @@ __global__ void __launch_bounds__(NW, MINB) quant_warp_kernel(const __grid_const
     const long long xrow0 = static_cast<long long>(t.b) * P.R + t.r0;
     const bool col_live = P.col_on && t.in_group;
     uint2 w[16];
-    const bool need_x = P.row_on || col_live;
-    {
+    if (PIPE) {
+      if (tn.valid) issue(tn, stage ^ 1);
+      else asm volatile("cp.async.commit_group;\n" ::: "memory");  // keep one group per iteration
+      asm volatile("cp.async.wait_group 1;\n" ::: "memory");     // t's copies (this lane's own) landed
+      const uint8_t* src = ring + stage * kWarpTileBytes + lr * 128 + 8 * cq;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) w[i] = *reinterpret_cast<const uint2*>(src + i * 128);
+    } else {
+      const bool need_x = P.row_on || col_live;
       const uint16_t* xb = static_cast<const uint16_t*>(P.x) + (xrow0 + lr) * P.C + c;
 #pragma unroll
       for (int i = 0; i < 16; ++i)
@@ -1444,6 +1489,9 @@ __global__ void __launch_bounds__(NW, MINB) quant_warp_kernel(const __grid_const
         CS.scale[(xcol0 + 2 * rh + 1) * P.n_r + t.run] = rh ? cs[3] : cs[1];
       }
     }
+    tile = tile_n;
+    t = tn;
+    stage ^= 1;
   }
 }
 
@@ -1758,9 +1806,17 @@ void launch(Params& p, const mxmoe_tensor& x, const OptTensor& offs, void* strea
     p.tiles = static_cast<long long>(p.B) * p.P * p.ctiles;
     if (p.tiles <= 0) return;
     if (p.tiles > 0x7FFFFFFFLL) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: too many tiles for one launch");
-    const int smem = p.table ? 3 * kMaxTable * 4 : 0;
+    // MXMOE_QUANT_WARP_PIPE=0: direct register loads instead of the cp.async ring (measurements).
+    static const int pipe_env = [] {
+      const char* e = std::getenv("MXMOE_QUANT_WARP_PIPE");
+      return e ? std::atoi(e) : 1;
+    }();
+    const bool pipe = pipe_env != 0;
+    const int smem = (p.table ? 3 * kMaxTable * 4 : 0) + (pipe ? (NW / 32) * 2 * kWarpTileBytes : 0);
     auto go = [&](auto kernel) {
       int blocks = 0, sms = 0;
+      cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                 "quantize: cudaFuncSetAttribute");
       cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, NW, smem), "quantize: occupancy");
       cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device), "quantize: device attribute");
       if (blocks < 1) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: kernel does not fit on the device");
@@ -1769,9 +1825,10 @@ void launch(Params& p, const mxmoe_tensor& x, const OptTensor& offs, void* strea
       cuda_check(cudaGetLastError(), "quantize: kernel launch");
     };
     // CTAs-per-SM register budget: 2 by default (3 measured equal, 4 spills and is slower).
-    if (warp_env == 3) go(quant_warp_kernel<3>);
-    else if (warp_env == 4) go(quant_warp_kernel<4>);
-    else go(quant_warp_kernel<2>);
+    if (pipe) go(quant_warp_kernel<2, true>);
+    else if (warp_env == 3) go(quant_warp_kernel<3, false>);
+    else if (warp_env == 4) go(quant_warp_kernel<4, false>);
+    else go(quant_warp_kernel<2, false>);
     return;
   }
   static const int slab_env = [] {
