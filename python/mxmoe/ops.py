@@ -58,6 +58,39 @@ __all__ = [
 ]
 
 
+# ---- eager fast path -----------------------------------------------------------------------------
+
+
+def _plain(x) -> bool:
+    """A value the op's Python implementation can take directly: no tensor, or a plain host/CUDA tensor
+    (no FakeTensor / FunctionalTensor / other subclass, no functorch wrapper)."""
+    if not isinstance(x, Tensor):
+        return True
+    return type(x) is Tensor and not _is_functorch_wrapped(x)
+
+
+_is_functorch_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
+
+
+def call(op, *args):
+    """Run a mxmoe custom op. In plain eager mode (real tensors, no torch.compile tracing, no Python
+    dispatch mode) the op's implementation is called directly: the dispatcher round trip of a Python
+    custom op costs ~50 us of host time per call, which is what bounds small training steps on the GPU
+    (docs/perf/e2e.md, host overhead). Anything traced or wrapped goes through ``torch.ops.mxmoe.*`` as
+    usual (fakes, functionalization, compile), so the two paths run the same code on real tensors."""
+    impl = getattr(op, "_init_fn", None)
+    if (impl is not None and not torch.compiler.is_compiling() and _dispatch_mode() is None
+            and all(_plain(a) for a in args)):
+        return impl(*args)
+    return op(*args)
+
+
+def _dispatch_mode():
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return _get_current_dispatch_mode()
+
+
 # ---- shape rules shared by the real and the fake implementations (SymInt-safe arithmetic) ----------
 
 

@@ -75,8 +75,8 @@ def _round_up(x, n):
 def _fused(x: Tensor, offs, row_block: int, col_block: int, tile128: bool, mode: int, row_bits: int,
            col_bits: int):
     """(row side, col side) of one fused quantization pass, each a dict name -> output tensor."""
-    outs = ops.quantize_fused(x.contiguous(), offs, row_block, col_block, tile128, mode, row_bits,
-                              col_bits, BF16)
+    outs = ops.call(ops.quantize_fused, x.contiguous(), offs, row_block, col_block, tile128, mode, row_bits,
+                    col_bits, BF16)
     names = ("q", "qt", "scale", "scale_blocked", "dq", "dqt")
     return dict(zip(names, outs[:6])), dict(zip(names, outs[6:]))
 
@@ -97,7 +97,7 @@ def _mm_rows(a_q: Tensor, a_blocked: Tensor, b_q: Tensor, b_blocked: Tensor, end
         offs=ends,
         out_dtype=BF16,
     )
-    ops.zero_rows_past_groups(out, ends)  # torch leaves them unwritten; mxmoe's contract says 0
+    ops.call(ops.zero_rows_past_groups, out, ends)  # torch leaves them unwritten; mxmoe's contract says 0
     return out
 
 
@@ -189,7 +189,7 @@ class Sm100Backend(Backend):
             a_blocked = ops.scales_to_blocked(a_s, _lib.BLOCKED_GROUPS_M, ends)
             a_col = None
             if want_a_col:
-                a_hp = ops.dequantize(a_q, a_s, 1, None, BF16)
+                a_hp = ops.call(ops.dequantize, a_q, a_s, 1, None, BF16)
                 _, a_col = _fused(a_hp, ends, 32, wgrad_block, False, mode, 0, QT | SB)
         else:
             a_row, a_col = _fused(a, ends, recipe.a_block, wgrad_block, False, mode, Q | SB,
@@ -222,7 +222,7 @@ class Sm100Backend(Backend):
         if need_dw:
             if recipe.wgrad_hp:
                 if a is None:
-                    a = ops.dequantize(a_mx[0], a_mx[1], 1, None, BF16)
+                    a = ops.call(ops.dequantize, a_mx[0], a_mx[1], 1, None, BF16)
                 dw = hp_wgrad(dy, a, offs, w_dtype)
             else:
                 dw = cast(_mm_tokens(dy_col["qt"], dy_col["scale_blocked"], a_qt, a_blocked, ends), w_dtype)

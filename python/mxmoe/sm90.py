@@ -30,8 +30,8 @@ BF16 = torch.bfloat16
 def _fused(x: Tensor, offs, row_block: int, col_block: int, tile128: bool, mode: int, row_bits: int,
            col_bits: int):
     """(row side, col side) of one fused pass, each a dict name -> tensor of the outputs asked for."""
-    outs = ops.quantize_fused(x.contiguous(), offs, row_block, col_block, tile128, mode, row_bits,
-                              col_bits, BF16)
+    outs = ops.call(ops.quantize_fused, x.contiguous(), offs, row_block, col_block, tile128, mode, row_bits,
+                    col_bits, BF16)
     names = ("q", "qt", "scale", "scale_blocked", "dq", "dqt")
     return dict(zip(names, outs[:6])), dict(zip(names, outs[6:]))
 
@@ -39,12 +39,12 @@ def _fused(x: Tensor, offs, row_block: int, col_block: int, tile128: bool, mode:
 def _mm_rows(a: Tensor, b: Tensor, offs: Tensor) -> Tensor:
     """bf16 torch._grouped_mm, 2D x 3D with row groups, rows past the groups zeroed (by a kernel that
     touches only them), as an opaque op so torch.compile keeps torch's kernel."""
-    return ops._dense_grouped_mm(a, b, clamp_offsets(offs, a.shape[0]))
+    return ops.call(ops._dense_grouped_mm, a, b, clamp_offsets(offs, a.shape[0]))
 
 
 def _mm_tokens(a_t: Tensor, b: Tensor, offs: Tensor) -> Tensor:
     """bf16 torch._grouped_mm, 2D x 2D with groups along the tokens: (N, M) x (M, K) -> (G, N, K)."""
-    return ops._dense_grouped_mm(a_t, b, clamp_offsets(offs, b.shape[0]))
+    return ops.call(ops._dense_grouped_mm, a_t, b, clamp_offsets(offs, b.shape[0]))
 
 
 def _add_bias(out: Tensor, bias, offs: Tensor) -> Tensor:
@@ -65,7 +65,7 @@ class Sm90Backend(Backend):
 
     def forward(self, a, a_mx, w, offs, bias, recipe, out_dtype, need_dw=True):
         if a is None:  # pre-quantized A (along K): its round trip is its dequantization
-            a = ops.dequantize(a_mx[0], a_mx[1], 1, None, BF16)
+            a = ops.call(ops.dequantize, a_mx[0], a_mx[1], 1, None, BF16)
         want_a_col = need_dw and not recipe.wgrad_hp
         if recipe.w_tile128:
             return self._forward_tile128(a, w, offs, bias, recipe, out_dtype, want_a_col)
@@ -86,8 +86,8 @@ class Sm90Backend(Backend):
         a_row, a_col = _fused(a, offs, 128, 128, False, m, Q | S, (QT | S) if want_a_col else 0)
         # One 128x128 quantization of W: q/scale (forward) and qt/scale (dgrad) from the same pass.
         w_row, w_col = _fused(w, None, 128, 128, True, m, Q | S, QT | S)
-        out = ops.grouped_mm_tile128(a_row["q"], a_row["scale"], w_row["q"], w_row["scale"], offs, bias,
-                                     out_dtype)
+        out = ops.call(ops.grouped_mm_tile128, a_row["q"], a_row["scale"], w_row["q"], w_row["scale"], offs, bias,
+                       out_dtype)
         return out, (w_col["qt"], w_col["scale"], a_col["qt"] if want_a_col else None,
                      a_col["scale"] if want_a_col else None)
 
@@ -109,19 +109,19 @@ class Sm90Backend(Backend):
         da = dw = None
         if need_da:
             if tile:
-                da = ops.grouped_mm_tile128(dy_row["q"], dy_row["scale"], w_c, w_cs, offs, None, a_dtype)
+                da = ops.call(ops.grouped_mm_tile128, dy_row["q"], dy_row["scale"], w_c, w_cs, offs, None, a_dtype)
             else:
-                w_n = ops.dequantize(w_c, w_cs, 0, None, BF16)  # W rounded along N, (G, N, K)
+                w_n = ops.call(ops.dequantize, w_c, w_cs, 0, None, BF16)  # W rounded along N, (G, N, K)
                 da = cast(_mm_rows(dy_row["dq"], w_n, offs), a_dtype)
         if need_dw:
             if recipe.wgrad_hp:
                 if a is None:
-                    a = ops.dequantize(a_mx[0], a_mx[1], 1, None, BF16)
+                    a = ops.call(ops.dequantize, a_mx[0], a_mx[1], 1, None, BF16)
                 dw = cast(_mm_tokens(cast(dy, BF16).contiguous().t(), cast(a, BF16).contiguous(), offs), w_dtype)
             elif tile:
-                dw = ops.grouped_mm_tile128_kgroups(dy_col["qt"], dy_col["scale"], a_c, a_cs, offs, w_dtype)
+                dw = ops.call(ops.grouped_mm_tile128_kgroups, dy_col["qt"], dy_col["scale"], a_c, a_cs, offs, w_dtype)
             else:
-                a_m = ops.dequantize(a_c, a_cs, 0, offs, BF16)  # A rounded along M per group, (M, K)
+                a_m = ops.call(ops.dequantize, a_c, a_cs, 0, offs, BF16)  # A rounded along M per group, (M, K)
                 dw = cast(_mm_tokens(dy_col["dq"].t(), a_m, offs), w_dtype)
         return da, dw
 
