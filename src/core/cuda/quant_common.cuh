@@ -8,6 +8,9 @@
 
 #include <climits>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "common/error.hpp"
 #include "mxmoe/mx_format.hpp"
@@ -50,6 +53,40 @@ inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // ---- device side ---------------------------------------------------------------------------------
 #if defined(__CUDACC__)
+
+// Launches a persistent kernel (CTAs loop over the work items): at most `work` CTAs and no more than
+// fit on the device at once. The occupancy query, the SM count and the shared-memory opt-in (above
+// 48 KB) run once per kernel, device and shared-memory size, not on every call (each costs
+// microseconds of host time per launch). Throws UNSUPPORTED when one CTA does not fit.
+template <typename P>
+void launch_persistent(void (*kernel)(P), int threads, int smem, int device, long long work, cudaStream_t stream,
+                       const P& params, const char* what) {
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int, int, int>, long long> fits;  // -> CTAs on the device
+  long long ctas = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = fits.find({reinterpret_cast<const void*>(kernel), threads, smem, device});
+    if (it == fits.end()) {
+      if (smem > 48 * 1024)
+        cuda_check(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        smem),
+                   what);
+      int blocks = 0, sms = 0;
+      cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, reinterpret_cast<const void*>(kernel), threads,
+                                                               smem),
+                 what);
+      cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), what);
+      it = fits.emplace(std::make_tuple(reinterpret_cast<const void*>(kernel), threads, smem, device),
+                        static_cast<long long>(blocks) * sms).first;
+    }
+    ctas = it->second;
+  }
+  if (ctas < 1) fail_status(MXMOE_ERR_UNSUPPORTED, what, ": kernel does not fit on the device");
+  const long long grid = work < ctas ? work : ctas;
+  kernel<<<static_cast<unsigned>(grid), threads, smem, stream>>>(params);
+  cuda_check(cudaGetLastError(), what);
+}
 
 constexpr unsigned kFull = 0xFFFFFFFFu;
 
