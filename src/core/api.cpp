@@ -57,6 +57,104 @@ void check_mode(mxmoe_scale_mode mode) {
 }
 
 }  // namespace
+
+namespace api {
+
+GroupedMMArgs check_grouped_mm(const mxmoe_tensor* a_, const mxmoe_tensor* a_scale_, const mxmoe_tensor* b_,
+                               const mxmoe_tensor* b_scale_, const mxmoe_tensor* offs_, const mxmoe_tensor* bias_,
+                               mxmoe_tensor* out_, void* stream) {
+  const mxmoe_tensor& a = require(a_, "a");
+  check_dtype(a, "a", {MXMOE_DTYPE_E4M3});
+  check_ndim(a, "a", {2});
+  check_backend(a.device, "a");
+  const int64_t M = a.shape[0], K = a.shape[1];
+  if (K % kBlock != 0) fail("a: expected the contraction dim K to be a multiple of 32, got ", K);
+  const mxmoe_tensor& b = require(b_, "b");
+  check_dtype(b, "b", {MXMOE_DTYPE_E4M3});
+  check_ndim(b, "b", {3});
+  check_device(b, "b", a.device);
+  const int64_t G = b.shape[0], N = b.shape[1];
+  if (b.shape[2] != K) fail("b: expected contraction dim (last) ", K, " to match a, got ", b.shape[2]);
+  const mxmoe_tensor& as = require(a_scale_, "a_scale");
+  check_dtype(as, "a_scale", {MXMOE_DTYPE_E8M0});
+  check_shape(as, "a_scale", {M, K / kBlock});
+  check_device(as, "a_scale", a.device);
+  const mxmoe_tensor& bs = require(b_scale_, "b_scale");
+  check_dtype(bs, "b_scale", {MXMOE_DTYPE_E8M0});
+  check_shape(bs, "b_scale", {G, N, K / kBlock});
+  check_device(bs, "b_scale", a.device);
+  const mxmoe_tensor& offs = require(offs_, "offs");
+  check_offs_view(offs, a);
+  check_shape(offs, "offs", {G});
+  GroupedMMArgs args;
+  if (bias_ != nullptr) {
+    const mxmoe_tensor& bias = require(bias_, "bias");
+    check_dtype(bias, "bias", {MXMOE_DTYPE_BF16, MXMOE_DTYPE_F32});
+    check_shape(bias, "bias", {G, N});
+    check_device(bias, "bias", a.device);
+    args.bias = optional(bias_);
+  }
+  const mxmoe_tensor& out = require(out_, "out");
+  check_dtype(out, "out", {MXMOE_DTYPE_BF16, MXMOE_DTYPE_F32});
+  check_shape(out, "out", {M, N});
+  check_device(out, "out", a.device);
+  check_contiguous(out, "out");
+  check_no_overlap_inputs(
+      out, {{&a, "a"}, {&as, "a_scale"}, {&b, "b"}, {&bs, "b_scale"}, {&offs, "offs"}, {bias_, "bias"}});
+  args.a = a;
+  args.a_scale = as;
+  args.b = b;
+  args.b_scale = bs;
+  args.offs = offs;
+  args.out = out;
+  args.stream = stream;
+  return args;
+}
+
+GroupedMMKArgs check_grouped_mm_kgroups(const mxmoe_tensor* a_, const mxmoe_tensor* a_scale_, const mxmoe_tensor* b_,
+                                        const mxmoe_tensor* b_scale_, const mxmoe_tensor* offs_, mxmoe_tensor* out_,
+                                        void* stream) {
+  const mxmoe_tensor& a = require(a_, "a");
+  check_dtype(a, "a", {MXMOE_DTYPE_E4M3});
+  check_ndim(a, "a", {2});
+  check_backend(a.device, "a");
+  const int64_t N = a.shape[0], M = a.shape[1];
+  const mxmoe_tensor& b = require(b_, "b");
+  check_dtype(b, "b", {MXMOE_DTYPE_E4M3});
+  check_ndim(b, "b", {2});
+  check_device(b, "b", a.device);
+  const int64_t K = b.shape[0];
+  if (b.shape[1] != M) fail("b: expected token dim (last) ", M, " to match a, got ", b.shape[1]);
+  const mxmoe_tensor& offs = require(offs_, "offs");
+  check_offs_view(offs, a);
+  const int64_t G = offs.shape[0];
+  const int64_t cap = mxmoe_grouped_scale_capacity(M, G);
+  const mxmoe_tensor& as = require(a_scale_, "a_scale");
+  check_dtype(as, "a_scale", {MXMOE_DTYPE_E8M0});
+  check_shape(as, "a_scale", {N, cap});
+  check_device(as, "a_scale", a.device);
+  const mxmoe_tensor& bs = require(b_scale_, "b_scale");
+  check_dtype(bs, "b_scale", {MXMOE_DTYPE_E8M0});
+  check_shape(bs, "b_scale", {K, cap});
+  check_device(bs, "b_scale", a.device);
+  const mxmoe_tensor& out = require(out_, "out");
+  check_dtype(out, "out", {MXMOE_DTYPE_BF16, MXMOE_DTYPE_F32});
+  check_shape(out, "out", {G, N, K});
+  check_device(out, "out", a.device);
+  check_contiguous(out, "out");
+  check_no_overlap_inputs(out, {{&a, "a"}, {&as, "a_scale"}, {&b, "b"}, {&bs, "b_scale"}, {&offs, "offs"}});
+  GroupedMMKArgs args;
+  args.a = a;
+  args.a_scale = as;
+  args.b = b;
+  args.b_scale = bs;
+  args.offs = offs;
+  args.out = out;
+  args.stream = stream;
+  return args;
+}
+
+}  // namespace api
 }  // namespace mxmoe
 
 using namespace mxmoe;
@@ -323,52 +421,8 @@ mxmoe_status mxmoe_grouped_mm_mx(const mxmoe_tensor* a_, const mxmoe_tensor* a_s
                                  const mxmoe_tensor* offs_, const mxmoe_tensor* bias_,
                                  mxmoe_tensor* out_, void* stream) {
   MXMOE_API_BEGIN
-  const mxmoe_tensor& a = require(a_, "a");
-  check_dtype(a, "a", {MXMOE_DTYPE_E4M3});
-  check_ndim(a, "a", {2});
-  check_backend(a.device, "a");
-  const int64_t M = a.shape[0], K = a.shape[1];
-  if (K % kBlock != 0) fail("a: expected the contraction dim K to be a multiple of 32, got ", K);
-  const mxmoe_tensor& b = require(b_, "b");
-  check_dtype(b, "b", {MXMOE_DTYPE_E4M3});
-  check_ndim(b, "b", {3});
-  check_device(b, "b", a.device);
-  const int64_t G = b.shape[0], N = b.shape[1];
-  if (b.shape[2] != K) fail("b: expected contraction dim (last) ", K, " to match a, got ", b.shape[2]);
-  const mxmoe_tensor& as = require(a_scale_, "a_scale");
-  check_dtype(as, "a_scale", {MXMOE_DTYPE_E8M0});
-  check_shape(as, "a_scale", {M, K / kBlock});
-  check_device(as, "a_scale", a.device);
-  const mxmoe_tensor& bs = require(b_scale_, "b_scale");
-  check_dtype(bs, "b_scale", {MXMOE_DTYPE_E8M0});
-  check_shape(bs, "b_scale", {G, N, K / kBlock});
-  check_device(bs, "b_scale", a.device);
-  const mxmoe_tensor& offs = require(offs_, "offs");
-  check_offs_view(offs, a);
-  check_shape(offs, "offs", {G});
-  GroupedMMArgs args;
-  if (bias_ != nullptr) {
-    const mxmoe_tensor& bias = require(bias_, "bias");
-    check_dtype(bias, "bias", {MXMOE_DTYPE_BF16, MXMOE_DTYPE_F32});
-    check_shape(bias, "bias", {G, N});
-    check_device(bias, "bias", a.device);
-    args.bias = optional(bias_);
-  }
-  const mxmoe_tensor& out = require(out_, "out");
-  check_dtype(out, "out", {MXMOE_DTYPE_BF16, MXMOE_DTYPE_F32});
-  check_shape(out, "out", {M, N});
-  check_device(out, "out", a.device);
-  check_contiguous(out, "out");
-  check_no_overlap_inputs(
-      out, {{&a, "a"}, {&as, "a_scale"}, {&b, "b"}, {&bs, "b_scale"}, {&offs, "offs"}, {bias_, "bias"}});
-  args.a = a;
-  args.a_scale = as;
-  args.b = b;
-  args.b_scale = bs;
-  args.offs = offs;
-  args.out = out;
-  args.stream = stream;
-  if (a.device >= 0) {
+  const GroupedMMArgs args = api::check_grouped_mm(a_, a_scale_, b_, b_scale_, offs_, bias_, out_, stream);
+  if (args.a.device >= 0) {
 #if defined(MXMOE_WITH_CUDA)
     cuda::grouped_mm(args);
 #endif
@@ -383,44 +437,8 @@ mxmoe_status mxmoe_grouped_mm_mx_kgroups(const mxmoe_tensor* a_, const mxmoe_ten
                                          const mxmoe_tensor* offs_, mxmoe_tensor* out_,
                                          void* stream) {
   MXMOE_API_BEGIN
-  const mxmoe_tensor& a = require(a_, "a");
-  check_dtype(a, "a", {MXMOE_DTYPE_E4M3});
-  check_ndim(a, "a", {2});
-  check_backend(a.device, "a");
-  const int64_t N = a.shape[0], M = a.shape[1];
-  const mxmoe_tensor& b = require(b_, "b");
-  check_dtype(b, "b", {MXMOE_DTYPE_E4M3});
-  check_ndim(b, "b", {2});
-  check_device(b, "b", a.device);
-  const int64_t K = b.shape[0];
-  if (b.shape[1] != M) fail("b: expected token dim (last) ", M, " to match a, got ", b.shape[1]);
-  const mxmoe_tensor& offs = require(offs_, "offs");
-  check_offs_view(offs, a);
-  const int64_t G = offs.shape[0];
-  const int64_t cap = mxmoe_grouped_scale_capacity(M, G);
-  const mxmoe_tensor& as = require(a_scale_, "a_scale");
-  check_dtype(as, "a_scale", {MXMOE_DTYPE_E8M0});
-  check_shape(as, "a_scale", {N, cap});
-  check_device(as, "a_scale", a.device);
-  const mxmoe_tensor& bs = require(b_scale_, "b_scale");
-  check_dtype(bs, "b_scale", {MXMOE_DTYPE_E8M0});
-  check_shape(bs, "b_scale", {K, cap});
-  check_device(bs, "b_scale", a.device);
-  const mxmoe_tensor& out = require(out_, "out");
-  check_dtype(out, "out", {MXMOE_DTYPE_BF16, MXMOE_DTYPE_F32});
-  check_shape(out, "out", {G, N, K});
-  check_device(out, "out", a.device);
-  check_contiguous(out, "out");
-  check_no_overlap_inputs(out, {{&a, "a"}, {&as, "a_scale"}, {&b, "b"}, {&bs, "b_scale"}, {&offs, "offs"}});
-  GroupedMMKArgs args;
-  args.a = a;
-  args.a_scale = as;
-  args.b = b;
-  args.b_scale = bs;
-  args.offs = offs;
-  args.out = out;
-  args.stream = stream;
-  if (a.device >= 0) {
+  const GroupedMMKArgs args = api::check_grouped_mm_kgroups(a_, a_scale_, b_, b_scale_, offs_, out_, stream);
+  if (args.a.device >= 0) {
 #if defined(MXMOE_WITH_CUDA)
     cuda::grouped_mm_kgroups(args);
 #endif

@@ -7,6 +7,7 @@
 #include "common/error.hpp"
 #include "common/tensor.hpp"
 #include "mxmoe/mxmoe.h"
+#include "ops.hpp"
 
 namespace mxmoe {
 namespace api {
@@ -49,6 +50,21 @@ inline void check_offs(const mxmoe_tensor& offs, int32_t device) {
   check_ndim(offs, "offs", {1});
   check_device(offs, "offs", device);
 }
+
+// Operands of the grouped GEMM with groups of a's rows (mxmoe_grouped_mm_mx, mxmoe_grouped_mm_tile128):
+// a (M, K) e4m3 + a_scale (M, K/32), b (G, N, K) e4m3 + b_scale (G, N, K/32), offs (G) int32, optional
+// bias (G, N), out (M, N) bf16/f32, dense, sharing no memory with an input; all on a's device.
+// Checked in this order, one message each (api.cpp).
+GroupedMMArgs check_grouped_mm(const mxmoe_tensor* a, const mxmoe_tensor* a_scale, const mxmoe_tensor* b,
+                               const mxmoe_tensor* b_scale, const mxmoe_tensor* offs, const mxmoe_tensor* bias,
+                               mxmoe_tensor* out, void* stream);
+
+// Operands of the grouped GEMM with groups along the tokens (wgrad; mxmoe_grouped_mm_mx_kgroups,
+// mxmoe_grouped_mm_tile128_kgroups): a (N, M) and b (K, M) e4m3, a_scale (N, cap) and b_scale (K, cap)
+// grouped compact along the M tokens, offs (G), out (G, N, K) bf16/f32, dense, no overlap.
+GroupedMMKArgs check_grouped_mm_kgroups(const mxmoe_tensor* a, const mxmoe_tensor* a_scale, const mxmoe_tensor* b,
+                                        const mxmoe_tensor* b_scale, const mxmoe_tensor* offs, mxmoe_tensor* out,
+                                        void* stream);
 
 }  // namespace api
 }  // namespace mxmoe

@@ -156,8 +156,10 @@ struct BlockedFix {
   std::vector<Guarded*> outputs() { return {&out_scale, &out_blocked}; }
 };
 
-// out (64, 32) = a (64, 64) . b[g] (32, 64)^T over two groups.
-struct GemmFix {
+// out (64, 32) = a (64, 64) . b[g] (32, 64)^T over two groups; through mxmoe_grouped_mm_mx or the
+// tile128 entry point (host tensors: the same operand checks, no workspace).
+template <bool Tile128>
+struct GemmFixT {
   Buffer a = random_bytes({64, 64}, MXMOE_DTYPE_E4M3, 6, 0, 0x7E);
   Buffer as = random_bytes({64, 2}, MXMOE_DTYPE_E8M0, 7, 110, 140);
   Buffer b = random_bytes({2, 32, 64}, MXMOE_DTYPE_E4M3, 8, 0, 0x7E);
@@ -168,12 +170,18 @@ struct GemmFix {
   mxmoe_tensor av = a.view(), asv = as.view(), bv = b.view(), bsv = bs.view(), ov = offs_buf.view(),
                biasv = bias.view(), outv = out.view();
   mxmoe_tensor *pa = &av, *pas = &asv, *pb = &bv, *pbs = &bsv, *poffs = &ov, *pbias = &biasv, *pout = &outv;
-  mxmoe_status call() { return mxmoe_grouped_mm_mx(pa, pas, pb, pbs, poffs, pbias, pout, nullptr); }
+  mxmoe_status call() {
+    return Tile128 ? mxmoe_grouped_mm_tile128(pa, pas, pb, pbs, poffs, pbias, pout, nullptr, nullptr)
+                   : mxmoe_grouped_mm_mx(pa, pas, pb, pbs, poffs, pbias, pout, nullptr);
+  }
   std::vector<Guarded*> outputs() { return {&out}; }
 };
+using GemmFix = GemmFixT<false>;
 
-// out (2, 32, 16) = per group of the 64 tokens, a (32, 64) . b (16, 64)^T; cap = 2 + 2.
-struct KGemmFix {
+// out (2, 32, 16) = per group of the 64 tokens, a (32, 64) . b (16, 64)^T; cap = 2 + 2; through
+// mxmoe_grouped_mm_mx_kgroups or the tile128 entry point.
+template <bool Tile128>
+struct KGemmFixT {
   Buffer a = random_bytes({32, 64}, MXMOE_DTYPE_E4M3, 11, 0, 0x7E);
   Buffer as = random_bytes({32, 4}, MXMOE_DTYPE_E8M0, 12, 110, 140);
   Buffer b = random_bytes({16, 64}, MXMOE_DTYPE_E4M3, 13, 0, 0x7E);
@@ -182,9 +190,13 @@ struct KGemmFix {
   Guarded out{{2, 32, 16}, MXMOE_DTYPE_F32};
   mxmoe_tensor av = a.view(), asv = as.view(), bv = b.view(), bsv = bs.view(), ov = offs_buf.view(), outv = out.view();
   mxmoe_tensor *pa = &av, *pas = &asv, *pb = &bv, *pbs = &bsv, *poffs = &ov, *pout = &outv;
-  mxmoe_status call() { return mxmoe_grouped_mm_mx_kgroups(pa, pas, pb, pbs, poffs, pout, nullptr); }
+  mxmoe_status call() {
+    return Tile128 ? mxmoe_grouped_mm_tile128_kgroups(pa, pas, pb, pbs, poffs, pout, nullptr, nullptr)
+                   : mxmoe_grouped_mm_mx_kgroups(pa, pas, pb, pbs, poffs, pout, nullptr);
+  }
   std::vector<Guarded*> outputs() { return {&out}; }
 };
+using KGemmFix = KGemmFixT<false>;
 
 struct CheckOffsetsFix {
   Buffer offs_buf = mxtest::offsets({0, 10, 10, 64});
@@ -359,9 +371,9 @@ std::vector<Case<BlockedFix<To>>> blocked_cases() {
 TEST(Validation, ScalesToBlocked) { expect_all_rejected<BlockedFix<true>>(blocked_cases<true>()); }
 TEST(Validation, ScalesFromBlocked) { expect_all_rejected<BlockedFix<false>>(blocked_cases<false>()); }
 
-TEST(Validation, GroupedMM) {
-  using F = GemmFix;
-  expect_all_rejected<F>({
+template <typename F>
+std::vector<Case<F>> gemm_cases() {
+  return {
       {"a NULL", [](F& f) { f.pa = nullptr; }, "a"},
       {"a bf16", [](F& f) { f.av.dtype = MXMOE_DTYPE_BF16; }, "a"},
       {"a 3-D", [](F& f) { set_shape(f.av, {1, 64, 64}); }, "a"},
@@ -397,12 +409,15 @@ TEST(Validation, GroupedMM) {
       {"out overlaps b_scale", [](F& f) { f.bsv.data = f.out.body() + 4000; }, "out"},
       {"out overlaps offs", [](F& f) { f.ov.data = f.out.body() + 8; }, "out"},
       {"out overlaps bias", [](F& f) { f.biasv.data = f.out.body(); }, "out"},
-  });
+  };
 }
 
-TEST(Validation, GroupedMMKGroups) {
-  using F = KGemmFix;
-  expect_all_rejected<F>({
+TEST(Validation, GroupedMM) { expect_all_rejected<GemmFixT<false>>(gemm_cases<GemmFixT<false>>()); }
+TEST(Validation, GroupedMMTile128) { expect_all_rejected<GemmFixT<true>>(gemm_cases<GemmFixT<true>>()); }
+
+template <typename F>
+std::vector<Case<F>> kgemm_cases() {
+  return {
       {"a NULL", [](F& f) { f.pa = nullptr; }, "a"},
       {"a f32", [](F& f) { f.av.dtype = MXMOE_DTYPE_F32; }, "a"},
       {"a 3-D", [](F& f) { set_shape(f.av, {1, 32, 64}); }, "a"},
@@ -432,7 +447,12 @@ TEST(Validation, GroupedMMKGroups) {
       {"out overlaps b", [](F& f) { f.bv.data = f.out.body(); }, "out"},
       {"out overlaps a_scale", [](F& f) { f.asv.data = f.out.body() + 100; }, "out"},
       {"out overlaps offs", [](F& f) { f.ov.data = f.out.body(); }, "out"},
-  });
+  };
+}
+
+TEST(Validation, GroupedMMKGroups) { expect_all_rejected<KGemmFixT<false>>(kgemm_cases<KGemmFixT<false>>()); }
+TEST(Validation, GroupedMMTile128KGroups) {
+  expect_all_rejected<KGemmFixT<true>>(kgemm_cases<KGemmFixT<true>>());
 }
 
 TEST(Validation, CheckOffsets) {
