@@ -280,9 +280,12 @@ def grouped_mm_mx(
     return out
 
 
-@grouped_mm_mx.register_fake
-def _(a, a_scale, b, b_scale, offs, bias, out_dtype):
+def _rows_grouped_fake(a, a_scale, b, b_scale, offs, bias, out_dtype):
+    """(M, N): the output of a grouped GEMM with groups of a's rows (grouped_mm_mx, grouped_mm_tile128)."""
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+
+
+grouped_mm_mx.register_fake(_rows_grouped_fake)
 
 
 @torch.library.custom_op("mxmoe::grouped_mm_mx_kgroups", mutates_args=())
@@ -307,9 +310,12 @@ def grouped_mm_mx_kgroups(
     return out
 
 
-@grouped_mm_mx_kgroups.register_fake
-def _(a, a_scale, b, b_scale, offs, out_dtype):
+def _token_grouped_fake(a, a_scale, b, b_scale, offs, out_dtype):
+    """(G, N, K): the output of a grouped GEMM with groups along the tokens (the *_kgroups ops)."""
     return a.new_empty((offs.shape[0], a.shape[0], b.shape[0]), dtype=out_dtype)
+
+
+grouped_mm_mx_kgroups.register_fake(_token_grouped_fake)
 
 
 # ---- checked mode -----------------------------------------------------------------------------------
@@ -409,6 +415,15 @@ def _(x, offs, row_block, col_block, tile128, mode, row_outputs, col_outputs, dq
     return _fused_outputs(x, offs, row_outputs, col_outputs, dq_dtype, lambda s, d: x.new_empty(s, dtype=d))
 
 
+def quantize_fused_sides(x: Tensor, offs: Optional[Tensor], row_block: int, col_block: int, tile128: bool,
+                         mode: int, row_outputs: int, col_outputs: int, dq_dtype: torch.dtype = torch.bfloat16):
+    """quantize_fused (through ``call``) on a contiguous x, as (row side, column side): each a dict
+    q / qt / scale / scale_blocked / dq / dqt -> tensor (the ones not asked for are empty)."""
+    outs = call(quantize_fused, x.contiguous(), offs, row_block, col_block, tile128, mode, row_outputs,
+                col_outputs, dq_dtype)
+    return dict(zip(_FUSED_NAMES, outs[:6])), dict(zip(_FUSED_NAMES, outs[6:]))
+
+
 # ---- private: torch._grouped_mm in fp32 behind an op boundary ---------------------------------------
 # torch._grouped_mm computes fp32 on CPU in eager mode, but its fake (meta) kernel insists on bf16
 # operands, so tracing an fp32 call under torch.compile fails. The emulated backend computes on CPU
@@ -483,9 +498,7 @@ def grouped_mm_tile128(
     return out
 
 
-@grouped_mm_tile128.register_fake
-def _(a, a_scale, b, b_scale, offs, bias, out_dtype):
-    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+grouped_mm_tile128.register_fake(_rows_grouped_fake)
 
 
 @torch.library.custom_op("mxmoe::grouped_mm_tile128_kgroups", mutates_args=())
@@ -513,9 +526,7 @@ def grouped_mm_tile128_kgroups(
     return out
 
 
-@grouped_mm_tile128_kgroups.register_fake
-def _(a, a_scale, b, b_scale, offs, out_dtype):
-    return a.new_empty((offs.shape[0], a.shape[0], b.shape[0]), dtype=out_dtype)
+grouped_mm_tile128_kgroups.register_fake(_token_grouped_fake)
 
 
 @torch.library.custom_op("mxmoe::zero_rows_past_groups", mutates_args=("x",))

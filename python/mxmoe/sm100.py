@@ -72,15 +72,6 @@ def _round_up(x, n):
     return (x + n - 1) // n * n
 
 
-def _fused(x: Tensor, offs, row_block: int, col_block: int, tile128: bool, mode: int, row_bits: int,
-           col_bits: int):
-    """(row side, col side) of one fused quantization pass, each a dict name -> output tensor."""
-    outs = ops.call(ops.quantize_fused, x.contiguous(), offs, row_block, col_block, tile128, mode, row_bits,
-                    col_bits, BF16)
-    names = ("q", "qt", "scale", "scale_blocked", "dq", "dqt")
-    return dict(zip(names, outs[:6])), dict(zip(names, outs[6:]))
-
-
 # ---- the three GEMMs --------------------------------------------------------------------------------
 
 
@@ -190,15 +181,15 @@ class Sm100Backend(Backend):
             a_col = None
             if want_a_col:
                 a_hp = ops.call(ops.dequantize, a_q, a_s, 1, None, BF16)
-                _, a_col = _fused(a_hp, ends, 32, wgrad_block, False, mode, 0, QT | SB)
+                _, a_col = ops.quantize_fused_sides(a_hp, ends, 32, wgrad_block, False, mode, 0, QT | SB)
         else:
-            a_row, a_col = _fused(a, ends, recipe.a_block, wgrad_block, False, mode, Q | SB,
-                                  (QT | SB) if want_a_col else 0)
+            a_row, a_col = ops.quantize_fused_sides(a, ends, recipe.a_block, wgrad_block, False, mode, Q | SB,
+                                                    (QT | SB) if want_a_col else 0)
             a_q, a_blocked = a_row["q"], a_row["scale_blocked"]
         if recipe.w_tile128:
-            w_row, w_col = _fused(w, None, 128, 128, True, mode, Q | SB, QT | SB)
+            w_row, w_col = ops.quantize_fused_sides(w, None, 128, 128, True, mode, Q | SB, QT | SB)
         else:  # 1x32 along K (forward), 32x1 along N (dgrad)
-            w_row, w_col = _fused(w, None, 32, 32, False, mode, Q | SB, QT | SB)
+            w_row, w_col = ops.quantize_fused_sides(w, None, 32, 32, False, mode, Q | SB, QT | SB)
         # Forward: B[g] = W[g] (N, K) along K. Saved: W along N as qt (G, K, N), the dgrad operand, and
         # A along the tokens (FP8, half of A's bytes), the wgrad operand.
         out = _mm_rows(a_q, a_blocked, w_row["q"], w_row["scale_blocked"], ends)
@@ -213,8 +204,9 @@ class Sm100Backend(Backend):
         fp8_wgrad = need_dw and not recipe.wgrad_hp
         dy_row = dy_col = None
         if need_da or fp8_wgrad:
-            dy_row, dy_col = _fused(dy, ends, recipe.dy_block, recipe.wgrad_block or 32, False, recipe.mode,
-                                    (Q | SB) if need_da else 0, (QT | SB) if fp8_wgrad else 0)
+            dy_row, dy_col = ops.quantize_fused_sides(dy, ends, recipe.dy_block, recipe.wgrad_block or 32, False,
+                                                      recipe.mode, (Q | SB) if need_da else 0,
+                                                      (QT | SB) if fp8_wgrad else 0)
         da = dw = None
         if need_da:
             # dA = dY W_g: B[g] = W[g]^T (K, N) along N, i.e. w_qt.

@@ -27,15 +27,6 @@ Q, QT, S, DQ = ops.FUSED_Q, ops.FUSED_QT, ops.FUSED_SCALE, ops.FUSED_DQ
 BF16 = torch.bfloat16
 
 
-def _fused(x: Tensor, offs, row_block: int, col_block: int, tile128: bool, mode: int, row_bits: int,
-           col_bits: int):
-    """(row side, col side) of one fused pass, each a dict name -> tensor of the outputs asked for."""
-    outs = ops.call(ops.quantize_fused, x.contiguous(), offs, row_block, col_block, tile128, mode, row_bits,
-                    col_bits, BF16)
-    names = ("q", "qt", "scale", "scale_blocked", "dq", "dqt")
-    return dict(zip(names, outs[:6])), dict(zip(names, outs[6:]))
-
-
 def _mm_rows(a: Tensor, b: Tensor, offs: Tensor) -> Tensor:
     """bf16 torch._grouped_mm, 2D x 3D with row groups, rows past the groups zeroed (by a kernel that
     touches only them), as an opaque op so torch.compile keeps torch's kernel."""
@@ -73,8 +64,8 @@ class Sm90Backend(Backend):
 
     def _forward_exact(self, a, w, offs, bias, recipe, out_dtype, want_a_col):
         m = recipe.mode
-        a_row, a_col = _fused(a, offs, 32, 32, False, m, DQ, (Q | S) if want_a_col else 0)
-        w_row, w_col = _fused(w, None, 32, 32, False, m, DQ, Q | S)
+        a_row, a_col = ops.quantize_fused_sides(a, offs, 32, 32, False, m, DQ, (Q | S) if want_a_col else 0)
+        w_row, w_col = ops.quantize_fused_sides(w, None, 32, 32, False, m, DQ, Q | S)
         out = _mm_rows(a_row["dq"], w_row["dq"].transpose(-2, -1), offs)
         out = cast(_add_bias(out, bias, offs), out_dtype)
         # Saved: W along N (FP8, dgrad) and A along M per group (FP8, wgrad).
@@ -83,9 +74,9 @@ class Sm90Backend(Backend):
 
     def _forward_tile128(self, a, w, offs, bias, recipe, out_dtype, want_a_col):
         m = recipe.mode
-        a_row, a_col = _fused(a, offs, 128, 128, False, m, Q | S, (QT | S) if want_a_col else 0)
+        a_row, a_col = ops.quantize_fused_sides(a, offs, 128, 128, False, m, Q | S, (QT | S) if want_a_col else 0)
         # One 128x128 quantization of W: q/scale (forward) and qt/scale (dgrad) from the same pass.
-        w_row, w_col = _fused(w, None, 128, 128, True, m, Q | S, QT | S)
+        w_row, w_col = ops.quantize_fused_sides(w, None, 128, 128, True, m, Q | S, QT | S)
         out = ops.call(ops.grouped_mm_tile128, a_row["q"], a_row["scale"], w_row["q"], w_row["scale"], offs, bias,
                        out_dtype)
         return out, (w_col["qt"], w_col["scale"], a_col["qt"] if want_a_col else None,
@@ -105,7 +96,7 @@ class Sm90Backend(Backend):
             row_bits, col_bits = DQ if need_da else 0, DQ if fp8_wgrad else 0
         dy_row = dy_col = None
         if row_bits or col_bits:
-            dy_row, dy_col = _fused(dy, offs, block, block, False, m, row_bits, col_bits)
+            dy_row, dy_col = ops.quantize_fused_sides(dy, offs, block, block, False, m, row_bits, col_bits)
         da = dw = None
         if need_da:
             if tile:
