@@ -360,6 +360,22 @@ __device__ __forceinline__ void codes_by_column(const uint2 (&q)[4], uint32_t (&
   w[7][0] = __byte_perm(d01, d23, 0x7632);
 }
 
+// A thread's round-trip values (4 rows x 8 columns) as the words of its 8 transposed rows: per
+// column 4 fp32 (canonical NaN) or 2 bf16x2 (rows 0-1, 2-3).
+__device__ __forceinline__ void dqt_words(const float (&v)[4][8], uint32_t (&w)[8][4]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[j][i] = __float_as_uint(canon_f32(v[i][j]));
+}
+__device__ __forceinline__ void dqt_words(const float (&v)[4][8], uint32_t (&w)[8][2]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    w[j][0] = pack_bf16x2(v[0][j], v[1][j]);
+    w[j][1] = pack_bf16x2(v[2][j], v[3][j]);
+  }
+}
+
 // ---- tiles -------------------------------------------------------------------------------------------
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
   const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -659,18 +675,11 @@ __device__ __forceinline__ void process_tile(const Params& P, Smem& sm, uint32_t
       }
       if (S.dqt_f32) {
         uint32_t w[8][4];
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) w[j][i] = __float_as_uint(canon_f32(v[i][j]));
+        dqt_words(v, w);
         transpose_store<4>(dsm, static_cast<uint8_t*>(S.dqt) + (xcol0 * P.R + r0) * 4, P.R, rows, cols, w);
       } else {
         uint32_t w[8][2];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          w[j][0] = pack_bf16x2(v[0][j], v[1][j]);
-          w[j][1] = pack_bf16x2(v[2][j], v[3][j]);
-        }
+        dqt_words(v, w);
         transpose_store<2>(dsm, static_cast<uint8_t*>(S.dqt) + (xcol0 * P.R + r0) * 2, P.R, rows, cols, w);
       }
     }
@@ -1095,18 +1104,11 @@ __device__ __forceinline__ void process_slab(const Params& P, SlabSmem& sm, uint
       }
       if (S.dqt_f32) {
         uint32_t w[8][4];
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) w[j][i] = __float_as_uint(canon_f32(v[i][j]));
+        dqt_words(v, w);
         transpose_slab<4>(dsm, static_cast<uint8_t*>(S.dqt) + (xcol0 * P.R + r0) * 4, P.R, rows, cols, w);
       } else {
         uint32_t w[8][2];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          w[j][0] = pack_bf16x2(v[0][j], v[1][j]);
-          w[j][1] = pack_bf16x2(v[2][j], v[3][j]);
-        }
+        dqt_words(v, w);
         transpose_slab<2>(dsm, static_cast<uint8_t*>(S.dqt) + (xcol0 * P.R + r0) * 2, P.R, rows, cols, w);
       }
     }
