@@ -55,30 +55,34 @@ inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 #if defined(__CUDACC__)
 
 // Launches a persistent kernel (CTAs loop over the work items): at most `work` CTAs and no more than
-// fit on the device at once. The occupancy query, the SM count and the shared-memory opt-in (above
-// 48 KB) run once per kernel, device and shared-memory size, not on every call (each costs
-// microseconds of host time per launch). Throws UNSUPPORTED when one CTA does not fit.
+// fit on the device at once. The occupancy query and the SM count run once per kernel, device and
+// shared-memory size, and the shared-memory opt-in (above 48 KB) only raises a kernel's limit, not
+// on every call (each costs microseconds of host time per launch). The opt-in is a per-kernel
+// maximum: it is never lowered, or a later launch with more shared memory would fail. Throws
+// UNSUPPORTED when one CTA does not fit.
 template <typename P>
 void launch_persistent(void (*kernel)(P), int threads, int smem, int device, long long work, cudaStream_t stream,
                        const P& params, const char* what) {
   static std::mutex mu;
   static std::map<std::tuple<const void*, int, int, int>, long long> fits;  // -> CTAs on the device
+  static std::map<std::tuple<const void*, int>, int> opted_in;              // -> dynamic smem allowed
+  const void* fn = reinterpret_cast<const void*>(kernel);
   long long ctas = 0;
   {
     std::lock_guard<std::mutex> lock(mu);
-    auto it = fits.find({reinterpret_cast<const void*>(kernel), threads, smem, device});
+    if (smem > 48 * 1024) {
+      int& allowed = opted_in[{fn, device}];
+      if (smem > allowed) {
+        cuda_check(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), what);
+        allowed = smem;
+      }
+    }
+    auto it = fits.find({fn, threads, smem, device});
     if (it == fits.end()) {
-      if (smem > 48 * 1024)
-        cuda_check(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        smem),
-                   what);
       int blocks = 0, sms = 0;
-      cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, reinterpret_cast<const void*>(kernel), threads,
-                                                               smem),
-                 what);
+      cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, threads, smem), what);
       cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), what);
-      it = fits.emplace(std::make_tuple(reinterpret_cast<const void*>(kernel), threads, smem, device),
-                        static_cast<long long>(blocks) * sms).first;
+      it = fits.emplace(std::make_tuple(fn, threads, smem, device), static_cast<long long>(blocks) * sms).first;
     }
     ctas = it->second;
   }
