@@ -8,9 +8,6 @@
 
 #include <climits>
 #include <cstdint>
-#include <map>
-#include <mutex>
-#include <tuple>
 
 #include "common/error.hpp"
 #include "mxmoe/mx_format.hpp"
@@ -53,44 +50,6 @@ inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // ---- device side ---------------------------------------------------------------------------------
 #if defined(__CUDACC__)
-
-// Launches a persistent kernel (CTAs loop over the work items): at most `work` CTAs and no more than
-// fit on the device at once. The occupancy query and the SM count run once per kernel, device and
-// shared-memory size, and the shared-memory opt-in (above 48 KB) only raises a kernel's limit, not
-// on every call (each costs microseconds of host time per launch). The opt-in is a per-kernel
-// maximum: it is never lowered, or a later launch with more shared memory would fail. Throws
-// UNSUPPORTED when one CTA does not fit.
-template <typename P>
-void launch_persistent(void (*kernel)(P), int threads, int smem, int device, long long work, cudaStream_t stream,
-                       const P& params, const char* what) {
-  static std::mutex mu;
-  static std::map<std::tuple<const void*, int, int, int>, long long> fits;  // -> CTAs on the device
-  static std::map<std::tuple<const void*, int>, int> opted_in;              // -> dynamic smem allowed
-  const void* fn = reinterpret_cast<const void*>(kernel);
-  long long ctas = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (smem > 48 * 1024) {
-      int& allowed = opted_in[{fn, device}];
-      if (smem > allowed) {
-        cuda_check(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), what);
-        allowed = smem;
-      }
-    }
-    auto it = fits.find({fn, threads, smem, device});
-    if (it == fits.end()) {
-      int blocks = 0, sms = 0;
-      cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, threads, smem), what);
-      cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), what);
-      it = fits.emplace(std::make_tuple(fn, threads, smem, device), static_cast<long long>(blocks) * sms).first;
-    }
-    ctas = it->second;
-  }
-  if (ctas < 1) fail_status(MXMOE_ERR_UNSUPPORTED, what, ": kernel does not fit on the device");
-  const long long grid = work < ctas ? work : ctas;
-  kernel<<<static_cast<unsigned>(grid), threads, smem, stream>>>(params);
-  cuda_check(cudaGetLastError(), what);
-}
 
 constexpr unsigned kFull = 0xFFFFFFFFu;
 

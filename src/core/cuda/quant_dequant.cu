@@ -259,8 +259,13 @@ void dequantize(const DequantizeArgs& a) {
   if (p.axis == 1 && p.offs == nullptr && aligned(p.q, 16) && aligned(p.out, 16) && p.C % 32 == 0) {
     DqRowParams rp{p.q, p.scale, p.out, p.f32, B * p.R * p.C / 8};
     DeviceGuard guard(a.q.device);
-    launch_persistent(dequant_rows_kernel, 256, 0, a.q.device, cdiv(rp.nunits, 8 * 32 * 8),
-                      static_cast<cudaStream_t>(a.stream), rp, "dequantize");
+    int blocks = 0, sms = 0;
+    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, dequant_rows_kernel, 256, 0), "dequantize: occupancy");
+    cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a.q.device), "dequantize: attribute");
+    const long long need = cdiv(rp.nunits, 8 * 32 * 8);
+    const long long g = std::max(1LL, std::min(need, static_cast<long long>(std::max(1, blocks)) * sms));
+    dequant_rows_kernel<<<static_cast<unsigned>(g), 256, 0, static_cast<cudaStream_t>(a.stream)>>>(rp);
+    cuda_check(cudaGetLastError(), "dequantize: kernel launch");
     return;
   }
   if (grid > 0x7FFFFFFFLL) fail_status(MXMOE_ERR_UNSUPPORTED, "dequantize: tensor too large for one launch");

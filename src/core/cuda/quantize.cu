@@ -75,7 +75,7 @@ constexpr int kMaxTable = 512;  // groups whose table fits in shared memory (els
 
 struct Smem {
   ScanSmem scan;
-  ScanTotals tot;  // grouped requests: rows covered, 128-row panels, 32-row runs
+  long long covered, tot_panels;
   long long g_start, g_end, g_p0, g_b0, g_np;
   int found;
   uint8_t tile_byte;
@@ -83,43 +83,6 @@ struct Smem {
   uint32_t srow[128];  // rowwise scale bytes of the tile: 4 per row (one per 32 columns)
   uint32_t scol[128];  // columnwise scale bytes: 4 per column (one per 32-row run)
 };
-
-constexpr int kTableBytes = 3 * kMaxTable * 4;  // the group table in shared memory
-
-// Grouped requests, once per CTA before any tile: scan offs (clamped like groups_from_offsets),
-// fill the group table (start row, first 128-row panel, first 32-row run of each group) when
-// `fill`, and publish the totals in shared memory. Ends with a barrier.
-template <int NT>
-__device__ __forceinline__ void load_groups(const int32_t* offs, long long ostride, int G, long long R, bool fill,
-                                            int* table, ScanSmem& scan, ScanTotals& tot) {
-  const ScanTotals t = scan_groups<NT>(offs, ostride, G, R, 0, scan, [&](const GroupInfo& gi) {
-    if (fill) {
-      table[gi.g] = static_cast<int>(gi.start);
-      table[kMaxTable + gi.g] = static_cast<int>(gi.p0);
-      table[2 * kMaxTable + gi.g] = static_cast<int>(gi.b0);
-    }
-  });
-  if (threadIdx.x == 0) tot = t;
-  __syncthreads();
-}
-
-// Grouped requests: the output bytes no tile writes (grouped scale_r entries past the last run, the
-// blocked buffers past the last 128-row panel), split over all CTAs.
-template <int NT>
-__device__ __forceinline__ void zero_unwritten(const Params& P, const ScanTotals& tot) {
-  if (P.col_on && P.col.scale != nullptr && P.n_r > tot.blocks) {
-    long long lo, hi;
-    grid_share(P.C, lo, hi);
-    for (long long c = lo; c < hi; ++c) zero_bytes_cta<NT>(P.col.scale + c * P.n_r, tot.blocks, P.n_r);
-  }
-  const long long from = tot.panels * 512 * ((P.C + 127) / 128);  // one 512-byte block per 128x128 tile
-  for (const SideP* side : {P.row_on ? &P.row : nullptr, P.col_on ? &P.col : nullptr}) {
-    if (side == nullptr || side->blocked == nullptr) continue;
-    long long lo, hi;
-    grid_share(max(0LL, side->blocked_size - from), lo, hi, 16);
-    zero_bytes_cta<NT>(side->blocked, from + lo, from + hi);
-  }
-}
 
 // One tile: rows [r0, r1) of batch entry b, columns [128 ct, +128).
 struct TileInfo {
@@ -360,22 +323,6 @@ __device__ __forceinline__ void codes_by_column(const uint2 (&q)[4], uint32_t (&
   w[7][0] = __byte_perm(d01, d23, 0x7632);
 }
 
-// A thread's round-trip values (4 rows x 8 columns) as the words of its 8 transposed rows: per
-// column 4 fp32 (canonical NaN) or 2 bf16x2 (rows 0-1, 2-3).
-__device__ __forceinline__ void dqt_words(const float (&v)[4][8], uint32_t (&w)[8][4]) {
-#pragma unroll
-  for (int j = 0; j < 8; ++j)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) w[j][i] = __float_as_uint(canon_f32(v[i][j]));
-}
-__device__ __forceinline__ void dqt_words(const float (&v)[4][8], uint32_t (&w)[8][2]) {
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    w[j][0] = pack_bf16x2(v[0][j], v[1][j]);
-    w[j][1] = pack_bf16x2(v[2][j], v[3][j]);
-  }
-}
-
 // ---- tiles -------------------------------------------------------------------------------------------
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
   const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -425,7 +372,7 @@ __device__ __forceinline__ TileInfo resolve(const Params& P, Smem& sm, const int
     long long start = 0, end = 0, p0 = 0, b0 = 0, np = 0;
     bool found = false;
     if (P.table) {
-      if (t.p < sm.tot.panels) {
+      if (t.p < sm.tot_panels) {
         const int* tstart = table;
         const int* tp0 = table + kMaxTable;
         const int* tb0 = table + 2 * kMaxTable;
@@ -436,10 +383,10 @@ __device__ __forceinline__ TileInfo resolve(const Params& P, Smem& sm, const int
           else hi = mid;
         }
         start = tstart[lo];
-        end = lo + 1 < P.G ? tstart[lo + 1] : sm.tot.covered;
+        end = lo + 1 < P.G ? tstart[lo + 1] : sm.covered;
         p0 = tp0[lo];
         b0 = tb0[lo];
-        np = (lo + 1 < P.G ? tp0[lo + 1] : sm.tot.panels) - p0;
+        np = (lo + 1 < P.G ? tp0[lo + 1] : sm.tot_panels) - p0;
         found = true;
       }
     } else {
@@ -471,7 +418,7 @@ __device__ __forceinline__ TileInfo resolve(const Params& P, Smem& sm, const int
       t.gnp = static_cast<int>(np);
       t.in_group = true;
     } else {
-      const long long r0 = sm.tot.covered + 128 * (t.p - sm.tot.panels);
+      const long long r0 = sm.covered + 128 * (t.p - sm.tot_panels);
       t.r0 = static_cast<int>(min(r0, static_cast<long long>(P.R)));
       t.r1 = static_cast<int>(min(static_cast<long long>(P.R), r0 + 128));
       t.in_group = false;
@@ -675,11 +622,18 @@ __device__ __forceinline__ void process_tile(const Params& P, Smem& sm, uint32_t
       }
       if (S.dqt_f32) {
         uint32_t w[8][4];
-        dqt_words(v, w);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) w[j][i] = __float_as_uint(canon_f32(v[i][j]));
         transpose_store<4>(dsm, static_cast<uint8_t*>(S.dqt) + (xcol0 * P.R + r0) * 4, P.R, rows, cols, w);
       } else {
         uint32_t w[8][2];
-        dqt_words(v, w);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          w[j][0] = pack_bf16x2(v[0][j], v[1][j]);
+          w[j][1] = pack_bf16x2(v[2][j], v[3][j]);
+        }
         transpose_store<2>(dsm, static_cast<uint8_t*>(S.dqt) + (xcol0 * P.R + r0) * 2, P.R, rows, cols, w);
       }
     }
@@ -768,8 +722,35 @@ __global__ void __launch_bounds__(NT, 2) quant_tile_kernel(const __grid_constant
 
   // ---- setup: groups (once per CTA), then what no tile writes ----
   if (P.grouped) {
-    load_groups<NT>(P.offs, P.offs_stride, P.G, P.R, P.table, table, sm.scan, sm.tot);
-    zero_unwritten<NT>(P, sm.tot);
+    const ScanTotals tot = scan_groups<NT>(P.offs, P.offs_stride, P.G, P.R, 0, sm.scan, [&](const GroupInfo& gi) {
+      if (P.table) {
+        table[gi.g] = static_cast<int>(gi.start);
+        table[kMaxTable + gi.g] = static_cast<int>(gi.p0);
+        table[2 * kMaxTable + gi.g] = static_cast<int>(gi.b0);
+      }
+    });
+    if (tid == 0) {
+      sm.covered = tot.covered;
+      sm.tot_panels = tot.panels;
+    }
+    // Unused grouped scale_r entries and the blocked tails, split over all CTAs (2D only).
+    if (P.col_on && P.col.scale != nullptr && P.n_r > tot.blocks) {
+      long long lo, hi;
+      grid_share(P.C, lo, hi);
+      for (long long c = lo; c < hi; ++c) zero_bytes_cta<NT>(P.col.scale + c * P.n_r, tot.blocks, P.n_r);
+    }
+    const long long from = tot.panels * 512 * P.ctiles;
+    if (P.row_on && P.row.blocked != nullptr) {
+      long long lo, hi;
+      grid_share(max(0LL, P.row.blocked_size - from), lo, hi, 16);
+      zero_bytes_cta<NT>(P.row.blocked, from + lo, from + hi);
+    }
+    if (P.col_on && P.col.blocked != nullptr) {
+      long long lo, hi;
+      grid_share(max(0LL, P.col.blocked_size - from), lo, hi, 16);
+      zero_bytes_cta<NT>(P.col.blocked, from + lo, from + hi);
+    }
+    __syncthreads();
   }
 
   if (S == 0) {
@@ -855,7 +836,7 @@ struct SlabInfo {
 
 struct SlabSmem {
   ScanSmem scan;
-  ScanTotals tot;  // grouped requests: rows covered, 128-row panels, 32-row runs
+  long long covered, tot_panels, tot_runs;
   uint32_t srow[32];   // rowwise scale bytes: 4 per row
   uint8_t scol[128];   // columnwise scale byte per column
 };
@@ -885,7 +866,7 @@ __device__ __forceinline__ SlabInfo resolve_slab(const PT& P, SlabSmem& sm, cons
     t.gnp = (P.R + 127) / 128;
     t.last = t.r1 == P.R;
     t.in_group = true;
-  } else if (t.p < sm.tot.blocks) {
+  } else if (t.p < sm.tot_runs) {
     const int* tstart = table;
     const int* tp0 = table + kMaxTable;
     const int* tb0 = table + 2 * kMaxTable;
@@ -896,9 +877,9 @@ __device__ __forceinline__ SlabInfo resolve_slab(const PT& P, SlabSmem& sm, cons
       else hi = mid;
     }
     const long long start = tstart[lo];
-    const long long end = lo + 1 < P.G ? tstart[lo + 1] : sm.tot.covered;
+    const long long end = lo + 1 < P.G ? tstart[lo + 1] : sm.covered;
     const int j = t.p - tb0[lo];
-    const int nruns = (lo + 1 < P.G ? tb0[lo + 1] : static_cast<int>(sm.tot.blocks)) - tb0[lo];
+    const int nruns = (lo + 1 < P.G ? tb0[lo + 1] : static_cast<int>(sm.tot_runs)) - tb0[lo];
     t.r0 = static_cast<int>(start + 32LL * j);
     t.r1 = static_cast<int>(min(end, static_cast<long long>(t.r0) + 32));
     t.run = t.p;
@@ -906,10 +887,10 @@ __device__ __forceinline__ SlabInfo resolve_slab(const PT& P, SlabSmem& sm, cons
     t.q = j & 3;
     t.last = j == nruns - 1;
     t.gp0 = tp0[lo];
-    t.gnp = (lo + 1 < P.G ? tp0[lo + 1] : static_cast<int>(sm.tot.panels)) - tp0[lo];
+    t.gnp = (lo + 1 < P.G ? tp0[lo + 1] : static_cast<int>(sm.tot_panels)) - tp0[lo];
     t.in_group = true;
   } else {
-    const long long r0 = sm.tot.covered + 32LL * (t.p - sm.tot.blocks);
+    const long long r0 = sm.covered + 32LL * (t.p - sm.tot_runs);
     t.r0 = static_cast<int>(min(r0, static_cast<long long>(P.R)));
     t.r1 = static_cast<int>(min(static_cast<long long>(P.R), r0 + 32));
     t.in_group = false;
@@ -1104,11 +1085,18 @@ __device__ __forceinline__ void process_slab(const Params& P, SlabSmem& sm, uint
       }
       if (S.dqt_f32) {
         uint32_t w[8][4];
-        dqt_words(v, w);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) w[j][i] = __float_as_uint(canon_f32(v[i][j]));
         transpose_slab<4>(dsm, static_cast<uint8_t*>(S.dqt) + (xcol0 * P.R + r0) * 4, P.R, rows, cols, w);
       } else {
         uint32_t w[8][2];
-        dqt_words(v, w);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          w[j][0] = pack_bf16x2(v[0][j], v[1][j]);
+          w[j][1] = pack_bf16x2(v[2][j], v[3][j]);
+        }
         transpose_slab<2>(dsm, static_cast<uint8_t*>(S.dqt) + (xcol0 * P.R + r0) * 2, P.R, rows, cols, w);
       }
     }
@@ -1175,8 +1163,33 @@ __global__ void __launch_bounds__(NS, 6) quant_slab_kernel(const __grid_constant
   __shared__ SlabSmem sm;
   const int tid = threadIdx.x;
   if (P.grouped) {
-    load_groups<NS>(P.offs, P.offs_stride, P.G, P.R, true, table, sm.scan, sm.tot);
-    zero_unwritten<NS>(P, sm.tot);
+    const ScanTotals tot = scan_groups<NS>(P.offs, P.offs_stride, P.G, P.R, 0, sm.scan, [&](const GroupInfo& gi) {
+      table[gi.g] = static_cast<int>(gi.start);
+      table[kMaxTable + gi.g] = static_cast<int>(gi.p0);
+      table[2 * kMaxTable + gi.g] = static_cast<int>(gi.b0);
+    });
+    if (tid == 0) {
+      sm.covered = tot.covered;
+      sm.tot_panels = tot.panels;
+      sm.tot_runs = tot.blocks;
+    }
+    if (P.col_on && P.col.scale != nullptr && P.n_r > tot.blocks) {
+      long long lo, hi;
+      grid_share(P.C, lo, hi);
+      for (long long c = lo; c < hi; ++c) zero_bytes_cta<NS>(P.col.scale + c * P.n_r, tot.blocks, P.n_r);
+    }
+    const long long from = tot.panels * 512 * P.ctiles;
+    if (P.row_on && P.row.blocked != nullptr) {
+      long long lo, hi;
+      grid_share(max(0LL, P.row.blocked_size - from), lo, hi, 16);
+      zero_bytes_cta<NS>(P.row.blocked, from + lo, from + hi);
+    }
+    if (P.col_on && P.col.blocked != nullptr) {
+      long long lo, hi;
+      grid_share(max(0LL, P.col.blocked_size - from), lo, hi, 16);
+      zero_bytes_cta<NS>(P.col.blocked, from + lo, from + hi);
+    }
+    __syncthreads();
   }
   for (long long tile = blockIdx.x; tile < P.tiles; tile += gridDim.x) {
     const SlabInfo t = resolve_slab(P, sm, table, tile);
@@ -1283,13 +1296,27 @@ template <int MINB, bool PIPE>
 __global__ void __launch_bounds__(NW, MINB) quant_warp_kernel(const __grid_constant__ Params P) {
   extern __shared__ uint4 dyn_smem_[];
   int* table = reinterpret_cast<int*>(dyn_smem_);
-  uint8_t* ring = reinterpret_cast<uint8_t*>(dyn_smem_) + (P.grouped ? kTableBytes : 0) +
+  uint8_t* ring = reinterpret_cast<uint8_t*>(dyn_smem_) + (P.grouped ? 3 * kMaxTable * 4 : 0) +
                   (threadIdx.x >> 5) * 2 * kWarpTileBytes;
   __shared__ SlabSmem sm;
   const int tid = threadIdx.x;
   if (P.grouped) {
-    load_groups<NW>(P.offs, P.offs_stride, P.G, P.R, true, table, sm.scan, sm.tot);
-    zero_unwritten<NW>(P, sm.tot);
+    const ScanTotals tot = scan_groups<NW>(P.offs, P.offs_stride, P.G, P.R, 0, sm.scan, [&](const GroupInfo& gi) {
+      table[gi.g] = static_cast<int>(gi.start);
+      table[kMaxTable + gi.g] = static_cast<int>(gi.p0);
+      table[2 * kMaxTable + gi.g] = static_cast<int>(gi.b0);
+    });
+    if (tid == 0) {
+      sm.covered = tot.covered;
+      sm.tot_panels = tot.panels;
+      sm.tot_runs = tot.blocks;
+    }
+    if (P.col_on && P.col.scale != nullptr && P.n_r > tot.blocks) {
+      long long lo, hi;
+      grid_share(P.C, lo, hi);
+      for (long long c = lo; c < hi; ++c) zero_bytes_cta<NW>(P.col.scale + c * P.n_r, tot.blocks, P.n_r);
+    }
+    __syncthreads();
   }
   const int lane = tid & 31, rh = lane >> 4, cq = lane & 15;
   const mxmoe_scale_mode mode = static_cast<mxmoe_scale_mode>(P.mode);
@@ -1494,7 +1521,19 @@ __global__ void __launch_bounds__(NW, MINB) dequant_warp_kernel(const __grid_con
   int* table = reinterpret_cast<int*>(dyn_smem_);
   __shared__ SlabSmem sm;
   const int tid = threadIdx.x;
-  if (P.grouped) load_groups<NW>(P.offs, P.offs_stride, P.G, P.R, true, table, sm.scan, sm.tot);
+  if (P.grouped) {
+    const ScanTotals tot = scan_groups<NW>(P.offs, P.offs_stride, P.G, P.R, 0, sm.scan, [&](const GroupInfo& gi) {
+      table[gi.g] = static_cast<int>(gi.start);
+      table[kMaxTable + gi.g] = static_cast<int>(gi.p0);
+      table[2 * kMaxTable + gi.g] = static_cast<int>(gi.b0);
+    });
+    if (tid == 0) {
+      sm.covered = tot.covered;
+      sm.tot_panels = tot.panels;
+      sm.tot_runs = tot.blocks;
+    }
+    __syncthreads();
+  }
   const int lane = tid & 31, rh = lane >> 4, cq = lane & 15;
   const long long warps = static_cast<long long>(gridDim.x) * (NW / 32);
   for (long long tile = static_cast<long long>(blockIdx.x) * (NW / 32) + (tid >> 5); tile < P.tiles; tile += warps) {
@@ -1639,38 +1678,50 @@ void fill_side(SideP& s, const OptTensor& q, const OptTensor& qt, const OptTenso
   s.sc_vec = s.scale == nullptr || (aligned(s.scale, 4) && (C / 32) % 4 == 0);
 }
 
-// Bytes per element of the widest transposed output (0: none), for the shared transpose buffers.
-int transposed_elem_bytes(const Params& p) {
+template <typename In>
+void launch_typed(Params& p, int device, cudaStream_t stream) {
+  if (p.tiles <= 0) return;
   int e = 0;
   for (const SideP* s : {&p.row, &p.col}) {
     if (s->qt) e = std::max(e, 1);
     if (s->dqt) e = std::max(e, s->dqt_f32 ? 4 : 2);
   }
-  return e;
-}
-
-template <typename In>
-void launch_typed(Params& p, int device, cudaStream_t stream) {
-  if (p.tiles <= 0) return;
-  p.tr_bytes = std::max(8192, transposed_elem_bytes(p) * 16384);
+  p.tr_bytes = std::max(8192, e * 16384);
   p.stage_bytes = 16 * Frag<In>::kChunks * NT;
-  const int table_bytes = p.table ? kTableBytes : 0;
+  const int table_bytes = p.table ? 3 * kMaxTable * 4 : 0;
+  int sms = 0;
+  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "quantize: device attribute");
+  auto occupancy = [&](auto kernel, int stages) {
+    const int smem = stages * p.stage_bytes + p.tr_bytes + table_bytes;
+    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+               "quantize: cudaFuncSetAttribute");
+    int blocks = 0;
+    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, NT, smem), "quantize: occupancy");
+    return blocks;
+  };
   // Default: direct register loads (stages = 0; measured faster than the cp.async pipeline, see
   // docs/perf/quantize.md). MXMOE_QUANT_STAGES=2|3 selects the cp.async pipeline (measurements).
   static const int forced = [] {
     const char* e = std::getenv("MXMOE_QUANT_STAGES");
     return e ? std::atoi(e) : 0;
   }();
-  p.stages = forced == 0 ? 0 : (forced == 3 ? 3 : 2);
-  if (p.stages == 3) {
-    int max_smem = 0;
-    cuda_check(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "quantize: attribute");
-    if (3 * p.stage_bytes + p.tr_bytes + table_bytes + static_cast<int>(sizeof(Smem)) > max_smem) p.stages = 2;
-  }
+  int max_smem = 0;
+  cuda_check(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "quantize: attribute");
+  const int fixed = p.tr_bytes + table_bytes + static_cast<int>(sizeof(Smem));
+  p.stages = forced;
+  if (p.stages == 3 && 3 * p.stage_bytes + fixed > max_smem) p.stages = 2;
+  if (p.stages != 0 && p.stages != 3) p.stages = 2;
+  int blocks = 0;
+  if (p.stages == 3) blocks = occupancy(quant_tile_kernel<In, 3>, 3);
+  else if (p.stages == 2) blocks = occupancy(quant_tile_kernel<In, 2>, 2);
+  else blocks = occupancy(quant_tile_kernel<In, 0>, 0);
+  if (blocks < 1) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: kernel does not fit on the device");
   const int smem = p.stages * p.stage_bytes + p.tr_bytes + table_bytes;
-  if (p.stages == 3) launch_persistent(quant_tile_kernel<In, 3>, NT, smem, device, p.tiles, stream, p, "quantize");
-  else if (p.stages == 2) launch_persistent(quant_tile_kernel<In, 2>, NT, smem, device, p.tiles, stream, p, "quantize");
-  else launch_persistent(quant_tile_kernel<In, 0>, NT, smem, device, p.tiles, stream, p, "quantize");
+  const long long grid = std::min<long long>(p.tiles, static_cast<long long>(blocks) * sms);
+  if (p.stages == 3) quant_tile_kernel<In, 3><<<static_cast<unsigned>(grid), NT, smem, stream>>>(p);
+  else if (p.stages == 2) quant_tile_kernel<In, 2><<<static_cast<unsigned>(grid), NT, smem, stream>>>(p);
+  else quant_tile_kernel<In, 0><<<static_cast<unsigned>(grid), NT, smem, stream>>>(p);
+  cuda_check(cudaGetLastError(), "quantize: kernel launch");
 }
 
 void launch(Params& p, const mxmoe_tensor& x, const OptTensor& offs, void* stream) {
@@ -1711,7 +1762,13 @@ void launch(Params& p, const mxmoe_tensor& x, const OptTensor& offs, void* strea
     RowParams rp{x.data, r.q, r.scale, r.dq, r.dq_f32, static_cast<long long>(p.B) * p.R * (p.C / 8), p.mode};
     if (rp.nchunks == 0) return;
     auto go = [&](auto kernel) {
-      launch_persistent(kernel, 256, 0, x.device, cdiv(rp.nchunks, 8 * 32 * 4), s, rp, "quantize");
+      int blocks = 0, sms = 0;
+      cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 256, 0), "quantize: occupancy");
+      cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device), "quantize: device attribute");
+      const long long need = cdiv(rp.nchunks, 8 * 32 * 4);
+      const long long grid = std::max(1LL, std::min(need, static_cast<long long>(std::max(1, blocks)) * sms));
+      kernel<<<static_cast<unsigned>(grid), 256, 0, s>>>(rp);
+      cuda_check(cudaGetLastError(), "quantize: kernel launch");
     };
     const bool pf = stream_env != 2;  // MXMOE_QUANT_STREAM=2: no software pipelining (measurements)
     if (bf16) {
@@ -1755,8 +1812,18 @@ void launch(Params& p, const mxmoe_tensor& x, const OptTensor& offs, void* strea
       return e ? std::atoi(e) : 1;
     }();
     const bool pipe = pipe_env != 0;
-    const int smem = (p.table ? kTableBytes : 0) + (pipe ? (NW / 32) * 2 * kWarpTileBytes : 0);
-    auto go = [&](auto kernel) { launch_persistent(kernel, NW, smem, x.device, cdiv(p.tiles, NW / 32), s, p, "quantize"); };
+    const int smem = (p.table ? 3 * kMaxTable * 4 : 0) + (pipe ? (NW / 32) * 2 * kWarpTileBytes : 0);
+    auto go = [&](auto kernel) {
+      int blocks = 0, sms = 0;
+      cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                 "quantize: cudaFuncSetAttribute");
+      cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, NW, smem), "quantize: occupancy");
+      cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device), "quantize: device attribute");
+      if (blocks < 1) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: kernel does not fit on the device");
+      const long long grid = std::min<long long>(cdiv(p.tiles, NW / 32), static_cast<long long>(blocks) * sms);
+      kernel<<<static_cast<unsigned>(grid), NW, smem, s>>>(p);
+      cuda_check(cudaGetLastError(), "quantize: kernel launch");
+    };
     // CTAs-per-SM register budget: 2 by default (3 measured equal, 4 spills and is slower).
     if (pipe) go(quant_warp_kernel<2, true>);
     else if (warp_env == 3) go(quant_warp_kernel<3, false>);
@@ -1774,11 +1841,26 @@ void launch(Params& p, const mxmoe_tensor& x, const OptTensor& offs, void* strea
     p.tiles = static_cast<long long>(p.B) * p.P * p.ctiles;
     if (p.tiles <= 0) return;
     if (p.tiles > 0x7FFFFFFFLL) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: too many tiles for one launch");
-    const int e = transposed_elem_bytes(p);
+    int e = 0;
+    for (const SideP* sd : {&p.row, &p.col}) {
+      if (sd->qt) e = std::max(e, 1);
+      if (sd->dqt) e = std::max(e, sd->dqt_f32 ? 4 : 2);
+    }
     p.tr_bytes = std::max(2048, e == 0 ? 0 : 128 * (8 * e + 1) * 4);
-    const int smem = p.tr_bytes + (p.table ? kTableBytes : 0);
-    if (bf16) launch_persistent(quant_slab_kernel<uint16_t>, NS, smem, x.device, p.tiles, s, p, "quantize");
-    else launch_persistent(quant_slab_kernel<float>, NS, smem, x.device, p.tiles, s, p, "quantize");
+    const int smem = p.tr_bytes + (p.table ? 3 * kMaxTable * 4 : 0);
+    auto go = [&](auto kernel) {
+      cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                 "quantize: cudaFuncSetAttribute");
+      int blocks = 0, sms = 0;
+      cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, NS, smem), "quantize: occupancy");
+      cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device), "quantize: device attribute");
+      if (blocks < 1) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: kernel does not fit on the device");
+      const long long grid = std::min<long long>(p.tiles, static_cast<long long>(blocks) * sms);
+      kernel<<<static_cast<unsigned>(grid), NS, smem, s>>>(p);
+      cuda_check(cudaGetLastError(), "quantize: kernel launch");
+    };
+    if (bf16) go(quant_slab_kernel<uint16_t>);
+    else go(quant_slab_kernel<float>);
     return;
   }
   if (p.tiles > 0x7FFFFFFFLL) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: too many tiles for one launch");
@@ -1820,8 +1902,14 @@ bool dequantize_along_r_warp(const DequantizeArgs& a) {
   if (p.tiles <= 0) return true;
   if (p.tiles > 0x7FFFFFFFLL) return false;
   DeviceGuard guard(a.q.device);
-  launch_persistent(dequant_warp_kernel<3>, NW, grouped ? kTableBytes : 0, a.q.device, cdiv(p.tiles, NW / 32),
-                    static_cast<cudaStream_t>(a.stream), p, "dequantize");
+  const int smem = grouped ? 3 * kMaxTable * 4 : 0;
+  int blocks = 0, sms = 0;
+  cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, dequant_warp_kernel<3>, NW, smem), "dequantize: occupancy");
+  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a.q.device), "dequantize: attribute");
+  if (blocks < 1) return false;
+  const long long grid = std::min<long long>(cdiv(p.tiles, NW / 32), static_cast<long long>(blocks) * sms);
+  dequant_warp_kernel<3><<<static_cast<unsigned>(grid), NW, smem, static_cast<cudaStream_t>(a.stream)>>>(p);
+  cuda_check(cudaGetLastError(), "dequantize: kernel launch");
   return true;
 }
 
