@@ -6,7 +6,8 @@
 #   Then on the device, carrying build-cuda:  bash scripts/device_run.sh [STEP ...]
 #
 # Steps are scripts/device.d/NN-name.sh, run in order (all when none is named); each gets
-# MXMOE_BUILD (the build dir), MXMOE_LIBRARY (libmxmoe.so), OUT (results folder) in its env.
+# MXMOE_BUILD (the build dir), MXMOE_LIBRARY (libmxmoe.so), MXMOE_OPS_LIBRARY (libmxmoe_torch.so,
+# the op layer the Python package loads), OUT (results folder) in its env.
 # Results (logs, JSON) go under $OUT when the device tool sets it, else ./out/device.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -15,13 +16,18 @@ export OUT=${OUT:-$PWD/out/device}
 mkdir -p "$OUT"
 
 build() {
-  cmake -S . -B "$MXMOE_BUILD" -G Ninja -DMXMOE_CUDA=ON -DMXMOE_BUILD_TESTS=ON >"$OUT/cmake.log" 2>&1 \
+  # MXMOE_PYTHON: the interpreter with torch (op library headers) and nvidia-cutlass (tile128 GEMMs);
+  # on the dev machine that is .venv/bin/python (scripts/setup.sh makes it).
+  local py=${MXMOE_PYTHON:-$([[ -x .venv/bin/python ]] && echo "$PWD/.venv/bin/python" || command -v python3)}
+  cmake -S . -B "$MXMOE_BUILD" -G Ninja -DMXMOE_CUDA=ON -DMXMOE_TORCH_OPS=ON -DMXMOE_BUILD_TESTS=ON \
+    -DMXMOE_PYTHON="$py" >"$OUT/cmake.log" 2>&1 \
     && ninja -C "$MXMOE_BUILD" -j"$(nproc)" >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 }
 
 if [[ "${1:-}" == "--build-only" ]]; then build; echo "built $MXMOE_BUILD"; exit 0; fi
-[[ -f "$MXMOE_BUILD/src/core/libmxmoe.so" ]] || build
+[[ -f "$MXMOE_BUILD/src/ops/libmxmoe_torch.so" ]] || build
 export MXMOE_LIBRARY="$MXMOE_BUILD/src/core/libmxmoe.so"
+export MXMOE_OPS_LIBRARY="$MXMOE_BUILD/src/ops/libmxmoe_torch.so"
 export LD_LIBRARY_PATH="$MXMOE_BUILD/src/core:${LD_LIBRARY_PATH:-}"
 export PYTHONPATH="$PWD/python:${PYTHONPATH:-}"
 export PYTHONUNBUFFERED=1

@@ -83,6 +83,8 @@ MXMOE_API const char* mxmoe_last_error(void);
 MXMOE_API const char* mxmoe_version(void);
 /* 1 if the library was built with CUDA kernels. */
 MXMOE_API int mxmoe_has_cuda(void);
+/* 1 if the library has the Hopper tile128 FP8 grouped GEMMs (CUDA + CUTLASS at build time). */
+MXMOE_API int mxmoe_has_tile128_gemm(void);
 
 /* ---- Scalar codecs (host), exactly as MX_SPEC.md ------------------------------------------ */
 MXMOE_API uint8_t mxmoe_e8m0_from_amax(float amax, mxmoe_scale_mode mode);
@@ -191,6 +193,12 @@ MXMOE_API mxmoe_status mxmoe_grouped_mm_mx_kgroups(const mxmoe_tensor* a,
  * every group unwritten (e.g. torch._grouped_mm) get the core's "rows past offs[G-1] are 0". */
 MXMOE_API mxmoe_status mxmoe_zero_rows_past_groups(mxmoe_tensor* x, const mxmoe_tensor* offs,
                                                    void* stream);
+
+/* out[i] = min(m, max(0, offs[0..i])): the clamped group ends every kernel uses, as a tensor for
+ * GEMMs that trust their offsets (torch._grouped_mm). offs and out: 1-D int32 (G), same device,
+ * out contiguous. Reads offs on its device (no host sync). */
+MXMOE_API mxmoe_status mxmoe_clamp_offsets(const mxmoe_tensor* offs, int64_t m, mxmoe_tensor* out,
+                                           void* stream);
 
 /* Checked mode for device-resident offsets: validates non-decreasing, >= 0 and <= m (syncs the
  * stream when offs is on a device). */

@@ -8,17 +8,18 @@ Public API:
   mxmoe.check_offsets(offs, m)          checked mode (also: env MXMOE_CHECK_OFFSETS=1)
   torch.ops.mxmoe.*                     the core's operations as custom ops (mxmoe.ops)
 
-Binding: the core's C API (libmxmoe.so) called through ctypes inside torch.library custom ops, the
-fallback of DESIGN.md rather than the LibTorch stable ABI, so one binary serves torch 2.11 and 2.13
-with no torch headers or per-version build (see mxmoe/_lib.py). The library is loaded on first use
-from env MXMOE_LIBRARY, else from the package (mxmoe/lib/libmxmoe.so).
+  mxmoe.build_info()                    what this build carries (cuda, cuda_archs, tile128_gemm, torch_abi)
+
+Binding: the ops are registered from C++ (libmxmoe_torch.so, src/ops/) through the LibTorch stable
+ABI, so one binary serves torch 2.11 and 2.13; it links the torch-free core libmxmoe.so. Loaded at
+import from env MXMOE_OPS_LIBRARY, else from the package (mxmoe/lib/), see mxmoe/_lib.py.
 """
 from __future__ import annotations
 
 from . import ops  # registers torch.ops.mxmoe.*
 from . import sm90  # registers the Hopper backend
 from . import sm100  # registers the Blackwell backend (gated by compute capability)
-from ._lib import has_cuda, library_path, version as core_version
+from ._lib import build_info, has_cuda, library_path, version as core_version
 from .backends import BACKENDS, register_backend
 from .conversion import convert, is_converted, unconvert
 from .grouped import check_offsets, grouped_mm
@@ -43,4 +44,5 @@ __all__ = [
     "library_path",
     "core_version",
     "has_cuda",
+    "build_info",
 ]

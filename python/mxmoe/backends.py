@@ -63,8 +63,8 @@ def quant_tiles(w: Tensor, mode: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
 
 def clamp_offsets(offs: Tensor, m) -> Tensor:
     """The core's clamping rule, on the device: end_g = min(m, max(0, offs[0..g])) (bad offsets give
-    empty groups, never out-of-bounds rows)."""
-    return torch.cummax(offs.clamp(min=0), dim=0).values.clamp(max=m)
+    empty groups, never out-of-bounds rows). One core kernel (torch.ops.mxmoe.clamp_offsets)."""
+    return ops.clamp_offsets(offs, m)
 
 
 def row_groups(offs: Tensor, m) -> Tensor:

@@ -63,6 +63,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default="", help="comma list of shape names (e.g. seeds:1 = seeds G=1) whose "
                    "e2e step is profiled per kernel (torch.profiler), for each recipe and bf16")
     p.add_argument("--out", default=os.environ.get("OUT", "out/bench"), help="folder for e2e.json")
+    p.add_argument("--host", nargs=argparse.REMAINDER, default=None, metavar="ARGS",
+                   help="run bench/bench_host.py instead (host enqueue time, eager vs graph) with the ARGS that "
+                   "follow (see --host --help)")
 
 
 def _offsets(m: int, g: int, jagged: bool, device) -> torch.Tensor:
@@ -274,7 +277,25 @@ def _table(rows: List[dict], cols: List[str]) -> str:
     return "\n".join([line(cols), line(["-" * w for w in widths])] + [line(x) for x in cells])
 
 
+def _host_main(argv: List[str]) -> int:
+    """bench/bench_host.py of the source tree (next to python/, or under the working directory)."""
+    import importlib.util
+    from pathlib import Path
+
+    for root in (Path(__file__).resolve().parents[2], Path.cwd()):
+        path = root / "bench" / "bench_host.py"
+        if path.is_file():
+            spec = importlib.util.spec_from_file_location("bench_host", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module.main(argv)
+    print("bench/bench_host.py not found (run from the repository root)")
+    return 2
+
+
 def main(args) -> int:
+    if args.host is not None:
+        return _host_main(args.host)
     if not torch.cuda.is_available():
         print("mxmoe bench needs a CUDA device (BENCH.md: benchmarks run on the GPU machine)")
         return 2

@@ -121,7 +121,8 @@ def quantize(
         raise ValueError(f"x: expected a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"x: expected dtype bfloat16 or float32, got {str(x.dtype).replace('torch.', '')}")
-    _lib.device_index(x, "x")
+    if x.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"x: expected a cpu or cuda tensor, got a tensor on device '{x.device}'")
     mode_code = _mode_code(mode)
     size = _block_size(block)
     nd = x.dim()

@@ -88,7 +88,7 @@ def _mm_rows(a_q: Tensor, a_blocked: Tensor, b_q: Tensor, b_blocked: Tensor, end
         offs=ends,
         out_dtype=BF16,
     )
-    ops.call(ops.zero_rows_past_groups, out, ends)  # torch leaves them unwritten; mxmoe's contract says 0
+    ops.zero_rows_past_groups(out, ends)  # torch leaves them unwritten; mxmoe's contract says 0
     return out
 
 
@@ -180,7 +180,7 @@ class Sm100Backend(Backend):
             a_blocked = ops.scales_to_blocked(a_s, _lib.BLOCKED_GROUPS_M, ends)
             a_col = None
             if want_a_col:
-                a_hp = ops.call(ops.dequantize, a_q, a_s, 1, None, BF16)
+                a_hp = ops.dequantize(a_q, a_s, 1, None, BF16)
                 _, a_col = ops.quantize_fused_sides(a_hp, ends, 32, wgrad_block, False, mode, 0, QT | SB)
         else:
             a_row, a_col = ops.quantize_fused_sides(a, ends, recipe.a_block, wgrad_block, False, mode, Q | SB,
@@ -214,7 +214,7 @@ class Sm100Backend(Backend):
         if need_dw:
             if recipe.wgrad_hp:
                 if a is None:
-                    a = ops.call(ops.dequantize, a_mx[0], a_mx[1], 1, None, BF16)
+                    a = ops.dequantize(a_mx[0], a_mx[1], 1, None, BF16)
                 dw = hp_wgrad(dy, a, offs, w_dtype)
             else:
                 dw = cast(_mm_tokens(dy_col["qt"], dy_col["scale_blocked"], a_qt, a_blocked, ends), w_dtype)

@@ -506,9 +506,9 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit("--dim must be a multiple of 2 x --heads (even head size for rotary embeddings)")
     if cfg.steps < 1 or cfg.eval_batches < 1 or not 1 <= cfg.top_k <= cfg.num_experts:
         raise SystemExit("need --steps >= 1, --eval-batches >= 1 and 1 <= --top-k <= --experts")
-    try:  # fail now rather than after the bf16 run when the core library is missing or stale
-        _lib.lib()
-    except (OSError, AttributeError) as e:
+    try:  # fail now rather than after the bf16 run when the op library is missing or stale
+        _lib.build_info()
+    except (OSError, RuntimeError, AttributeError) as e:
         raise SystemExit(f"mxmoe train: cannot load the mxmoe core library: {e}")
     if resolve_device(cfg.device).type == "cpu":
         torch.set_num_threads(cpu_threads(args.threads))

@@ -171,6 +171,14 @@ int mxmoe_has_cuda(void) {
 #endif
 }
 
+int mxmoe_has_tile128_gemm(void) {
+#if defined(MXMOE_WITH_CUDA) && defined(MXMOE_HAVE_CUTLASS)
+  return 1;
+#else
+  return 0;
+#endif
+}
+
 uint8_t mxmoe_e8m0_from_amax(float amax, mxmoe_scale_mode mode) {
   return e8m0_from_amax_bits(f32_bits(amax), mode);
 }
@@ -465,6 +473,28 @@ mxmoe_status mxmoe_zero_rows_past_groups(mxmoe_tensor* x_, const mxmoe_tensor* o
   } else {
     (void)stream;
     cpu::zero_rows_past_groups(x, offs);
+  }
+  MXMOE_API_END
+}
+
+mxmoe_status mxmoe_clamp_offsets(const mxmoe_tensor* offs_, int64_t m, mxmoe_tensor* out_, void* stream) {
+  MXMOE_API_BEGIN
+  const mxmoe_tensor& offs = require(offs_, "offs");
+  check_dtype(offs, "offs", {MXMOE_DTYPE_I32});
+  check_ndim(offs, "offs", {1});
+  check_backend(offs.device, "offs");
+  if (m < 0) fail("m: expected >= 0, got ", m);
+  if (m > INT32_MAX) fail("m: expected <= 2^31 - 1 (int32 offsets), got ", m);
+  const mxmoe_tensor& out = require(out_, "out");
+  check_output(out, "out", MXMOE_DTYPE_I32, {offs.shape[0]}, offs.device);
+  check_no_overlap(out, "out", offs, "offs");
+  if (offs.device >= 0) {
+#if defined(MXMOE_WITH_CUDA)
+    cuda::clamp_offsets(offs, m, out, stream);
+#endif
+  } else {
+    (void)stream;
+    cpu::clamp_offsets(offs, m, out);
   }
   MXMOE_API_END
 }

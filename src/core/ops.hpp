@@ -93,6 +93,7 @@ void quantize_fused(const FusedArgs& args);  // composes quantize, dequantize, s
 
 namespace cpu {
 void zero_rows_past_groups(const mxmoe_tensor& x, const mxmoe_tensor& offs);
+void clamp_offsets(const mxmoe_tensor& offs, int64_t m, const mxmoe_tensor& out);
 void quantize(const QuantizeArgs& args);
 void dequantize(const DequantizeArgs& args);
 void scales_to_blocked(const BlockedArgs& args);
@@ -104,6 +105,7 @@ void grouped_mm_kgroups(const GroupedMMKArgs& args);
 #if defined(MXMOE_WITH_CUDA)
 namespace cuda {
 void zero_rows_past_groups(const mxmoe_tensor& x, const mxmoe_tensor& offs, void* stream);
+void clamp_offsets(const mxmoe_tensor& offs, int64_t m, const mxmoe_tensor& out, void* stream);
 // tile128 recipe (coarse-block MX operands) on Hopper FP8 tensor cores (cuda/gemm_tile128.cu).
 // Workspace: bytes of device memory the call needs (independent of offs and of the output dtype);
 // throws UNSUPPORTED where the build or the device cannot run them.

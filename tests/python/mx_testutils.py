@@ -51,3 +51,63 @@ def reference_grouped_mm(A, B_t, offs, dy=None, bias=None):
     out.backward(dy.float())
     da = torch.where(valid, a.grad, torch.zeros(()))
     return out.detach(), da, b.grad, (bl.grad if bl is not None else None)
+
+
+# ---- scalar codecs straight from MX_SPEC.md (independent of the core: struct bit twiddling and
+# torch's own RNE float8 cast), for spot checks of the ops' bytes -----------------------------------
+import struct  # noqa: E402
+
+RCEIL, FLOOR, CEIL, EVEN = 0, 1, 2, 3
+
+
+def f32_bits(v: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", v))[0]
+
+
+def bits_f32(b: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", b))[0]
+
+
+def _floor_byte(bits: int) -> int:
+    e = (bits >> 23) & 0xFF
+    p = e - 127 if e > 0 else -127
+    return min(max(p - 8, -127), 128) + 127
+
+
+def e8m0_from_amax(amax: float, mode: int) -> int:
+    bits = f32_bits(amax) & 0x7FFFFFFF
+    if bits >= 0x7F800000:  # NaN or Inf
+        return 255
+    if mode == RCEIL:
+        d = (torch.tensor(amax, dtype=torch.float32) * torch.tensor(bits_f32(0x3B124925))).item()
+        db = f32_bits(d) & 0x7FFFFFFF
+        if db >= 0x7F800000:
+            return 255
+        e, m = db >> 23, db & 0x7FFFFF
+        return e + ((m > 0x400000) if e == 0 else (m != 0))
+    if mode == FLOOR:
+        return _floor_byte(bits)
+    if mode == CEIL:
+        e = (bits >> 23) & 0xFF
+        p = (e - 127 if e > 0 else -127) + (1 if bits & 0x7FFFFF else 0)
+        return min(max(p - 8, -127), 128) + 127
+    if mode == EVEN:
+        rounded = (bits + (1 << 19)) & 0xFF800000
+        if (rounded >> 23) & 0xFF == 0xFF:  # carried past the largest exponent: p = 128
+            return 247
+        return _floor_byte(rounded)
+    raise ValueError(mode)
+
+
+def e4m3_from_float(v: float) -> int:
+    """RNE, saturating to +-448, NaN kept (torch's cast is RNE; the clamp makes it saturate)."""
+    t = torch.tensor([v], dtype=torch.float32).clamp(-448.0, 448.0)
+    return int(t.to(torch.float8_e4m3fn).view(torch.uint8).item())
+
+
+def e4m3_to_float(b: int) -> float:
+    return torch.tensor([b], dtype=torch.uint8).view(torch.float8_e4m3fn).float().item()
+
+
+def e8m0_to_float(s: int) -> float:
+    return float("nan") if s == 255 else 2.0 ** (s - 127)

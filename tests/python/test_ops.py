@@ -1,14 +1,12 @@
 """torch.ops.mxmoe.*: opcheck (schema, fake/meta, autograd registration, AOT dispatch with dynamic
 shapes) for every op, and spot checks of the ops' results against the C core's scalar codecs.
 Full bit-exactness of the kernels is tested in C++ (tests/cpp); these check the binding."""
-import ctypes
-
 import pytest
 import torch
 
 import mxmoe  # noqa: F401  (registers torch.ops.mxmoe)
 from mxmoe import _lib
-from mx_testutils import offsets
+from mx_testutils import e4m3_from_float, e4m3_to_float, e8m0_from_amax, e8m0_to_float, offsets
 
 E4M3, E8M0 = torch.float8_e4m3fn, torch.float8_e8m0fnu
 q_op = torch.ops.mxmoe.quantize.default
@@ -119,20 +117,18 @@ def test_opcheck_check_offsets():
     _opcheck(torch.ops.mxmoe.check_offsets.default, (offsets([3, 0, 5]), 10))
 
 
+def test_opcheck_clamp_offsets():
+    _opcheck(torch.ops.mxmoe.clamp_offsets.default, (offsets([3, 0, 5]), 6))
+
+
 def test_opcheck_dense_grouped_mm():
     o = offsets([30, 0, 61])
     _opcheck(torch.ops.mxmoe._dense_grouped_mm.default, (torch.randn(100, 64), torch.randn(3, 64, 32), o))
 
 
-# ---- results vs the core's scalar codecs ------------------------------------------------------------
+# ---- results vs MX_SPEC's scalar codecs (mx_testutils: written from the spec, not from the core) -----
 
-
-def _e8m0(amax: float, mode: int) -> int:
-    return _lib.lib().mxmoe_e8m0_from_amax(ctypes.c_float(amax), mode)
-
-
-def _e4m3(v: float) -> int:
-    return _lib.lib().mxmoe_e4m3_from_float(ctypes.c_float(v))
+_e8m0, _e4m3 = e8m0_from_amax, e4m3_from_float
 
 
 @pytest.mark.parametrize("mode", [RCEIL, FLOOR, _lib.SCALE_CEIL, _lib.SCALE_EVEN])
@@ -157,9 +153,8 @@ def test_dequantize_spot_values():
     q[q == 0xFF] = 0
     s = torch.randint(100, 150, (4, 2), dtype=torch.uint8)
     out = torch.ops.mxmoe.dequantize(q.view(E4M3), s.view(E8M0), 1, None, torch.float32)
-    lib = _lib.lib()
     for r, c in [(0, 0), (1, 33), (3, 63), (2, 17)]:
-        expect = lib.mxmoe_e4m3_to_float(q[r, c].item()) * lib.mxmoe_e8m0_to_float(s[r, c // 32].item())
+        expect = e4m3_to_float(q[r, c].item()) * e8m0_to_float(s[r, c // 32].item())
         assert out[r, c].item() == expect
 
 
@@ -197,11 +192,28 @@ def test_blocked_layout_spot_bytes_and_round_trip():
 
 
 def test_check_offsets_op():
-    torch.ops.mxmoe.check_offsets(offsets([3, 0, 5]), 8)
+    # torch.ops.mxmoe.* raise RuntimeError (torch's type for every C++ error) with the core's message;
+    # mxmoe.ops' functions raise ValueError with the same message.
+    from mxmoe import ops
+
+    ops.check_offsets(offsets([3, 0, 5]), 8)
+    with pytest.raises(ValueError, match=r"^mxmoe\.check_offsets: offs"):
+        ops.check_offsets(torch.tensor([3, 2], dtype=torch.int32), 8)
     with pytest.raises(ValueError, match="offs"):
+        ops.check_offsets(torch.tensor([3, 9], dtype=torch.int32), 8)
+    with pytest.raises(RuntimeError, match=r"mxmoe\.check_offsets \(invalid argument\): offs"):
         torch.ops.mxmoe.check_offsets(torch.tensor([3, 2], dtype=torch.int32), 8)
-    with pytest.raises(ValueError, match="offs"):
-        torch.ops.mxmoe.check_offsets(torch.tensor([3, 9], dtype=torch.int32), 8)
+
+
+def test_clamp_offsets_op():
+    # min(m, max(0, offs[0..g])): written out for a few cases (negative, decreasing, past m, empty).
+    cases = [([3, 0, 5], 8, [3, 3, 5]), ([-4, 2, 1, 9], 6, [0, 2, 2, 6]), ([], 5, [])]
+    for offs, m, want in cases:
+        got = torch.ops.mxmoe.clamp_offsets(torch.tensor(offs, dtype=torch.int32), m)
+        assert got.dtype == torch.int32 and got.tolist() == want
+    long_offs = torch.randint(-50, 400, (300,), dtype=torch.int32)  # more than one warp of groups
+    want = torch.cummax(long_offs.clamp(min=0), 0).values.clamp(max=333)
+    assert torch.equal(torch.ops.mxmoe.clamp_offsets(long_offs, 333), want)
 
 
 # ---- fused quantization -----------------------------------------------------------------------------
@@ -235,7 +247,7 @@ def test_quantize_fused_equals_the_composition():
     assert torch.equal(_u8(csb), _u8(torch.ops.mxmoe.scales_to_blocked(s, _lib.BLOCKED_GROUPS_K, o)))
     assert torch.equal(cdqt, torch.ops.mxmoe.dequantize(qt, s, 1, o, torch.float32)) and torch.equal(cdq, cdqt.t())
     with pytest.raises(ValueError, match="row, col: expected at least one side"):
-        torch.ops.mxmoe.quantize_fused(x, o, 32, 32, False, RCEIL, 0, 0, torch.float32)
+        mxmoe.ops.quantize_fused(x, o, 32, 32, False, RCEIL, 0, 0, torch.float32)
 
 
 def _u8(t):

@@ -1,4 +1,5 @@
-// Zeroing the rows outside every token group (see mxmoe_zero_rows_past_groups).
+// Rows outside every token group (mxmoe_zero_rows_past_groups) and the clamped group ends
+// (mxmoe_clamp_offsets).
 #include <cstring>
 
 #include "common/tensor.hpp"
@@ -12,6 +13,12 @@ void zero_rows_past_groups(const mxmoe_tensor& x, const mxmoe_tensor& offs) {
   const Groups groups = groups_from_offsets(offs, m);
   const int64_t end = groups.count() ? groups.end.back() : 0;
   if (end < m) std::memset(static_cast<char*>(x.data) + end * row_bytes, 0, (m - end) * row_bytes);
+}
+
+void clamp_offsets(const mxmoe_tensor& offs, int64_t m, const mxmoe_tensor& out) {
+  const Groups groups = groups_from_offsets(offs, m);
+  auto* o = static_cast<int32_t*>(out.data);
+  for (int64_t i = 0; i < groups.count(); ++i) o[i] = static_cast<int32_t>(groups.end[i]);
 }
 
 }  // namespace cpu

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Step 10: every C++ test on the GPU (the CUDA kernels bit-exact against the CPU core, the tile128
+# GEMMs, the clamped offsets, validation) and compute-sanitizer memcheck on the small cases of each
+# kernel family. Env from device_run.sh: MXMOE_BUILD, OUT. Short table in $OUT/table-gtest.txt.
+set -uo pipefail
+T="$MXMOE_BUILD/tests/cpp/mxmoe_tests"
+status=0
+SECONDS=0
+timeout 300 "$T" >"$OUT/gtest-all.log" 2>&1
+rc=$?
+grep -E "^\[  (FAILED|SKIPPED) |Failure|^\[  PASSED|^\[==========\] [0-9]+ tests" "$OUT/gtest-all.log" | head -30
+echo "gtest (all) exit $rc after ${SECONDS}s"
+[[ $rc -eq 0 ]] || status=1
+SECONDS=0
+timeout 240 compute-sanitizer --tool memcheck --error-exitcode 7 "$T" \
+  --gtest_filter='CudaClampOffsets.*:CudaQuantize.SmallSanitizer:CudaGemmTile128.SmallForwardAndWgrad:CudaGemm.Generic*' \
+  >"$OUT/gtest-memcheck.log" 2>&1
+mrc=$?
+grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/gtest-memcheck.log" | tail -4
+echo "memcheck exit $mrc after ${SECONDS}s"
+[[ $mrc -eq 0 ]] || status=1
+{ echo "gtest: $(grep -E '^\[  PASSED' "$OUT/gtest-all.log" | head -1) $(grep -cE '^\[  FAILED  \] [A-Z]' "$OUT/gtest-all.log") failed (rc $rc); memcheck rc $mrc"; } \
+  > "$OUT/table-gtest.txt"
+exit $status

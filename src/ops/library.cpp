@@ -1,0 +1,60 @@
+// torch.ops.mxmoe: the schemas and their CPU and CUDA kernels (the same bodies: the core dispatches
+// on the tensors' device). Fakes for torch.compile live in mxmoe/ops.py; autograd in mxmoe/grouped.py.
+#include "ops_core.hpp"
+
+using namespace mxmoe::ops;
+
+STABLE_TORCH_LIBRARY(mxmoe, m) {
+  m.def("quantize(Tensor x, Tensor? offs, int block_r, int block_c, int mode, bool want_q, bool want_qt, "
+        "bool want_scale_c, bool want_scale_r) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("dequantize(Tensor q, Tensor scale, int axis, Tensor? offs, ScalarType out_dtype) -> Tensor");
+  m.def("scales_to_blocked(Tensor scale, int kind, Tensor? offs) -> Tensor");
+  m.def("scales_from_blocked(Tensor blocked, int kind, Tensor? offs, SymInt[] scale_shape) -> Tensor");
+  m.def("grouped_mm_mx(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor offs, Tensor? bias, "
+        "ScalarType out_dtype) -> Tensor");
+  m.def("grouped_mm_mx_kgroups(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor offs, "
+        "ScalarType out_dtype) -> Tensor");
+  m.def("grouped_mm_tile128(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor offs, Tensor? bias, "
+        "ScalarType out_dtype) -> Tensor");
+  m.def("grouped_mm_tile128_kgroups(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor offs, "
+        "ScalarType out_dtype) -> Tensor");
+  m.def("check_offsets(Tensor offs, SymInt m) -> ()");
+  m.def("zero_rows_past_groups(Tensor(a!) x, Tensor offs) -> ()");
+  m.def("clamp_offsets(Tensor offs, SymInt m) -> Tensor");
+  m.def("_dense_grouped_mm(Tensor a, Tensor b, Tensor offs) -> Tensor");
+  m.def("quantize_fused(Tensor x, Tensor? offs, int row_block, int col_block, bool tile128, int mode, "
+        "int row_outputs, int col_outputs, ScalarType dq_dtype) -> Tensor[]");
+  m.def("sm90_tile128_forward(Tensor a, Tensor w, Tensor offs, Tensor? bias, int mode, ScalarType out_dtype, "
+        "bool want_a_col) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("sm90_tile128_backward(Tensor dy, Tensor w_qt, Tensor w_scale, Tensor? a_qt, Tensor? a_scale, "
+        "Tensor offs, int mode, bool need_da, bool need_dw, ScalarType a_dtype, ScalarType w_dtype) -> (Tensor, Tensor)");
+  m.def("sm90_exact_forward(Tensor a, Tensor w, Tensor offs, int mode, bool want_a_col) "
+        "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("sm90_exact_backward(Tensor dy, Tensor w_q, Tensor w_scale, Tensor? a_q, Tensor? a_scale, Tensor offs, "
+        "int mode, bool need_da, bool need_dw) -> (Tensor, Tensor)");
+  m.def("build_info() -> str");
+}
+
+#define MXMOE_KERNELS(m)                                                      \
+  m.impl("quantize", TORCH_BOX(&quantize));                                   \
+  m.impl("dequantize", TORCH_BOX(&dequantize));                               \
+  m.impl("scales_to_blocked", TORCH_BOX(&scales_to_blocked));                 \
+  m.impl("scales_from_blocked", TORCH_BOX(&scales_from_blocked));             \
+  m.impl("grouped_mm_mx", TORCH_BOX(&grouped_mm_mx));                         \
+  m.impl("grouped_mm_mx_kgroups", TORCH_BOX(&grouped_mm_mx_kgroups));         \
+  m.impl("grouped_mm_tile128", TORCH_BOX(&grouped_mm_tile128));               \
+  m.impl("grouped_mm_tile128_kgroups", TORCH_BOX(&grouped_mm_tile128_kgroups)); \
+  m.impl("check_offsets", TORCH_BOX(&check_offsets));                         \
+  m.impl("zero_rows_past_groups", TORCH_BOX(&zero_rows_past_groups));         \
+  m.impl("clamp_offsets", TORCH_BOX(&clamp_offsets));                         \
+  m.impl("_dense_grouped_mm", TORCH_BOX(&dense_grouped_mm));                  \
+  m.impl("quantize_fused", TORCH_BOX(&quantize_fused));                       \
+  m.impl("sm90_tile128_forward", TORCH_BOX(&sm90_tile128_forward));           \
+  m.impl("sm90_tile128_backward", TORCH_BOX(&sm90_tile128_backward));         \
+  m.impl("sm90_exact_forward", TORCH_BOX(&sm90_exact_forward));               \
+  m.impl("sm90_exact_backward", TORCH_BOX(&sm90_exact_backward))
+
+STABLE_TORCH_LIBRARY_IMPL(mxmoe, CPU, m) { MXMOE_KERNELS(m); }
+STABLE_TORCH_LIBRARY_IMPL(mxmoe, CUDA, m) { MXMOE_KERNELS(m); }
+// build_info reads no tensor: a CompositeExplicitAutograd kernel serves every device.
+STABLE_TORCH_LIBRARY_IMPL(mxmoe, CompositeExplicitAutograd, m) { m.impl("build_info", TORCH_BOX(&build_info)); }

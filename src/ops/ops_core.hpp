@@ -1,0 +1,68 @@
+// The op bodies (ops_core.cpp: one per core entry point; ops_fused.cpp: fused quantization and the
+// sm90 recipe phases). library.cpp registers them under torch.ops.mxmoe.
+#pragma once
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "tensor_bridge.hpp"
+
+namespace mxmoe {
+namespace ops {
+
+int32_t to_i32(int64_t v, const char* name, const char* op);
+
+// Where an op runs: the tensor's device made current, and torch's current stream there.
+struct Launch {
+  explicit Launch(const Tensor& t);
+  int32_t device;
+  DeviceScope scope;
+  void* stream;
+};
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> quantize(Tensor x, OptTensor offs, int64_t block_r, int64_t block_c,
+                                                    int64_t mode, bool want_q, bool want_qt, bool want_scale_c,
+                                                    bool want_scale_r);
+Tensor dequantize(Tensor q, Tensor scale, int64_t axis, OptTensor offs, ScalarType out_dtype);
+Tensor scales_to_blocked(Tensor scale, int64_t kind, OptTensor offs);
+Tensor scales_from_blocked(Tensor blocked, int64_t kind, OptTensor offs, std::vector<int64_t> scale_shape);
+Tensor grouped_mm_mx(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor offs, OptTensor bias,
+                     ScalarType out_dtype);
+Tensor grouped_mm_mx_kgroups(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor offs, ScalarType out_dtype);
+Tensor grouped_mm_tile128(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor offs, OptTensor bias,
+                          ScalarType out_dtype);
+Tensor grouped_mm_tile128_kgroups(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor offs,
+                                  ScalarType out_dtype);
+void check_offsets(Tensor offs, int64_t m);
+void zero_rows_past_groups(Tensor x, Tensor offs);
+Tensor clamp_offsets(Tensor offs, int64_t m);
+Tensor dense_grouped_mm(Tensor a, Tensor b, Tensor offs);
+std::string build_info();
+
+std::vector<Tensor> quantize_fused(Tensor x, OptTensor offs, int64_t row_block, int64_t col_block, bool tile128,
+                                   int64_t mode, int64_t row_outputs, int64_t col_outputs, ScalarType dq_dtype);
+
+// sm90 recipe phases: a whole forward or backward of one grouped_mm in one op (ops_fused.cpp).
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sm90_tile128_forward(Tensor a, Tensor w, Tensor offs,
+                                                                        OptTensor bias, int64_t mode,
+                                                                        ScalarType out_dtype, bool want_a_col);
+std::tuple<Tensor, Tensor> sm90_tile128_backward(Tensor dy, Tensor w_qt, Tensor w_scale, OptTensor a_qt,
+                                                 OptTensor a_scale, Tensor offs, int64_t mode, bool need_da,
+                                                 bool need_dw, ScalarType a_dtype, ScalarType w_dtype);
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sm90_exact_forward(Tensor a, Tensor w, Tensor offs, int64_t mode,
+                                                                      bool want_a_col);
+std::tuple<Tensor, Tensor> sm90_exact_backward(Tensor dy, Tensor w_q, Tensor w_scale, OptTensor a_q,
+                                               OptTensor a_scale, Tensor offs, int64_t mode, bool need_da,
+                                               bool need_dw);
+
+// Shared pieces.
+void tile128_mm_into(const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale,
+                     const Tensor& offs, const OptTensor& bias, Tensor& out, const Launch& L, const char* op);
+void tile128_mm_kgroups_into(const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale,
+                             const Tensor& offs, Tensor& out, const Launch& L, const char* op);
+Tensor clamp_offsets_into(const Tensor& offs, int64_t m, const Launch& L, const char* op);
+Tensor aten_grouped_mm(const Tensor& a, const Tensor& b, const Tensor& offs);
+
+}  // namespace ops
+}  // namespace mxmoe

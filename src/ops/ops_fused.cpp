@@ -1,0 +1,218 @@
+// Fused quantization (one read of x: rowwise and/or columnwise MX operands, blocked scales, the MX
+// round trip) and the sm90 recipe phases built on it: each phase is the whole forward or backward of
+// one grouped_mm in one op, so a training step crosses the dispatcher twice per grouped GEMM instead
+// of once per kernel, and only the outputs a phase needs are allocated.
+#include <torch/csrc/stable/ops.h>
+
+#include <array>
+#include <string>
+
+#include "ops_core.hpp"
+
+namespace mxmoe {
+namespace ops {
+namespace {
+
+// Output bits of one side (the FUSED_* constants of mxmoe/ops.py).
+enum : int64_t { kQ = 1, kQT = 2, kScale = 4, kBlocked = 8, kDQ = 16, kDQT = 32 };
+constexpr const char* kNames[6] = {"q", "qt", "scale", "scale_blocked", "dq", "dqt"};
+
+// The outputs of one side of mxmoe_quantize_fused: shapes as the C API checks them (the fakes in
+// mxmoe/ops.py use the same rules), allocated only where wanted.
+struct Side {
+  std::array<Tensor, 6> t;
+  std::array<mxmoe_tensor, 6> v{};
+  mxmoe_fused_side side{};
+  int64_t bits = 0;
+
+  Side(const Tensor& x, const OptTensor& offs, bool is_row, int64_t bits_, ScalarType dq_dtype, int32_t device,
+       const char* op)
+      : bits(bits_) {
+    const bool three = x.dim() == 3;
+    const int64_t lead = three ? x.size(0) : 0;
+    const int64_t r = x.size(-2), c = x.size(-1);
+    const int64_t g = offs ? offs->size(0) : 0;
+    const int64_t n_r = offs ? cdiv(r, kBlock) + g : r / kBlock;
+    const int64_t sh = is_row ? r : c, sw = is_row ? c / kBlock : n_r;
+    int64_t bsize = 0;
+    if (three)
+      bsize = mxmoe_blocked_size(MXMOE_BLOCKED_PER_EXPERT, sh, sw, lead);
+    else if (offs && is_row)
+      bsize = mxmoe_blocked_size(MXMOE_BLOCKED_GROUPS_M, r, c / kBlock, g);
+    else if (offs)
+      bsize = mxmoe_blocked_size(MXMOE_BLOCKED_GROUPS_K, c, r, g);
+    else
+      bsize = mxmoe_blocked_size(MXMOE_BLOCKED_WHOLE, sh, sw, 0);
+    auto lead_shape = [&](int64_t a, int64_t b) {
+      return three ? std::vector<int64_t>{lead, a, b} : std::vector<int64_t>{a, b};
+    };
+    const std::vector<int64_t> shapes[6] = {lead_shape(r, c), lead_shape(c, r), lead_shape(sh, sw),
+                                            {bsize},          lead_shape(r, c), lead_shape(c, r)};
+    mxmoe_tensor** slots[6] = {&side.q, &side.qt, &side.scale, &side.scale_blocked, &side.dq, &side.dqt};
+    for (int i = 0; i < 6; ++i) {
+      const ScalarType dt = i >= 4 ? dq_dtype : (i < 2 ? ScalarType::Float8_e4m3fn : ScalarType::Float8_e8m0fnu);
+      if (bits & (int64_t(1) << i)) {
+        t[i] = empty(shapes[i], dt, device);
+        v[i] = view(t[i], kNames[i], op);
+        *slots[i] = &v[i];
+      } else {
+        t[i] = none_output(dt, device);
+      }
+    }
+  }
+  const mxmoe_fused_side* get() const { return bits ? &side : nullptr; }
+  const Tensor& q() const { return t[0]; }
+  const Tensor& qt() const { return t[1]; }
+  const Tensor& scale() const { return t[2]; }
+  const Tensor& dq() const { return t[4]; }
+};
+
+void run_fused(const char* op, const Tensor& x, const OptTensor& offs, int64_t row_block, int64_t col_block,
+               bool tile128, int64_t mode, const Side& row, const Side& col, const Launch& L) {
+  mxmoe_tensor xv = view(x, "x", op);
+  OptView ov(offs, "offs", op);
+  const mxmoe_fused_config cfg{to_i32(row_block, "row_block", op), to_i32(col_block, "col_block", op),
+                               tile128 ? 1 : 0, static_cast<mxmoe_scale_mode>(to_i32(mode, "mode", op))};
+  check(mxmoe_quantize_fused(&xv, ov.get(), cfg, row.get(), col.get(), L.stream), op);
+}
+
+void require_2d_or_3d(const Tensor& x, const char* name, const char* op) {
+  if (x.dim() != 2 && x.dim() != 3)
+    fail(op, MXMOE_ERR_INVALID_ARGUMENT,
+         std::string(name) + ": expected 2 or 3 dims, got " + std::to_string(x.dim()));
+}
+
+Tensor zero_tail(Tensor out, const Tensor& offs_clamped, const Launch& L, const char* op) {
+  if (offs_clamped.numel() > 0) {
+    mxmoe_tensor outv = view(out, "out", op), ov = view(offs_clamped, "offs", op);
+    check(mxmoe_zero_rows_past_groups(&outv, &ov, L.stream), op);
+  }
+  return out;
+}
+
+Tensor dequantize_on(const Tensor& q, const Tensor& scale, int32_t axis, const OptTensor& offs, const Launch& L,
+                     const char* op) {
+  Tensor out = empty(shape_of(q), ScalarType::BFloat16, L.device);
+  mxmoe_tensor qv = view(q, "q", op), sv = view(scale, "scale", op), outv = view(out, "out", op);
+  OptView ov(offs, "offs", op);
+  check(mxmoe_dequantize(&qv, &sv, axis, ov.get(), &outv, L.stream), op);
+  return out;
+}
+
+}  // namespace
+
+std::vector<Tensor> quantize_fused(Tensor x, OptTensor offs, int64_t row_block, int64_t col_block, bool tile128,
+                                   int64_t mode, int64_t row_outputs, int64_t col_outputs, ScalarType dq_dtype) {
+  const char* op = "quantize_fused";
+  require_2d_or_3d(x, "x", op);
+  Launch L(x);
+  Side row(x, offs, true, row_outputs & 63, dq_dtype, L.device, op);
+  Side col(x, offs, false, col_outputs & 63, dq_dtype, L.device, op);
+  if ((row_outputs & ~int64_t(63)) || (col_outputs & ~int64_t(63)))
+    fail(op, MXMOE_ERR_INVALID_ARGUMENT,
+         "row_outputs/col_outputs: expected bit sets of Q|QT|SCALE|SCALE_BLOCKED|DQ|DQT (0..63), got " +
+             std::to_string(row_outputs) + ", " + std::to_string(col_outputs));
+  run_fused(op, x, offs, row_block, col_block, tile128, mode, row, col, L);
+  std::vector<Tensor> outs(row.t.begin(), row.t.end());
+  outs.insert(outs.end(), col.t.begin(), col.t.end());
+  return outs;
+}
+
+// ---- tile128 recipe on Hopper FP8 tensor cores ------------------------------------------------------
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sm90_tile128_forward(Tensor a, Tensor w, Tensor offs,
+                                                                        OptTensor bias, int64_t mode,
+                                                                        ScalarType out_dtype, bool want_a_col) {
+  const char* op = "sm90_tile128_forward";
+  require_2d_or_3d(a, "a", op);
+  require_2d_or_3d(w, "w", op);
+  a = dense(a);
+  w = dense(w);
+  Launch L(a);
+  // One read of A: its forward operand (1x128 along K) and its wgrad operand (128x1 along M per group).
+  Side a_row(a, offs, true, kQ | kScale, ScalarType::BFloat16, L.device, op);
+  Side a_col(a, offs, false, want_a_col ? (kQT | kScale) : 0, ScalarType::BFloat16, L.device, op);
+  run_fused(op, a, offs, 128, 128, false, mode, a_row, a_col, L);
+  // One 128x128 quantization of W: the forward (q) and the dgrad (qt) orientation.
+  Side w_row(w, std::nullopt, true, kQ | kScale, ScalarType::BFloat16, L.device, op);
+  Side w_col(w, std::nullopt, false, kQT | kScale, ScalarType::BFloat16, L.device, op);
+  run_fused(op, w, std::nullopt, 128, 128, true, mode, w_row, w_col, L);
+  Tensor out = empty({a.size(0), w.size(-2)}, out_dtype, L.device);
+  tile128_mm_into(a_row.q(), a_row.scale(), w_row.q(), w_row.scale(), offs, bias, out, L, op);
+  return {out, w_col.qt(), w_col.scale(), a_col.qt(), a_col.scale()};
+}
+
+std::tuple<Tensor, Tensor> sm90_tile128_backward(Tensor dy, Tensor w_qt, Tensor w_scale, OptTensor a_qt,
+                                                 OptTensor a_scale, Tensor offs, int64_t mode, bool need_da,
+                                                 bool need_dw, ScalarType a_dtype, ScalarType w_dtype) {
+  const char* op = "sm90_tile128_backward";
+  require_2d_or_3d(dy, "dy", op);
+  if (need_dw && (!a_qt || !a_scale))
+    fail(op, MXMOE_ERR_INVALID_ARGUMENT, "a_qt, a_scale: required when need_dw (A's wgrad operand from the forward)");
+  dy = dense(dy);
+  Launch L(dy);
+  // One read of dY: the dgrad operand (1x128 along N) and the wgrad operand (128x1 along M per group).
+  Side dy_row(dy, offs, true, need_da ? (kQ | kScale) : 0, ScalarType::BFloat16, L.device, op);
+  Side dy_col(dy, offs, false, need_dw ? (kQT | kScale) : 0, ScalarType::BFloat16, L.device, op);
+  if (need_da || need_dw) run_fused(op, dy, offs, 128, 128, false, mode, dy_row, dy_col, L);
+  Tensor da = none_output(a_dtype, L.device), dw = none_output(w_dtype, L.device);
+  if (need_da) {
+    da = empty({dy.size(0), w_qt.dim() == 3 ? w_qt.size(1) : 0}, a_dtype, L.device);
+    tile128_mm_into(dy_row.q(), dy_row.scale(), w_qt, w_scale, offs, std::nullopt, da, L, op);
+  }
+  if (need_dw) {
+    dw = empty({offs.size(0), dy.size(1), a_qt->dim() >= 1 ? a_qt->size(0) : 0}, w_dtype, L.device);
+    tile128_mm_kgroups_into(dy_col.qt(), dy_col.scale(), *a_qt, *a_scale, offs, dw, L, op);
+  }
+  return {da, dw};
+}
+
+// ---- exact recipes on Hopper: fused MX round trip + bf16 torch._grouped_mm -------------------------
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sm90_exact_forward(Tensor a, Tensor w, Tensor offs, int64_t mode,
+                                                                      bool want_a_col) {
+  const char* op = "sm90_exact_forward";
+  require_2d_or_3d(a, "a", op);
+  require_2d_or_3d(w, "w", op);
+  a = dense(a);
+  w = dense(w);
+  Launch L(a);
+  Side a_row(a, offs, true, kDQ, ScalarType::BFloat16, L.device, op);
+  Side a_col(a, offs, false, want_a_col ? (kQ | kScale) : 0, ScalarType::BFloat16, L.device, op);
+  run_fused(op, a, offs, 32, 32, false, mode, a_row, a_col, L);
+  Side w_row(w, std::nullopt, true, kDQ, ScalarType::BFloat16, L.device, op);
+  Side w_col(w, std::nullopt, false, kQ | kScale, ScalarType::BFloat16, L.device, op);
+  run_fused(op, w, std::nullopt, 32, 32, false, mode, w_row, w_col, L);
+  const Tensor ends = clamp_offsets_into(offs, a.size(0), L, op);
+  Tensor out = aten_grouped_mm(a_row.dq(), torch::stable::transpose(w_row.dq(), -2, -1), ends);
+  // Saved for backward: W along N (dgrad) and A along M per group (wgrad), as FP8 + scales.
+  return {zero_tail(out, ends, L, op), w_col.q(), w_col.scale(), a_col.q(), a_col.scale()};
+}
+
+std::tuple<Tensor, Tensor> sm90_exact_backward(Tensor dy, Tensor w_q, Tensor w_scale, OptTensor a_q,
+                                               OptTensor a_scale, Tensor offs, int64_t mode, bool need_da,
+                                               bool need_dw) {
+  const char* op = "sm90_exact_backward";
+  require_2d_or_3d(dy, "dy", op);
+  if (need_dw && (!a_q || !a_scale))
+    fail(op, MXMOE_ERR_INVALID_ARGUMENT, "a_q, a_scale: required when need_dw (A's wgrad operand from the forward)");
+  dy = dense(dy);
+  Launch L(dy);
+  Side dy_row(dy, offs, true, need_da ? int64_t(kDQ) : 0, ScalarType::BFloat16, L.device, op);
+  Side dy_col(dy, offs, false, need_dw ? int64_t(kDQ) : 0, ScalarType::BFloat16, L.device, op);
+  if (need_da || need_dw) run_fused(op, dy, offs, 32, 32, false, mode, dy_row, dy_col, L);
+  const Tensor ends = clamp_offsets_into(offs, dy.size(0), L, op);
+  Tensor da = none_output(ScalarType::BFloat16, L.device), dw = none_output(ScalarType::BFloat16, L.device);
+  if (need_da) {
+    const Tensor w_n = dequantize_on(w_q, w_scale, 0, std::nullopt, L, op);  // W rounded along N, (G, N, K)
+    da = zero_tail(aten_grouped_mm(dy_row.dq(), w_n, ends), ends, L, op);
+  }
+  if (need_dw) {
+    const Tensor a_m = dequantize_on(*a_q, *a_scale, 0, offs, L, op);  // A rounded along M per group, (M, K)
+    dw = aten_grouped_mm(torch::stable::transpose(dy_col.dq(), 0, 1), a_m, ends);
+  }
+  return {da, dw};
+}
+
+}  // namespace ops
+}  // namespace mxmoe
