@@ -347,6 +347,44 @@ def summary(rows: List[dict]) -> str:
             f"fine-grained eager-vs-graph target PASS {sum(r['graph_target'] == 'PASS' for r in fine)}/{len(fine)}")
 
 
+def host_breakdown(case: Case, impl: str, steps: int = 20, top: int = 8) -> dict:
+    """Where one step's host time goes: the torch profiler's self CPU time per op (dispatcher ops:
+    mxmoe's C++ ops, aten allocations and kernels' launches), per step, and the rest of the step's wall
+    time (Python: grouped_mm's checks, autograd.Function, the autograd engine). The profiler adds its
+    own overhead to each op, so the split is a guide and host_us above is the measurement."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step = case.step(impl)
+    for _ in range(3):
+        case.zero_grads()
+        step()
+    sync(case.device)
+    wall = 0.0
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            case.zero_grads()
+            sync(case.device)
+            t0 = time.perf_counter()
+            step()
+            wall += time.perf_counter() - t0
+    sync(case.device)
+    ops = [(e.key, e.self_cpu_time_total / steps, e.count / steps) for e in prof.key_averages()
+           if "synchroniz" not in e.key.lower()]
+    ops.sort(key=lambda r: -r[1])
+    in_ops = sum(r[1] for r in ops)
+    wall_us = wall * 1e6 / steps
+    return {"impl": impl, "wall_us": wall_us, "ops_self_us": in_ops, "python_us": max(wall_us - in_ops, 0.0),
+            "top": [{"op": k, "self_us": round(us, 2), "calls": c} for k, us, c in ops[:top]]}
+
+
+def format_breakdown(name: str, b: dict) -> str:
+    lines = [f"  {name} {b['impl']}: {b['wall_us']:.1f} us/step under the profiler = ops {b['ops_self_us']:.1f} "
+             f"+ python/autograd {b['python_us']:.1f}"]
+    for r in b["top"]:
+        lines.append(f"      {r['self_us']:8.2f} us  x{r['calls']:<5g} {r['op']}")
+    return "\n".join(lines)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shapes", default="fine,seeds",
                    help=f"comma list of {', '.join(list(GROUPS) + list(SHAPES))} (default fine,seeds)")
@@ -357,6 +395,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reps", type=int, default=50, help="timed steps per measurement (host: median)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps before each measurement")
     p.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph column")
+    p.add_argument("--breakdown", default="fine_gate_up",
+                   help="comma list of shapes whose host time is split by op with the torch profiler ('' for none)")
     p.add_argument("--json", default=None,
                    help="rows as JSON (default $OUT/host.json when OUT is set, else out/bench/host.json)")
 
@@ -384,11 +424,20 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"FAILED {name}: {type(e).__name__}: {e}", flush=True)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+    breakdowns = []
+    for name in [b for b in args.breakdown.split(",") if b.strip() and b.strip() in shapes]:
+        try:
+            case = Case(SHAPES[name], device, args.backend)
+            for impl in impls:
+                breakdowns.append({"shape": name, **host_breakdown(case, impl)})
+            del case
+        except Exception as e:
+            print(f"FAILED breakdown {name}: {type(e).__name__}: {e}", flush=True)
     for r in rows:
         r.update(date=env["date"], commit=env["commit"], device=env["device"])
     os.makedirs(os.path.dirname(os.path.abspath(out_json)), exist_ok=True)
     with open(out_json, "w") as f:
-        json.dump({"rows": rows, **env, "reps": args.reps, "warmup": args.warmup,
+        json.dump({"rows": rows, "host_breakdown": breakdowns, **env, "reps": args.reps, "warmup": args.warmup,
                    "targets": {"host_us/torch_host_us": HOST_TARGET, "eager_us/graph_us (fine)": GRAPH_TARGET}},
                   f, indent=1)
     print()
@@ -405,6 +454,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         synced = [f"{r['shape']} {r['impl']}: {r['torch_syncs']}" for r in rows if r["torch_syncs"]]
         if synced:
             print("synchronizing torch calls inside one step (torch.cuda.set_sync_debug_mode):", "; ".join(synced))
+    if breakdowns:
+        print("host time by op (torch profiler, self CPU time per step; the rest is Python + autograd):")
+        for b in breakdowns:
+            print(format_breakdown(b["shape"], b))
     print(f"rows: {out_json}")
     return 0 if rows else 1
 

@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# Issue 6 on the device: the GPU pytest suite (binding + end-to-end autograd, compile, CUDA graphs),
-# the seeds-format e2e benchmark and the GPU training demo. Short tables to $OUT/table-e2e.txt.
+# Issue 6 on the device: the seeds-format e2e benchmark and the GPU training demo (the GPU pytest
+# suite is step 15). Short tables to $OUT/table-e2e.txt.
 set -uo pipefail
 status=0
-python3 -m pytest -q -m gpu tests/python -p no:cacheprovider 2>&1 | tee "$OUT/pytest-gpu.log" | tail -25 || status=1
-grep -E "passed|failed" "$OUT/pytest-gpu.log" | tail -1 > "$OUT/table-e2e.txt"
+: > "$OUT/table-e2e.txt"
 python3 -m mxmoe bench ${MXMOE_BENCH_ARGS:-} --out "$OUT" 2>&1 | tee "$OUT/bench-e2e.log" | tail -40 || status=1
 sed -n '/^A_shape/,$p' "$OUT/bench-e2e.log" >> "$OUT/table-e2e.txt"
 if [[ -z "${MXMOE_SKIP_TRAIN:-}" ]]; then
