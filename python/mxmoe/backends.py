@@ -20,6 +20,7 @@ Python here only decides which quantization feeds which GEMM. No host syncs: off
 """
 from __future__ import annotations
 
+import functools
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -260,6 +261,18 @@ register_backend(ReferenceBackend())
 register_backend(EmulatedBackend())
 
 
+@functools.lru_cache(maxsize=None)
+def _auto_cuda_backend(index: int) -> str:
+    """'auto' on CUDA device `index` (asked once per device: the capability query costs host time)."""
+    from .sm90 import is_sm90
+    from .sm100 import is_sm100
+
+    device = torch.device("cuda", index)
+    if is_sm90(device):
+        return "sm90"
+    return "sm100" if is_sm100(device) else "emulated"
+
+
 def resolve_backend(name: str, device: torch.device) -> str:
     """Name of the backend a call with `backend=name` on `device` uses ('auto' picks the best)."""
     if name == "auto":
@@ -268,12 +281,7 @@ def resolve_backend(name: str, device: torch.device) -> str:
         # the core's exact MX GEMMs (faster there than fp32 torch matmuls on dequantized operands).
         # Other GPUs: emulated.
         if device.type == "cuda":
-            from .sm90 import is_sm90
-            from .sm100 import is_sm100
-
-            if is_sm90(device):
-                return "sm90"
-            return "sm100" if is_sm100(device) else "emulated"
+            return _auto_cuda_backend(device.index if device.index is not None else torch.cuda.current_device())
         return "reference"
     if name not in BACKENDS:
         raise ValueError(f"backend: expected 'auto' or one of {', '.join(sorted(BACKENDS))}, got {name!r}")

@@ -18,16 +18,19 @@ enum : int64_t { kQ = 1, kQT = 2, kScale = 4, kBlocked = 8, kDQ = 16, kDQT = 32 
 constexpr const char* kNames[6] = {"q", "qt", "scale", "scale_blocked", "dq", "dqt"};
 
 // The outputs of one side of mxmoe_quantize_fused: shapes as the C API checks them (the fakes in
-// mxmoe/ops.py use the same rules), allocated only where wanted.
+// mxmoe/ops.py use the same rules), allocated only where wanted; an output not asked for becomes an
+// empty (0,) tensor only when an op returns it (allocations are most of an op's host time).
 struct Side {
   std::array<Tensor, 6> t;
+  std::array<ScalarType, 6> dtype{};
+  int32_t device = -1;
   std::array<mxmoe_tensor, 6> v{};
   mxmoe_fused_side side{};
   int64_t bits = 0;
 
   Side(const Tensor& x, const OptTensor& offs, bool is_row, int64_t bits_, ScalarType dq_dtype, int32_t device,
        const char* op)
-      : bits(bits_) {
+      : device(device), bits(bits_) {
     const bool three = x.dim() == 3;
     const int64_t lead = three ? x.size(0) : 0;
     const int64_t r = x.size(-2), c = x.size(-1);
@@ -50,19 +53,19 @@ struct Side {
                                             {bsize},          lead_shape(r, c), lead_shape(c, r)};
     mxmoe_tensor** slots[6] = {&side.q, &side.qt, &side.scale, &side.scale_blocked, &side.dq, &side.dqt};
     for (int i = 0; i < 6; ++i) {
-      const ScalarType dt = i >= 4 ? dq_dtype : (i < 2 ? ScalarType::Float8_e4m3fn : ScalarType::Float8_e8m0fnu);
-      if (bits & (int64_t(1) << i)) {
-        t[i] = empty(shapes[i], dt, device);
+      dtype[i] = i >= 4 ? dq_dtype : (i < 2 ? ScalarType::Float8_e4m3fn : ScalarType::Float8_e8m0fnu);
+      if (wants(i)) {
+        t[i] = empty(shapes[i], dtype[i], device);
         v[i] = view(t[i], kNames[i], op);
         *slots[i] = &v[i];
-      } else {
-        t[i] = none_output(dt, device);
       }
     }
   }
+  bool wants(int i) const { return (bits & (int64_t(1) << i)) != 0; }
   const mxmoe_fused_side* get() const { return bits ? &side : nullptr; }
+  // Output i: the computed tensor, or an empty (0,) placeholder when it was not asked for.
+  Tensor out(int i) const { return wants(i) ? t[i] : none_output(dtype[i], device); }
   const Tensor& q() const { return t[0]; }
-  const Tensor& qt() const { return t[1]; }
   const Tensor& scale() const { return t[2]; }
   const Tensor& dq() const { return t[4]; }
 };
@@ -113,8 +116,10 @@ std::vector<Tensor> quantize_fused(Tensor x, OptTensor offs, int64_t row_block, 
          "row_outputs/col_outputs: expected bit sets of Q|QT|SCALE|SCALE_BLOCKED|DQ|DQT (0..63), got " +
              std::to_string(row_outputs) + ", " + std::to_string(col_outputs));
   run_fused(op, x, offs, row_block, col_block, tile128, mode, row, col, L);
-  std::vector<Tensor> outs(row.t.begin(), row.t.end());
-  outs.insert(outs.end(), col.t.begin(), col.t.end());
+  std::vector<Tensor> outs;
+  outs.reserve(12);
+  for (const Side* side : {&row, &col})
+    for (int i = 0; i < 6; ++i) outs.push_back(side->out(i));
   return outs;
 }
 
@@ -139,7 +144,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sm90_tile128_forward(Tensor a
   run_fused(op, w, std::nullopt, 128, 128, true, mode, w_row, w_col, L);
   Tensor out = empty({a.size(0), w.size(-2)}, out_dtype, L.device);
   tile128_mm_into(a_row.q(), a_row.scale(), w_row.q(), w_row.scale(), offs, bias, out, L, op);
-  return {out, w_col.qt(), w_col.scale(), a_col.qt(), a_col.scale()};
+  return {out, w_col.out(1), w_col.out(2), a_col.out(1), a_col.out(2)};
 }
 
 std::tuple<Tensor, Tensor> sm90_tile128_backward(Tensor dy, Tensor w_qt, Tensor w_scale, OptTensor a_qt,
@@ -155,15 +160,12 @@ std::tuple<Tensor, Tensor> sm90_tile128_backward(Tensor dy, Tensor w_qt, Tensor 
   Side dy_row(dy, offs, true, need_da ? (kQ | kScale) : 0, ScalarType::BFloat16, L.device, op);
   Side dy_col(dy, offs, false, need_dw ? (kQT | kScale) : 0, ScalarType::BFloat16, L.device, op);
   if (need_da || need_dw) run_fused(op, dy, offs, 128, 128, false, mode, dy_row, dy_col, L);
-  Tensor da = none_output(a_dtype, L.device), dw = none_output(w_dtype, L.device);
-  if (need_da) {
-    da = empty({dy.size(0), w_qt.dim() == 3 ? w_qt.size(1) : 0}, a_dtype, L.device);
-    tile128_mm_into(dy_row.q(), dy_row.scale(), w_qt, w_scale, offs, std::nullopt, da, L, op);
-  }
-  if (need_dw) {
-    dw = empty({offs.size(0), dy.size(1), a_qt->dim() >= 1 ? a_qt->size(0) : 0}, w_dtype, L.device);
-    tile128_mm_kgroups_into(dy_col.qt(), dy_col.scale(), *a_qt, *a_scale, offs, dw, L, op);
-  }
+  Tensor da = need_da ? empty({dy.size(0), w_qt.dim() == 3 ? w_qt.size(1) : 0}, a_dtype, L.device)
+                      : none_output(a_dtype, L.device);
+  Tensor dw = need_dw ? empty({offs.size(0), dy.size(1), a_qt->dim() >= 1 ? a_qt->size(0) : 0}, w_dtype, L.device)
+                      : none_output(w_dtype, L.device);
+  if (need_da) tile128_mm_into(dy_row.q(), dy_row.scale(), w_qt, w_scale, offs, std::nullopt, da, L, op);
+  if (need_dw) tile128_mm_kgroups_into(dy_col.t[1], dy_col.scale(), *a_qt, *a_scale, offs, dw, L, op);
   return {da, dw};
 }
 
@@ -186,7 +188,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sm90_exact_forward(Tensor a, 
   const Tensor ends = clamp_offsets_into(offs, a.size(0), L, op);
   Tensor out = aten_grouped_mm(a_row.dq(), torch::stable::transpose(w_row.dq(), -2, -1), ends);
   // Saved for backward: W along N (dgrad) and A along M per group (wgrad), as FP8 + scales.
-  return {zero_tail(out, ends, L, op), w_col.q(), w_col.scale(), a_col.q(), a_col.scale()};
+  return {zero_tail(out, ends, L, op), w_col.out(0), w_col.out(2), a_col.out(0), a_col.out(2)};
 }
 
 std::tuple<Tensor, Tensor> sm90_exact_backward(Tensor dy, Tensor w_q, Tensor w_scale, OptTensor a_q,
@@ -202,14 +204,18 @@ std::tuple<Tensor, Tensor> sm90_exact_backward(Tensor dy, Tensor w_q, Tensor w_s
   Side dy_col(dy, offs, false, need_dw ? int64_t(kDQ) : 0, ScalarType::BFloat16, L.device, op);
   if (need_da || need_dw) run_fused(op, dy, offs, 32, 32, false, mode, dy_row, dy_col, L);
   const Tensor ends = clamp_offsets_into(offs, dy.size(0), L, op);
-  Tensor da = none_output(ScalarType::BFloat16, L.device), dw = none_output(ScalarType::BFloat16, L.device);
+  Tensor da, dw;
   if (need_da) {
     const Tensor w_n = dequantize_on(w_q, w_scale, 0, std::nullopt, L, op);  // W rounded along N, (G, N, K)
     da = zero_tail(aten_grouped_mm(dy_row.dq(), w_n, ends), ends, L, op);
+  } else {
+    da = none_output(ScalarType::BFloat16, L.device);
   }
   if (need_dw) {
     const Tensor a_m = dequantize_on(*a_q, *a_scale, 0, offs, L, op);  // A rounded along M per group, (M, K)
     dw = aten_grouped_mm(torch::stable::transpose(dy_col.dq(), 0, 1), a_m, ends);
+  } else {
+    dw = none_output(ScalarType::BFloat16, L.device);
   }
   return {da, dw};
 }

@@ -257,6 +257,8 @@ def test_token_padding_places_groups_on_32_token_boundaries():
 
 def _fake_capability(monkeypatch, cap):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap)
+    # 'auto' is resolved once per device and cached; bypass the cache while the capability is faked.
+    monkeypatch.setattr(backends, "_auto_cuda_backend", backends._auto_cuda_backend.__wrapped__)
 
 
 @pytest.mark.parametrize("cap,expected", [((9, 0), "sm90"), ((10, 0), "sm100"), ((10, 3), "sm100"),

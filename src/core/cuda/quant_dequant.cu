@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/tensor.hpp"
+#include "cuda/launch_cache.cuh"
 #include "cuda/quant_common.cuh"
 #include "ops.hpp"
 
@@ -259,9 +260,7 @@ void dequantize(const DequantizeArgs& a) {
   if (p.axis == 1 && p.offs == nullptr && aligned(p.q, 16) && aligned(p.out, 16) && p.C % 32 == 0) {
     DqRowParams rp{p.q, p.scale, p.out, p.f32, B * p.R * p.C / 8};
     DeviceGuard guard(a.q.device);
-    int blocks = 0, sms = 0;
-    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, dequant_rows_kernel, 256, 0), "dequantize: occupancy");
-    cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a.q.device), "dequantize: attribute");
+    const int blocks = occupancy(dequant_rows_kernel, a.q.device, 256, 0), sms = sm_count(a.q.device);
     const long long need = cdiv(rp.nunits, 8 * 32 * 8);
     const long long g = std::max(1LL, std::min(need, static_cast<long long>(std::max(1, blocks)) * sms));
     dequant_rows_kernel<<<static_cast<unsigned>(g), 256, 0, static_cast<cudaStream_t>(a.stream)>>>(rp);

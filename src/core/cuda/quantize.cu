@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "cuda/launch_cache.cuh"
 #include "cuda/quant_common.cuh"
 #include "ops.hpp"
 
@@ -1689,15 +1690,9 @@ void launch_typed(Params& p, int device, cudaStream_t stream) {
   p.tr_bytes = std::max(8192, e * 16384);
   p.stage_bytes = 16 * Frag<In>::kChunks * NT;
   const int table_bytes = p.table ? 3 * kMaxTable * 4 : 0;
-  int sms = 0;
-  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "quantize: device attribute");
+  const int sms = sm_count(device);
   auto occupancy = [&](auto kernel, int stages) {
-    const int smem = stages * p.stage_bytes + p.tr_bytes + table_bytes;
-    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-               "quantize: cudaFuncSetAttribute");
-    int blocks = 0;
-    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, NT, smem), "quantize: occupancy");
-    return blocks;
+    return cuda::occupancy(kernel, device, NT, stages * p.stage_bytes + p.tr_bytes + table_bytes);
   };
   // Default: direct register loads (stages = 0; measured faster than the cp.async pipeline, see
   // docs/perf/quantize.md). MXMOE_QUANT_STAGES=2|3 selects the cp.async pipeline (measurements).
@@ -1705,8 +1700,12 @@ void launch_typed(Params& p, int device, cudaStream_t stream) {
     const char* e = std::getenv("MXMOE_QUANT_STAGES");
     return e ? std::atoi(e) : 0;
   }();
-  int max_smem = 0;
-  cuda_check(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "quantize: attribute");
+  static int max_smem_cached = -1;  // the same for every device of one machine (H200s)
+  int max_smem = max_smem_cached;
+  if (max_smem < 0) {
+    cuda_check(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "quantize: attribute");
+    max_smem_cached = max_smem;
+  }
   const int fixed = p.tr_bytes + table_bytes + static_cast<int>(sizeof(Smem));
   p.stages = forced;
   if (p.stages == 3 && 3 * p.stage_bytes + fixed > max_smem) p.stages = 2;
@@ -1762,9 +1761,7 @@ void launch(Params& p, const mxmoe_tensor& x, const OptTensor& offs, void* strea
     RowParams rp{x.data, r.q, r.scale, r.dq, r.dq_f32, static_cast<long long>(p.B) * p.R * (p.C / 8), p.mode};
     if (rp.nchunks == 0) return;
     auto go = [&](auto kernel) {
-      int blocks = 0, sms = 0;
-      cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 256, 0), "quantize: occupancy");
-      cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device), "quantize: device attribute");
+      const int blocks = occupancy(kernel, x.device, 256, 0), sms = sm_count(x.device);
       const long long need = cdiv(rp.nchunks, 8 * 32 * 4);
       const long long grid = std::max(1LL, std::min(need, static_cast<long long>(std::max(1, blocks)) * sms));
       kernel<<<static_cast<unsigned>(grid), 256, 0, s>>>(rp);
@@ -1814,11 +1811,7 @@ void launch(Params& p, const mxmoe_tensor& x, const OptTensor& offs, void* strea
     const bool pipe = pipe_env != 0;
     const int smem = (p.table ? 3 * kMaxTable * 4 : 0) + (pipe ? (NW / 32) * 2 * kWarpTileBytes : 0);
     auto go = [&](auto kernel) {
-      int blocks = 0, sms = 0;
-      cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                 "quantize: cudaFuncSetAttribute");
-      cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, NW, smem), "quantize: occupancy");
-      cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device), "quantize: device attribute");
+      const int blocks = occupancy(kernel, x.device, NW, smem), sms = sm_count(x.device);
       if (blocks < 1) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: kernel does not fit on the device");
       const long long grid = std::min<long long>(cdiv(p.tiles, NW / 32), static_cast<long long>(blocks) * sms);
       kernel<<<static_cast<unsigned>(grid), NW, smem, s>>>(p);
@@ -1849,11 +1842,7 @@ void launch(Params& p, const mxmoe_tensor& x, const OptTensor& offs, void* strea
     p.tr_bytes = std::max(2048, e == 0 ? 0 : 128 * (8 * e + 1) * 4);
     const int smem = p.tr_bytes + (p.table ? 3 * kMaxTable * 4 : 0);
     auto go = [&](auto kernel) {
-      cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                 "quantize: cudaFuncSetAttribute");
-      int blocks = 0, sms = 0;
-      cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, NS, smem), "quantize: occupancy");
-      cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device), "quantize: device attribute");
+      const int blocks = occupancy(kernel, x.device, NS, smem), sms = sm_count(x.device);
       if (blocks < 1) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: kernel does not fit on the device");
       const long long grid = std::min<long long>(p.tiles, static_cast<long long>(blocks) * sms);
       kernel<<<static_cast<unsigned>(grid), NS, smem, s>>>(p);
@@ -1903,9 +1892,7 @@ bool dequantize_along_r_warp(const DequantizeArgs& a) {
   if (p.tiles > 0x7FFFFFFFLL) return false;
   DeviceGuard guard(a.q.device);
   const int smem = grouped ? 3 * kMaxTable * 4 : 0;
-  int blocks = 0, sms = 0;
-  cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, dequant_warp_kernel<3>, NW, smem), "dequantize: occupancy");
-  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a.q.device), "dequantize: attribute");
+  const int blocks = occupancy(dequant_warp_kernel<3>, a.q.device, NW, smem), sms = sm_count(a.q.device);
   if (blocks < 1) return false;
   const long long grid = std::min<long long>(cdiv(p.tiles, NW / 32), static_cast<long long>(blocks) * sms);
   dequant_warp_kernel<3><<<static_cast<unsigned>(grid), NW, smem, static_cast<cudaStream_t>(a.stream)>>>(p);
