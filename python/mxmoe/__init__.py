@@ -8,6 +8,8 @@ Public API:
   mxmoe.check_offsets(offs, m)          checked mode (also: env MXMOE_CHECK_OFFSETS=1)
   torch.ops.mxmoe.*                     the core's operations as custom ops (mxmoe.ops)
 
+  mxmoe.refresh_weights() / set_weight_cache() / weight_cache_info()   expert weights quantized once
+                                        per optimizer step (mxmoe/weight_cache.py)
   mxmoe.build_info()                    what this build carries (cuda, cuda_archs, tile128_gemm, torch_abi)
 
 Binding: the ops are registered from C++ (libmxmoe_torch.so, src/ops/) through the LibTorch stable
@@ -25,6 +27,7 @@ from .conversion import convert, is_converted, unconvert
 from .grouped import check_offsets, grouped_mm
 from .mx_tensor import MXTensor, quantize
 from .recipes import RECIPES, Recipe
+from .weight_cache import refresh_weights, set_weight_cache, weight_cache_info
 
 __version__ = "0.1.0"
 
@@ -45,4 +48,7 @@ __all__ = [
     "core_version",
     "has_cuda",
     "build_info",
+    "refresh_weights",
+    "set_weight_cache",
+    "weight_cache_info",
 ]

@@ -46,6 +46,7 @@ class Row:
     bf16_peak_mib: float
     scaled_peak_mib: float
     peak_mem_ratio: float
+    micro_batches: int = 1  # fwd+bwd per weight update; the e2e times are per fwd+bwd
     date: str = ""
     commit: str = ""
     device: str = ""
@@ -63,6 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default="", help="comma list of shape names (e.g. seeds:1 = seeds G=1) whose "
                    "e2e step is profiled per kernel (torch.profiler), for each recipe and bf16")
     p.add_argument("--out", default=os.environ.get("OUT", "out/bench"), help="folder for e2e.json")
+    p.add_argument("--micro-batches", type=int, default=1, metavar="N",
+                   help="fwd+bwd per weight update (gradient accumulation): the weights change once per N "
+                   "steps, as after an optimizer step, so mxmoe quantizes them once per N (times are per fwd+bwd)")
     p.add_argument("--host", nargs=argparse.REMAINDER, default=None, metavar="ARGS",
                    help="run bench/bench_host.py instead (host enqueue time, eager vs graph) with the ARGS that "
                    "follow (see --host --help)")
@@ -149,7 +153,17 @@ def _graphed(fn: Callable[[], None]) -> Callable[[], None]:
     return graph.replay
 
 
-def bench_grouped_mm(shape, recipe: str, backend: str, mode: str, reps: int) -> Row:
+def _touch(*weights: torch.Tensor) -> None:
+    """An optimizer-style write to each weight, as after an optimizer step: an in-place op on one
+    element (x * 1 == x, bit for bit) bumps the weight's version counter, so mxmoe's once-per-step
+    weight quantization (mxmoe/weight_cache.py) is redone, as in training, without timing an
+    optimizer. Both sides of a comparison run it."""
+    with torch.no_grad():
+        for w in weights:
+            w.as_strided((1,), (1,)).mul_(1.0)
+
+
+def bench_grouped_mm(shape, recipe: str, backend: str, mode: str, reps: int, micro_batches: int = 1) -> Row:
     import mxmoe
 
     m, n, k, g, jagged = shape
@@ -171,17 +185,22 @@ def bench_grouped_mm(shape, recipe: str, backend: str, mode: str, reps: int) -> 
         bf16 = _compiled(("bf16",), bf16)
         scaled = _compiled((recipe, backend), scaled)
 
+    mb = micro_batches
+
     def fwd(f):
         def run():
             with torch.no_grad():
                 f(a, w, offs)
+            _touch(w)
         return run
 
-    def e2e(f):
+    def e2e(f):  # one optimizer step: mb fwd+bwd (grads accumulate), then the weight changes
         def run():
             a.grad = None
             w.grad = None
-            f(a, w, offs).backward(dy)
+            for _ in range(mb):
+                f(a, w, offs).backward(dy)
+            _touch(w)
         return run
 
     # Peak memory of the eager/compiled step (a graph's private pool would hide the allocations).
@@ -189,12 +208,13 @@ def bench_grouped_mm(shape, recipe: str, backend: str, mode: str, reps: int) -> 
     bf16_peak, scaled_peak = _peak_mib(e2e(bf16)), _peak_mib(e2e(scaled))
     wrap = _graphed if mode == "cuda_graph" else (lambda fn: fn)
     bf16_fwd, scaled_fwd = _time_us(wrap(fwd(bf16)), reps), _time_us(wrap(fwd(scaled)), reps)
-    bf16_e2e, scaled_e2e = _time_us(wrap(e2e(bf16)), reps), _time_us(wrap(e2e(scaled)), reps)
+    bf16_e2e, scaled_e2e = _time_us(wrap(e2e(bf16)), reps) / mb, _time_us(wrap(e2e(scaled)), reps) / mb
     return Row(
         A_shape=str((m, k)), B_shape=str((g, n, k)), recipe=recipe, compiled=compiled, mode=mode,
         bf16_e2e_us=bf16_e2e, scaled_e2e_us=scaled_e2e, scaled_e2e_speedup=bf16_e2e / scaled_e2e,
         bf16_fwd_us=bf16_fwd, scaled_fwd_us=scaled_fwd, scaled_fwd_speedup=bf16_fwd / scaled_fwd,
         bf16_peak_mib=bf16_peak, scaled_peak_mib=scaled_peak, peak_mem_ratio=scaled_peak / bf16_peak,
+        micro_batches=mb,
     )
 
 
@@ -221,6 +241,7 @@ def bench_moe_layer(recipe: str, backend: str, reps: int, tokens: int = 16384, d
             for p in mod.parameters():
                 p.grad = None
             mod(x.view(1, tokens, dim)).float().square().mean().backward()
+            _touch(*mod.parameters())  # a new optimizer step each time (both sides)
         return run
 
     bf16_us, mx_us = _time_us(step(layer), reps), _time_us(step(mx_layer), reps)
@@ -309,7 +330,7 @@ def main(args) -> int:
             for recipe in args.recipes.split(","):
                 for mode in modes:
                     try:
-                        row = bench_grouped_mm(shape, recipe, args.backend, mode, args.reps)
+                        row = bench_grouped_mm(shape, recipe, args.backend, mode, args.reps, args.micro_batches)
                     except Exception as e:  # report and keep going: one failing case must not hide the rest
                         print(f"FAILED {shape} {recipe} {mode}: {type(e).__name__}: {e}")
                         continue
@@ -337,7 +358,7 @@ def main(args) -> int:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "e2e.json"), "w") as f:
         json.dump({"rows": rows, "moe_layer": layers, **env}, f, indent=1)
-    cols = ["A_shape", "B_shape", "recipe", "mode", "bf16_e2e_us", "scaled_e2e_us", "scaled_e2e_speedup",
+    cols = ["A_shape", "B_shape", "recipe", "mode", "micro_batches", "bf16_e2e_us", "scaled_e2e_us", "scaled_e2e_speedup",
             "bf16_fwd_us", "scaled_fwd_us", "scaled_fwd_speedup", "peak_mem_ratio"]
     print()
     print(_table(rows, cols) if rows else "no rows")

@@ -26,6 +26,7 @@ Ops (schemas in src/ops/library.cpp):
       the tile128 recipe's GEMMs (Hopper FP8 tensor cores on sm90; exact CPU reference on the host)
   quantize_fused(x, offs?, row_block, col_block, tile128, mode, row_outputs, col_outputs, dq_dtype)
       -> 12 tensors: one read of x, rowwise and/or columnwise MX operands, blocked scales, MX round trip
+  sm90_tile128_weight / sm90_exact_weight   a weight's quantized forms (once per optimizer step)
   sm90_tile128_forward / sm90_tile128_backward / sm90_exact_forward / sm90_exact_backward
       one whole forward or backward of a grouped_mm on Hopper in one op (see sm90.py)
   check_offsets(offs, m) -> ()   (checked mode: syncs, raises ValueError on bad offsets)
@@ -59,7 +60,7 @@ _FUSED_NAMES = ("q", "qt", "scale", "scale_blocked", "dq", "dqt")
 __all__ = [
     "quantize", "dequantize", "scales_to_blocked", "scales_from_blocked", "grouped_mm_mx",
     "grouped_mm_mx_kgroups", "check_offsets", "clamp_offsets", "quantize_fused", "grouped_mm_tile128",
-    "grouped_mm_tile128_kgroups", "zero_rows_past_groups", "sm90_tile128_forward", "sm90_tile128_backward",
+    "grouped_mm_tile128_kgroups", "zero_rows_past_groups", "sm90_tile128_weight", "sm90_tile128_forward", "sm90_exact_weight", "sm90_tile128_backward",
     "sm90_exact_forward", "sm90_exact_backward", "grouped_scale_capacity", "blocked_size", "quantize_fused_sides",
 ]
 
@@ -105,8 +106,10 @@ check_offsets = _python_op("check_offsets")
 clamp_offsets = _python_op("clamp_offsets")
 zero_rows_past_groups = _python_op("zero_rows_past_groups")
 quantize_fused = _python_op("quantize_fused")
+sm90_tile128_weight = _python_op("sm90_tile128_weight")
 sm90_tile128_forward = _python_op("sm90_tile128_forward")
 sm90_tile128_backward = _python_op("sm90_tile128_backward")
+sm90_exact_weight = _python_op("sm90_exact_weight")
 sm90_exact_forward = _python_op("sm90_exact_forward")
 sm90_exact_backward = _python_op("sm90_exact_backward")
 _dense_grouped_mm = _python_op("_dense_grouped_mm")
@@ -274,13 +277,18 @@ def _(x, offs, row_block, col_block, tile128, mode, row_outputs, col_outputs, dq
     return _side(x, offs, True, row_outputs, dq_dtype) + _side(x, offs, False, col_outputs, dq_dtype)
 
 
-@_fake("sm90_tile128_forward")
-def _(a, w, offs, bias, mode, out_dtype, want_a_col):
-    _check_dims(a, "a")
+@_fake("sm90_tile128_weight")
+def _(w, mode):
     _check_dims(w, "w")
+    row, col = _side(w, None, True, FUSED_Q | FUSED_SCALE), _side(w, None, False, FUSED_QT | FUSED_SCALE)
+    return row[0], row[2], col[1], col[2]
+
+
+@_fake("sm90_tile128_forward")
+def _(a, w_q, w_scale, offs, bias, mode, out_dtype, want_a_col):
+    _check_dims(a, "a")
     a_col = _side(a, offs, False, (FUSED_QT | FUSED_SCALE) if want_a_col else 0)
-    w_col = _side(w, None, False, FUSED_QT | FUSED_SCALE)
-    return a.new_empty((a.shape[0], w.shape[-2]), dtype=out_dtype), w_col[1], w_col[2], a_col[1], a_col[2]
+    return a.new_empty((a.shape[0], w_q.shape[-2]), dtype=out_dtype), a_col[1], a_col[2]
 
 
 @_fake("sm90_tile128_backward")
@@ -290,13 +298,18 @@ def _(dy, w_qt, w_scale, a_qt, a_scale, offs, mode, need_da, need_dw, a_dtype, w
     return da, dw
 
 
-@_fake("sm90_exact_forward")
-def _(a, w, offs, mode, want_a_col):
-    _check_dims(a, "a")
+@_fake("sm90_exact_weight")
+def _(w, mode):
     _check_dims(w, "w")
+    row, col = _side(w, None, True, FUSED_DQ), _side(w, None, False, FUSED_Q | FUSED_SCALE)
+    return row[4], col[0], col[2]
+
+
+@_fake("sm90_exact_forward")
+def _(a, w_dq, offs, mode, want_a_col):
+    _check_dims(a, "a")
     a_col = _side(a, offs, False, (FUSED_Q | FUSED_SCALE) if want_a_col else 0)
-    w_col = _side(w, None, False, FUSED_Q | FUSED_SCALE)
-    return a.new_empty((a.shape[0], w.shape[-2]), dtype=BF16), w_col[0], w_col[2], a_col[0], a_col[2]
+    return a.new_empty((a.shape[0], w_dq.shape[-2]), dtype=BF16), a_col[0], a_col[2]
 
 
 @_fake("sm90_exact_backward")

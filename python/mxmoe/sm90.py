@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import ops
+from . import ops, weight_cache
 from .backends import Backend, cast, register_backend, row_groups
 from .recipes import Recipe
 
@@ -56,17 +56,22 @@ class Sm90Backend(Backend):
         return self._forward_exact(a, w, offs, bias, recipe, out_dtype, want_a_col)
 
     def _forward_exact(self, a, w, offs, bias, recipe, out_dtype, want_a_col):
-        # One op: both MX round trips, bf16 torch._grouped_mm, rows past the groups zeroed; saved for
-        # backward: W along N (FP8, dgrad) and A along M per group (FP8, wgrad).
-        out, w_q, w_s, a_q, a_s = ops.sm90_exact_forward(a, w, offs, recipe.mode, want_a_col)
+        # W's forms once per optimizer step (weight_cache): its MX round trip along K and W along N as
+        # FP8 + scales (dgrad). One op: A's round trip (+ its wgrad operand), bf16 torch._grouped_mm,
+        # rows past the groups zeroed.
+        w_dq, w_q, w_s = weight_cache.quantized(w, ("sm90_exact", recipe.mode),
+                                                lambda t: ops.sm90_exact_weight(t, recipe.mode))
+        out, a_q, a_s = ops.sm90_exact_forward(a, w_dq, offs, recipe.mode, want_a_col)
         out = cast(_add_bias(out, bias, offs), out_dtype)
         return out, (w_q, w_s, a_q if want_a_col else None, a_s if want_a_col else None)
 
     def _forward_tile128(self, a, w, offs, bias, recipe, out_dtype, want_a_col):
-        # One op: A's and W's FP8 operands from one pass each (W's 128x128 tiles give the dgrad
-        # orientation too) and the FP8 grouped GEMM.
-        out, w_qt, w_s, a_qt, a_s = ops.sm90_tile128_forward(a, w, offs, bias, recipe.mode, out_dtype, want_a_col)
-        return out, (w_qt, w_s, a_qt if want_a_col else None, a_s if want_a_col else None)
+        # W's 128x128 tiles once per optimizer step (both orientations from one pass); one op: A's FP8
+        # operands from one pass and the FP8 grouped GEMM.
+        w_q, w_s, w_qt, w_st = weight_cache.quantized(w, ("sm90_tile128", recipe.mode),
+                                                      lambda t: ops.sm90_tile128_weight(t, recipe.mode))
+        out, a_qt, a_s = ops.sm90_tile128_forward(a, w_q, w_s, offs, bias, recipe.mode, out_dtype, want_a_col)
+        return out, (w_qt, w_st, a_qt if want_a_col else None, a_s if want_a_col else None)
 
     # ---- backward ---------------------------------------------------------------------------------
 

@@ -24,12 +24,14 @@ STABLE_TORCH_LIBRARY(mxmoe, m) {
   m.def("_dense_grouped_mm(Tensor a, Tensor b, Tensor offs) -> Tensor");
   m.def("quantize_fused(Tensor x, Tensor? offs, int row_block, int col_block, bool tile128, int mode, "
         "int row_outputs, int col_outputs, ScalarType dq_dtype) -> Tensor[]");
-  m.def("sm90_tile128_forward(Tensor a, Tensor w, Tensor offs, Tensor? bias, int mode, ScalarType out_dtype, "
-        "bool want_a_col) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("sm90_tile128_weight(Tensor w, int mode) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("sm90_tile128_forward(Tensor a, Tensor w_q, Tensor w_scale, Tensor offs, Tensor? bias, int mode, "
+        "ScalarType out_dtype, bool want_a_col) -> (Tensor, Tensor, Tensor)");
   m.def("sm90_tile128_backward(Tensor dy, Tensor w_qt, Tensor w_scale, Tensor? a_qt, Tensor? a_scale, "
         "Tensor offs, int mode, bool need_da, bool need_dw, ScalarType a_dtype, ScalarType w_dtype) -> (Tensor, Tensor)");
-  m.def("sm90_exact_forward(Tensor a, Tensor w, Tensor offs, int mode, bool want_a_col) "
-        "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("sm90_exact_weight(Tensor w, int mode) -> (Tensor, Tensor, Tensor)");
+  m.def("sm90_exact_forward(Tensor a, Tensor w_dq, Tensor offs, int mode, bool want_a_col) "
+        "-> (Tensor, Tensor, Tensor)");
   m.def("sm90_exact_backward(Tensor dy, Tensor w_q, Tensor w_scale, Tensor? a_q, Tensor? a_scale, Tensor offs, "
         "int mode, bool need_da, bool need_dw) -> (Tensor, Tensor)");
   m.def("build_info() -> str");
@@ -49,8 +51,10 @@ STABLE_TORCH_LIBRARY(mxmoe, m) {
   m.impl("clamp_offsets", TORCH_BOX(&clamp_offsets));                         \
   m.impl("_dense_grouped_mm", TORCH_BOX(&dense_grouped_mm));                  \
   m.impl("quantize_fused", TORCH_BOX(&quantize_fused));                       \
+  m.impl("sm90_tile128_weight", TORCH_BOX(&sm90_tile128_weight));             \
   m.impl("sm90_tile128_forward", TORCH_BOX(&sm90_tile128_forward));           \
   m.impl("sm90_tile128_backward", TORCH_BOX(&sm90_tile128_backward));         \
+  m.impl("sm90_exact_weight", TORCH_BOX(&sm90_exact_weight));                 \
   m.impl("sm90_exact_forward", TORCH_BOX(&sm90_exact_forward));               \
   m.impl("sm90_exact_backward", TORCH_BOX(&sm90_exact_backward))
 

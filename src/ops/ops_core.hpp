@@ -43,15 +43,18 @@ std::string build_info();
 std::vector<Tensor> quantize_fused(Tensor x, OptTensor offs, int64_t row_block, int64_t col_block, bool tile128,
                                    int64_t mode, int64_t row_outputs, int64_t col_outputs, ScalarType dq_dtype);
 
-// sm90 recipe phases: a whole forward or backward of one grouped_mm in one op (ops_fused.cpp).
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sm90_tile128_forward(Tensor a, Tensor w, Tensor offs,
-                                                                        OptTensor bias, int64_t mode,
-                                                                        ScalarType out_dtype, bool want_a_col);
+// sm90 recipe phases: the weight's quantized forms (once per optimizer step, mxmoe/weight_cache.py)
+// and a whole forward or backward of one grouped_mm in one op (ops_fused.cpp).
+std::tuple<Tensor, Tensor, Tensor, Tensor> sm90_tile128_weight(Tensor w, int64_t mode);
+std::tuple<Tensor, Tensor, Tensor> sm90_tile128_forward(Tensor a, Tensor w_q, Tensor w_scale, Tensor offs,
+                                                        OptTensor bias, int64_t mode, ScalarType out_dtype,
+                                                        bool want_a_col);
 std::tuple<Tensor, Tensor> sm90_tile128_backward(Tensor dy, Tensor w_qt, Tensor w_scale, OptTensor a_qt,
                                                  OptTensor a_scale, Tensor offs, int64_t mode, bool need_da,
                                                  bool need_dw, ScalarType a_dtype, ScalarType w_dtype);
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sm90_exact_forward(Tensor a, Tensor w, Tensor offs, int64_t mode,
-                                                                      bool want_a_col);
+std::tuple<Tensor, Tensor, Tensor> sm90_exact_weight(Tensor w, int64_t mode);
+std::tuple<Tensor, Tensor, Tensor> sm90_exact_forward(Tensor a, Tensor w_dq, Tensor offs, int64_t mode,
+                                                      bool want_a_col);
 std::tuple<Tensor, Tensor> sm90_exact_backward(Tensor dy, Tensor w_q, Tensor w_scale, OptTensor a_q,
                                                OptTensor a_scale, Tensor offs, int64_t mode, bool need_da,
                                                bool need_dw);

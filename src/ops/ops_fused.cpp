@@ -125,26 +125,32 @@ std::vector<Tensor> quantize_fused(Tensor x, OptTensor offs, int64_t row_block, 
 
 // ---- tile128 recipe on Hopper FP8 tensor cores ------------------------------------------------------
 
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sm90_tile128_forward(Tensor a, Tensor w, Tensor offs,
-                                                                        OptTensor bias, int64_t mode,
-                                                                        ScalarType out_dtype, bool want_a_col) {
+std::tuple<Tensor, Tensor, Tensor, Tensor> sm90_tile128_weight(Tensor w, int64_t mode) {
+  const char* op = "sm90_tile128_weight";
+  require_2d_or_3d(w, "w", op);
+  w = dense(w);
+  Launch L(w);
+  // One 128x128 quantization of W: the forward (q) and the dgrad (qt) orientation.
+  Side row(w, std::nullopt, true, kQ | kScale, ScalarType::BFloat16, L.device, op);
+  Side col(w, std::nullopt, false, kQT | kScale, ScalarType::BFloat16, L.device, op);
+  run_fused(op, w, std::nullopt, 128, 128, true, mode, row, col, L);
+  return {row.q(), row.scale(), col.t[1], col.scale()};
+}
+
+std::tuple<Tensor, Tensor, Tensor> sm90_tile128_forward(Tensor a, Tensor w_q, Tensor w_scale, Tensor offs,
+                                                        OptTensor bias, int64_t mode, ScalarType out_dtype,
+                                                        bool want_a_col) {
   const char* op = "sm90_tile128_forward";
   require_2d_or_3d(a, "a", op);
-  require_2d_or_3d(w, "w", op);
   a = dense(a);
-  w = dense(w);
   Launch L(a);
   // One read of A: its forward operand (1x128 along K) and its wgrad operand (128x1 along M per group).
   Side a_row(a, offs, true, kQ | kScale, ScalarType::BFloat16, L.device, op);
   Side a_col(a, offs, false, want_a_col ? (kQT | kScale) : 0, ScalarType::BFloat16, L.device, op);
   run_fused(op, a, offs, 128, 128, false, mode, a_row, a_col, L);
-  // One 128x128 quantization of W: the forward (q) and the dgrad (qt) orientation.
-  Side w_row(w, std::nullopt, true, kQ | kScale, ScalarType::BFloat16, L.device, op);
-  Side w_col(w, std::nullopt, false, kQT | kScale, ScalarType::BFloat16, L.device, op);
-  run_fused(op, w, std::nullopt, 128, 128, true, mode, w_row, w_col, L);
-  Tensor out = empty({a.size(0), w.size(-2)}, out_dtype, L.device);
-  tile128_mm_into(a_row.q(), a_row.scale(), w_row.q(), w_row.scale(), offs, bias, out, L, op);
-  return {out, w_col.out(1), w_col.out(2), a_col.out(1), a_col.out(2)};
+  Tensor out = empty({a.size(0), w_q.dim() >= 2 ? w_q.size(-2) : 0}, out_dtype, L.device);
+  tile128_mm_into(a_row.q(), a_row.scale(), w_q, w_scale, offs, bias, out, L, op);
+  return {out, a_col.out(1), a_col.out(2)};
 }
 
 std::tuple<Tensor, Tensor> sm90_tile128_backward(Tensor dy, Tensor w_qt, Tensor w_scale, OptTensor a_qt,
@@ -171,24 +177,36 @@ std::tuple<Tensor, Tensor> sm90_tile128_backward(Tensor dy, Tensor w_qt, Tensor 
 
 // ---- exact recipes on Hopper: fused MX round trip + bf16 torch._grouped_mm -------------------------
 
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sm90_exact_forward(Tensor a, Tensor w, Tensor offs, int64_t mode,
-                                                                      bool want_a_col) {
+std::tuple<Tensor, Tensor, Tensor> sm90_exact_weight(Tensor w, int64_t mode) {
+  const char* op = "sm90_exact_weight";
+  require_2d_or_3d(w, "w", op);
+  w = dense(w);
+  Launch L(w);
+  // One read of W: its MX round trip along K (the forward GEMM's bf16 operand) and W along N as
+  // FP8 + scales (dgrad).
+  Side row(w, std::nullopt, true, kDQ, ScalarType::BFloat16, L.device, op);
+  Side col(w, std::nullopt, false, kQ | kScale, ScalarType::BFloat16, L.device, op);
+  run_fused(op, w, std::nullopt, 32, 32, false, mode, row, col, L);
+  return {row.dq(), col.q(), col.scale()};
+}
+
+std::tuple<Tensor, Tensor, Tensor> sm90_exact_forward(Tensor a, Tensor w_dq, Tensor offs, int64_t mode,
+                                                      bool want_a_col) {
   const char* op = "sm90_exact_forward";
   require_2d_or_3d(a, "a", op);
-  require_2d_or_3d(w, "w", op);
+  if (w_dq.dim() != 3 || w_dq.scalar_type() != ScalarType::BFloat16)
+    fail(op, MXMOE_ERR_INVALID_ARGUMENT,
+         "w_dq: expected the (G, N, K) bfloat16 MX round trip of W (sm90_exact_weight), got " +
+             std::to_string(w_dq.dim()) + " dims of " + torch::headeronly::toString(w_dq.scalar_type()));
   a = dense(a);
-  w = dense(w);
   Launch L(a);
   Side a_row(a, offs, true, kDQ, ScalarType::BFloat16, L.device, op);
   Side a_col(a, offs, false, want_a_col ? (kQ | kScale) : 0, ScalarType::BFloat16, L.device, op);
   run_fused(op, a, offs, 32, 32, false, mode, a_row, a_col, L);
-  Side w_row(w, std::nullopt, true, kDQ, ScalarType::BFloat16, L.device, op);
-  Side w_col(w, std::nullopt, false, kQ | kScale, ScalarType::BFloat16, L.device, op);
-  run_fused(op, w, std::nullopt, 32, 32, false, mode, w_row, w_col, L);
   const Tensor ends = clamp_offsets_into(offs, a.size(0), L, op);
-  Tensor out = aten_grouped_mm(a_row.dq(), torch::stable::transpose(w_row.dq(), -2, -1), ends);
-  // Saved for backward: W along N (dgrad) and A along M per group (wgrad), as FP8 + scales.
-  return {zero_tail(out, ends, L, op), w_col.out(0), w_col.out(2), a_col.out(0), a_col.out(2)};
+  Tensor out = aten_grouped_mm(a_row.dq(), torch::stable::transpose(w_dq, -2, -1), ends);
+  // Saved for backward: A along M per group (FP8 + scales, wgrad).
+  return {zero_tail(out, ends, L, op), a_col.out(0), a_col.out(2)};
 }
 
 std::tuple<Tensor, Tensor> sm90_exact_backward(Tensor dy, Tensor w_q, Tensor w_scale, OptTensor a_q,

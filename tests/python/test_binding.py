@@ -32,7 +32,7 @@ def test_missing_library_gives_clear_error(monkeypatch, tmp_path):
 def test_ops_are_cpp_kernels():
     # Registered from C++: the CPU and CUDA kernels are not Python functions (torch.library.custom_op
     # would have put a Python kernel there), and no Python op body exists to bypass the dispatcher.
-    for name in ("quantize", "quantize_fused", "grouped_mm_tile128", "sm90_tile128_forward", "sm90_exact_backward"):
+    for name in ("quantize", "quantize_fused", "grouped_mm_tile128", "sm90_tile128_forward", "sm90_tile128_weight", "sm90_exact_backward"):
         op = getattr(torch.ops.mxmoe, name).default
         assert torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CPU"), name
         assert torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CUDA"), name

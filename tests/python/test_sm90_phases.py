@@ -46,9 +46,12 @@ def test_tile128_phases_equal_the_composition(device, want_a_col):
         pytest.skip("needs Hopper and the tile128 GEMMs")
     a, w, dy, offs = _inputs(device)
     bias = torch.randn(w.shape[0], w.shape[1], dtype=BF16, device=device)
-    out, w_qt, w_s, a_qt, a_s = ops.sm90_tile128_forward(a, w, offs, bias, RCEIL, torch.float32, want_a_col)
+    w_q, w_qs, w_qt, w_s = ops.sm90_tile128_weight(w, RCEIL)
+    out, a_qt, a_s = ops.sm90_tile128_forward(a, w_q, w_qs, offs, bias, RCEIL, torch.float32, want_a_col)
     a_row, a_col = ops.quantize_fused_sides(a, offs, 128, 128, False, RCEIL, Q | S, QT | S)
     w_row, w_col = ops.quantize_fused_sides(w, None, 128, 128, True, RCEIL, Q | S, QT | S)
+    _same(w_q, w_row["q"])
+    _same(w_qs, w_row["scale"])
     _same(out, ops.grouped_mm_tile128(a_row["q"], a_row["scale"], w_row["q"], w_row["scale"], offs, bias,
                                       torch.float32))
     _same(w_qt, w_col["qt"])
@@ -73,9 +76,11 @@ def test_tile128_phases_equal_the_composition(device, want_a_col):
 def test_exact_phases_equal_the_composition(device):
     a, w, dy, offs = _inputs(device)
     m = a.shape[0]
-    out, w_q, w_s, a_q, a_s = ops.sm90_exact_forward(a, w, offs, RCEIL, True)
+    w_dq, w_q, w_s = ops.sm90_exact_weight(w, RCEIL)
+    out, a_q, a_s = ops.sm90_exact_forward(a, w_dq, offs, RCEIL, True)
     a_row, a_col = ops.quantize_fused_sides(a, offs, 32, 32, False, RCEIL, DQ, Q | S)
     w_row, w_col = ops.quantize_fused_sides(w, None, 32, 32, False, RCEIL, DQ, Q | S)
+    _same(w_dq, w_row["dq"])
     ends = ops.clamp_offsets(offs, m)
     _same(out, ops._dense_grouped_mm(a_row["dq"], w_row["dq"].transpose(-2, -1), ends))
     assert torch.count_nonzero(out[int(ends[-1]):]) == 0  # rows past the groups are zero
@@ -98,7 +103,8 @@ def test_phases_clamp_bad_offsets(device):
     bad = torch.tensor([-5, 120, 60, 900], dtype=torch.int32, device=device)
     good = ops.clamp_offsets(bad, a.shape[0])
     assert good.tolist() == [0, 120, 120, 200]
-    for fwd in (lambda o: ops.sm90_exact_forward(a, w, o, RCEIL, True),):
+    w_dq = ops.sm90_exact_weight(w, RCEIL)[0]
+    for fwd in (lambda o: ops.sm90_exact_forward(a, w_dq, o, RCEIL, True),):
         for x, y in zip(fwd(bad), fwd(good)):
             _same(x, y)
 
@@ -106,6 +112,8 @@ def test_phases_clamp_bad_offsets(device):
 def test_phase_errors_name_the_argument():
     a, w, dy, offs = _inputs("cpu")
     with pytest.raises(ValueError, match=r"^mxmoe\.sm90_exact_forward: .*offs"):
-        ops.sm90_exact_forward(a, w, offs.long(), RCEIL, True)
+        ops.sm90_exact_forward(a, ops.sm90_exact_weight(w, RCEIL)[0], offs.long(), RCEIL, True)
+    with pytest.raises(ValueError, match=r"w_dq: expected the \(G, N, K\) bfloat16 MX round trip"):
+        ops.sm90_exact_forward(a, w.float(), offs, RCEIL, True)
     with pytest.raises(ValueError, match=r"w: expected 2 or 3 dims"):
-        ops.sm90_tile128_forward(a, w[0, 0], offs, None, RCEIL, BF16, True)
+        ops.sm90_tile128_weight(w[0, 0], RCEIL)

@@ -1,0 +1,129 @@
+"""Expert weights quantized once per optimizer step.
+
+A weight changes only when the optimizer (or the user) writes it, but every micro-batch's forward
+used to re-quantize it: at 64 experts that pass alone costs more than bf16's whole forward. The
+backends ask this cache for a weight's quantized forms instead; an entry is reused while the weight
+is provably unchanged and recomputed otherwise.
+
+When an entry is valid. It is keyed by the weight's root tensor (the Parameter a ``W.transpose``
+view comes from), the view's geometry and the recipe's form, and it holds the state it was computed
+from: data pointer, dtype, device and the tensor's **version counter**. Every in-place write through
+torch bumps that counter: optimizer steps (``torch.optim`` updates parameters in place under
+no_grad), ``load_state_dict`` (``param.copy_``), ``with torch.no_grad(): W.mul_(2)``, writes through
+views or ``.detach()`` aliases. ``module.to(...)`` / ``.cuda()`` / ``.half()`` replace the data (new
+pointer, dtype or device). Any difference means a miss, so a changed weight is never served stale.
+The one write torch does not count is through ``.data`` (``W.data.add_(...)``, old-style
+optimizers): ``.data`` has its own version counter by design. After such writes call
+``mxmoe.refresh_weights()``.
+
+Where it is off (the forms are computed on every call, as without a cache): inside torch.compile
+(Dynamo traces the weight pass into the graph; the cache's pointer and version checks are host-side
+Python), during CUDA-graph capture (a replay could not re-check the weight), for inference-mode
+tensors (no version counter), and everywhere with ``mxmoe.set_weight_cache(False)`` or env
+``MXMOE_WEIGHT_CACHE=0``.
+
+Memory: between steps an entry keeps the weight's quantized forms (tile128: FP8 codes in both
+orientations + scales, about W's bf16 bytes; exact recipes: the bf16 round trip + FP8 along N, about
+1.5x). ``mxmoe.weight_cache_info()`` reports it. An entry is freed with its weight.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+_lock = threading.Lock()
+_enabled = os.environ.get("MXMOE_WEIGHT_CACHE", "1") not in ("0", "")
+_entries: Dict[tuple, "_Entry"] = {}
+_stats = {"hits": 0, "misses": 0}
+
+
+class _Entry:
+    __slots__ = ("root", "state", "forms")
+
+    def __init__(self, root: weakref.ref, state: tuple, forms: Tuple[Tensor, ...]):
+        self.root = root
+        self.state = state
+        self.forms = forms
+
+
+def _state(w: Tensor) -> tuple:
+    return (w.data_ptr(), w._version, w.dtype, w.device)
+
+
+def _usable(w: Tensor) -> bool:
+    if not _enabled or torch.compiler.is_compiling() or w.is_inference():
+        return False
+    if w.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return False
+    return True
+
+
+def _drop(key):
+    def callback(_ref):
+        with _lock:
+            _entries.pop(key, None)
+
+    return callback
+
+
+def quantized(w: Tensor, form: tuple, compute: Callable[[Tensor], Tuple[Tensor, ...]]) -> Tuple[Tensor, ...]:
+    """The quantized forms of weight ``w`` for ``form`` (a hashable description, e.g. the op and its
+    scale mode): cached while ``w`` is unchanged, else ``compute(w)`` (and stored)."""
+    if not _usable(w):
+        return compute(w)
+    root = w._base if w._base is not None else w
+    key = (id(root), form, tuple(w.shape), w.stride(), w.storage_offset())
+    state = _state(w)
+    with _lock:
+        entry = _entries.get(key)
+        if entry is not None and entry.root() is root and entry.state == state:
+            _stats["hits"] += 1
+            return entry.forms
+    forms = compute(w)
+    # The state is read again: the version must be the one the forms were computed from (compute
+    # reads w and writes nothing to it, so it is unchanged unless another thread wrote w).
+    if _state(w) == state:
+        with _lock:
+            _stats["misses"] += 1
+            _entries[key] = _Entry(weakref.ref(root, _drop(key)), state, tuple(forms))
+    return forms
+
+
+def refresh_weights(module_or_tensor=None) -> int:
+    """Drop cached quantized weights: all of them, or those of a module's parameters / one tensor.
+    Needed only after writes that bypass torch's version counter (through ``.data``). Returns the
+    number of entries dropped."""
+    with _lock:
+        if module_or_tensor is None:
+            n = len(_entries)
+            _entries.clear()
+            return n
+        if isinstance(module_or_tensor, Tensor):
+            roots = {id(module_or_tensor._base if module_or_tensor._base is not None else module_or_tensor)}
+        else:
+            roots = {id(p) for p in module_or_tensor.parameters()}
+        drop = [k for k in _entries if k[0] in roots]
+        for k in drop:
+            del _entries[k]
+        return len(drop)
+
+
+def set_weight_cache(enabled: bool) -> None:
+    """Turn the cache on or off (off also drops every entry)."""
+    global _enabled
+    _enabled = bool(enabled)
+    if not _enabled:
+        refresh_weights()
+
+
+def weight_cache_info() -> dict:
+    """``enabled``, ``entries``, ``bytes`` held by the cached forms, ``hits`` and ``misses`` so far."""
+    with _lock:
+        live = [e for e in _entries.values() if e.root() is not None]
+        nbytes = sum(t.numel() * t.element_size() for e in live for t in e.forms)
+        return {"enabled": _enabled, "entries": len(live), "bytes": nbytes, **_stats}

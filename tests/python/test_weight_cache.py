@@ -1,0 +1,192 @@
+"""Expert weights quantized once per optimizer step (mxmoe/weight_cache.py): reused across
+micro-batches, never served stale after any tracked write (optimizer step, in-place edit, writes
+through views and detach() aliases, load_state_dict, dtype/device moves), off under torch.compile and for inference tensors,
+and results bit-identical to the cache turned off. The sm90 backend runs on CPU here (the core's CPU
+kernels); the GPU suite runs the same file on the H200."""
+import contextlib
+
+import pytest
+import torch
+
+import mxmoe
+from mxmoe import ops, weight_cache
+from mx_testutils import offsets
+
+RECIPES = ["mxfp8_rceil_tile128", "mxfp8_rceil"]
+WEIGHT_OPS = {"mxfp8_rceil_tile128": "sm90_tile128_weight", "mxfp8_rceil": "sm90_exact_weight"}
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+class Experts(torch.nn.Module):
+    def __init__(self, g=3, n=128, k=128, device="cpu"):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(g, n, k, device=device, dtype=torch.bfloat16) / k**0.5)
+
+    def forward(self, a, offs, recipe):
+        return mxmoe.grouped_mm(a, self.w.transpose(-2, -1), offs, recipe=recipe, backend="sm90")
+
+
+@pytest.fixture
+def counter(monkeypatch):
+    """Counts the weight-quantization ops the sm90 backend runs."""
+    calls = {"n": 0}
+    for name in WEIGHT_OPS.values():
+        real = getattr(ops, name)
+
+        def counting(*args, _real=real):
+            calls["n"] += 1
+            return _real(*args)
+
+        monkeypatch.setattr(ops, name, counting)
+    weight_cache.refresh_weights()
+    yield calls
+    weight_cache.refresh_weights()
+
+
+@contextlib.contextmanager
+def uncached():
+    """The cache bypassed without dropping its entries (set_weight_cache(False) also frees them)."""
+    old = weight_cache._enabled
+    weight_cache._enabled = False
+    try:
+        yield
+    finally:
+        weight_cache._enabled = old
+
+
+def _usable(device, recipe):
+    if device == "cuda" and recipe.endswith("tile128"):
+        return mxmoe.build_info()["tile128_gemm"] and torch.cuda.get_device_capability() == (9, 0)
+    return True
+
+
+def _batch(device, m=200, k=128):
+    return torch.randn(m, k, device=device, dtype=torch.bfloat16), offsets([70, 0, 130], device)
+
+
+def _step(model, a, offs, recipe):
+    out = model(a, offs, recipe)
+    out.float().square().mean().backward()
+    return out.detach()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_once_per_optimizer_step_and_bitwise_equal(device, recipe, counter):
+    if not _usable(device, recipe):
+        pytest.skip("needs Hopper and the tile128 GEMMs")
+    torch.manual_seed(1)
+    cached, plain = Experts(device=device), Experts(device=device)
+    plain.load_state_dict(cached.state_dict())
+    opt_c = torch.optim.SGD(cached.parameters(), lr=0.5)
+    opt_p = torch.optim.SGD(plain.parameters(), lr=0.5)
+    batches = [_batch(device) for _ in range(4)]
+    for step in range(3):
+        for a, offs in batches:  # 4 micro-batches, gradients accumulated
+            y_c = _step(cached, a, offs, recipe)
+            with uncached():
+                y_p = _step(plain, a, offs, recipe)
+            assert torch.equal(y_c, y_p)
+        assert torch.equal(cached.w.grad, plain.w.grad)
+        opt_c.step()
+        opt_p.step()
+        opt_c.zero_grad()
+        opt_p.zero_grad()
+        assert torch.equal(cached.w, plain.w)
+    # with the cache: one weight pass per optimizer step; without: one per micro-batch
+    assert counter["n"] == 3 + 3 * 4
+    info = mxmoe.weight_cache_info()
+    assert info["enabled"] and info["entries"] == 1 and info["bytes"] > 0
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_tracked_writes_invalidate(recipe, counter):
+    model = Experts()
+    a, offs = _batch("cpu")
+
+    def fresh_equals_cached():
+        y = model(a, offs, recipe).detach()
+        with uncached():
+            ref = model(a, offs, recipe).detach()
+        return torch.equal(y, ref)
+
+    assert fresh_equals_cached()
+    with torch.no_grad():
+        model.w.mul_(2.0)  # in-place edit
+    assert fresh_equals_cached()
+    with torch.no_grad():
+        model.w.transpose(-2, -1)[0].add_(1.0)  # through a view
+    assert fresh_equals_cached()
+    model.w.detach()[1].neg_()  # through a detach() alias (shares the version counter)
+    assert fresh_equals_cached()
+    state = {"w": torch.randn_like(model.w)}
+    model.load_state_dict(state)
+    assert fresh_equals_cached()
+    model.float()  # dtype move: new data, new dtype
+    assert model.w.dtype == torch.float32
+    assert fresh_equals_cached()
+    model.bfloat16()
+    assert fresh_equals_cached()
+
+
+def test_untracked_data_write_needs_refresh(counter):
+    # Writes through .data bypass torch's version counter (by design): documented; refresh_weights()
+    # is the way out. This pins both halves of that statement.
+    model = Experts()
+    a, offs = _batch("cpu")
+    recipe = "mxfp8_rceil_tile128"
+    before = model(a, offs, recipe).detach()
+    model.w.data.mul_(4.0)
+    stale = model(a, offs, recipe).detach()
+    assert torch.equal(stale, before)  # served from the cache: the write was invisible
+    assert mxmoe.refresh_weights(model) == 1
+    with uncached():
+        ref = model(a, offs, recipe).detach()
+    assert torch.equal(model(a, offs, recipe).detach(), ref) and not torch.equal(ref, before)
+
+
+def test_off_under_compile_and_inference_mode(counter):
+    model = Experts()
+    a, offs = _batch("cpu")
+    recipe = "mxfp8_rceil_tile128"
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a, o: model(a, o, recipe), fullgraph=True, backend="aot_eager")
+    y1 = compiled(a, offs)
+    with torch.no_grad():
+        model.w.mul_(0.5)
+    y2 = compiled(a, offs)  # the weight pass is in the graph: never stale
+    with uncached():
+        assert torch.equal(y2, model(a, offs, recipe))
+    assert not torch.equal(y1, y2)
+    assert mxmoe.weight_cache_info()["entries"] == 0  # nothing cached from compiled code
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        frozen = Experts()  # inference tensors have no version counter: never cached
+        frozen(a, offs, recipe)
+        assert mxmoe.weight_cache_info()["entries"] == 0
+        model(a, offs, recipe)  # a normal parameter used under inference_mode keeps its counter
+    assert mxmoe.weight_cache_info()["entries"] == 1
+
+
+def test_entry_freed_with_its_weight(counter):
+    model = Experts()
+    a, offs = _batch("cpu")
+    model(a, offs, "mxfp8_rceil")
+    assert mxmoe.weight_cache_info()["entries"] == 1
+    del model
+    import gc
+
+    gc.collect()
+    assert mxmoe.weight_cache_info()["entries"] == 0
+
+
+def test_disabled_by_switch(counter):
+    model = Experts()
+    a, offs = _batch("cpu")
+    mxmoe.set_weight_cache(False)
+    try:
+        model(a, offs, "mxfp8_rceil")
+        model(a, offs, "mxfp8_rceil")
+        assert counter["n"] == 2 and mxmoe.weight_cache_info()["entries"] == 0
+    finally:
+        mxmoe.set_weight_cache(True)
