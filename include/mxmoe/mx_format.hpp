@@ -89,7 +89,9 @@ MXMOE_HD uint8_t e8m0_from_amax_bits(uint32_t amax_bits, mxmoe_scale_mode mode) 
   if (f32_is_nan_or_inf(amax_bits)) return kE8M0Nan;
   if (mode == MXMOE_SCALE_EVEN) {
     amax_bits = (amax_bits + (1u << 19)) & 0xFF800000u;
-    if (f32_is_nan_or_inf(amax_bits)) return kE8M0Nan;  // rounded up past the largest finite
+    // A finite amax rounded up past the largest exponent (near the dtype's max): p = 128, so
+    // s = 247 as torchao; a finite block never gets the NaN scale (MX_SPEC.md).
+    if (f32_is_nan_or_inf(amax_bits)) return static_cast<uint8_t>(128 - 8 + 127);
   }
   const int32_t e = static_cast<int32_t>((amax_bits >> 23) & 0xFFu);
   int32_t p = (e == 0) ? -127 : e - 127;

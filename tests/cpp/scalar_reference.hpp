@@ -69,8 +69,7 @@ inline uint8_t scale_byte(float amax, mxmoe_scale_mode mode) {
   if (mode == MXMOE_SCALE_EVEN && p > -127) {
     // Round up to the next power of two when the significand is >= 1 + 15/16 (MX_SPEC's bit rule).
     const double sig = std::ldexp(static_cast<double>(amax), -p);  // in [1, 2)
-    if (sig >= 1.9375) p += 1;
-    if (p > 127) return 255;
+    if (sig >= 1.9375) p += 1;  // may reach 128 for amax near the dtype's max: s = 247, never 255
   }
   int s = p - 8;
   if (s < -127) s = -127;

@@ -115,4 +115,8 @@ TEST(Codecs, ScaleByteEdgeCases) {
   EXPECT_EQ(mxmoe_e8m0_from_amax(257.0f, MXMOE_SCALE_CEIL), 128);
   EXPECT_EQ(mxmoe_e8m0_from_amax(1.9375f, MXMOE_SCALE_EVEN), 120);   // rounds up to 2^1
   EXPECT_EQ(mxmoe_e8m0_from_amax(1.875f, MXMOE_SCALE_EVEN), 119);
+  // Near the dtype's max the rounding carries to p = 128: scale 247, not the NaN scale (MX_SPEC).
+  EXPECT_EQ(mxmoe_e8m0_from_amax(mxtest::float_of(0x7F7FFFFFu), MXMOE_SCALE_EVEN), 247);
+  EXPECT_EQ(mxmoe_e8m0_from_amax(mxtest::float_of(0x7F7F0000u), MXMOE_SCALE_EVEN), 247);
+  EXPECT_EQ(mxmoe_e8m0_from_amax(mxtest::float_of(0x7F700000u), MXMOE_SCALE_EVEN), 246);
 }

@@ -117,5 +117,21 @@ void check_rows(int block_r, int block_c, int64_t rows_n, int64_t cols) {
 }  // namespace
 
 TEST(SpecTable, Blocks1x32) { check_rows(1, 32, 3, 64); }
+
+// The EVEN row: all +-(dtype max) rounds amax up past the largest exponent; MX_SPEC gives p = 128,
+// scale 247 and the data bytes of RCEIL (0x78, sign bit for negatives), never the NaN scale.
+TEST(SpecTable, EvenAtDtypeMax) {
+  for (const bool fp32 : {false, true}) {
+    const float v = float_of(fp32 ? 0x7F7FFFFFu : 0x7F7F0000u);
+    for (const auto& blk : {std::pair<int, int>{1, 32}, {1, 128}, {128, 128}}) {
+      const int64_t rows = blk.first == 128 ? 130 : 3, cols = 160;
+      const Quantized got = run(fp32 ? MXMOE_DTYPE_F32 : MXMOE_DTYPE_BF16, MXMOE_SCALE_EVEN, blk.first, blk.second,
+                                rows, cols, [v](int64_t c) { return (c % 2) ? -v : v; });
+      for (size_t i = 0; i < got.scale.size(); ++i) ASSERT_EQ(got.scale[i], 247) << i;
+      for (size_t i = 0; i < got.q.size(); ++i)
+        ASSERT_EQ(got.q[i], static_cast<uint8_t>(((i % cols) % 2) ? 0xF8 : 0x78)) << i;
+    }
+  }
+}
 TEST(SpecTable, Blocks1x128) { check_rows(1, 128, 2, 160); }  // one full and one partial block
 TEST(SpecTable, Blocks128x128) { check_rows(128, 128, 130, 160); }  // partial edge tiles both ways
