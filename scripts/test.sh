@@ -32,6 +32,8 @@ ninja -C build/asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build/asan --output-on-failure -j"$jobs"
 
+echo "== Fuzz (C API, ASan+UBSan, bounded)"; bash scripts/fuzz.sh
+
 echo "== Python tests"
 set +e
 .venv/bin/python -m pytest tests/python -q

@@ -186,14 +186,28 @@ float mxmoe_e8m0_to_float(uint8_t s) { return e8m0_to_f32(s); }
 uint8_t mxmoe_e4m3_from_float(float y) { return e4m3_from_f32(y); }
 float mxmoe_e4m3_to_float(uint8_t q) { return e4m3_to_f32(q); }
 
-int64_t mxmoe_grouped_scale_capacity(int64_t m, int64_t g) { return ceil_div(m, kBlock) + g; }
+namespace {
+// Overflow-checked size arithmetic for the size formulas: -1 propagates (negative or too large).
+int64_t add_sz(int64_t a, int64_t b) {
+  int64_t r = 0;
+  return (a < 0 || b < 0 || __builtin_add_overflow(a, b, &r)) ? -1 : r;
+}
+int64_t mul_sz(int64_t a, int64_t b) {
+  int64_t r = 0;
+  return (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &r)) ? -1 : r;
+}
+int64_t cdiv_sz(int64_t a, int64_t b) { return a < 0 ? -1 : a / b + (a % b != 0); }
+int64_t round_sz(int64_t a, int64_t b) { return mul_sz(cdiv_sz(a, b), b); }
+}  // namespace
+
+int64_t mxmoe_grouped_scale_capacity(int64_t m, int64_t g) { return add_sz(cdiv_sz(m, kBlock), g); }
 
 int64_t mxmoe_blocked_size(mxmoe_blocked_kind kind, int64_t h, int64_t w, int64_t g) {
   switch (kind) {
-    case MXMOE_BLOCKED_WHOLE: return round_up(h, 128) * round_up(w, 4);
-    case MXMOE_BLOCKED_GROUPS_M: return (h + 128 * g) * round_up(w, 4);
-    case MXMOE_BLOCKED_GROUPS_K: return round_up(h, 128) * (ceil_div(w, kBlock) + 4 * g);
-    case MXMOE_BLOCKED_PER_EXPERT: return g * round_up(h, 128) * round_up(w, 4);
+    case MXMOE_BLOCKED_WHOLE: return mul_sz(round_sz(h, 128), round_sz(w, 4));
+    case MXMOE_BLOCKED_GROUPS_M: return mul_sz(add_sz(h, mul_sz(128, g)), round_sz(w, 4));
+    case MXMOE_BLOCKED_GROUPS_K: return mul_sz(round_sz(h, 128), add_sz(cdiv_sz(w, kBlock), mul_sz(4, g)));
+    case MXMOE_BLOCKED_PER_EXPERT: return mul_sz(g, mul_sz(round_sz(h, 128), round_sz(w, 4)));
     default: break;  // invalid codes fall through to the caller's rejection
   }
   return -1;

@@ -63,6 +63,7 @@ int64_t workspace_size(SizeFn cuda_size, int64_t m, int64_t n, int64_t k, int64_
     clear_last_error();
     if (m < 0 || n < 0 || k < 0 || g < 0)
       fail("workspace size: expected non-negative shapes, got m=", m, " n=", n, " k=", k, " g=", g);
+    if (device < -1) fail("device: expected -1 (host) or a CUDA ordinal >= 0, got ", device);
     if (device < 0) return 0;
     check_backend(device, "device");  // no CUDA in this build: UNSUPPORTED, cuda_size is null
     return cuda_size(m, n, k, g, device);

@@ -58,6 +58,7 @@ int64_t numel(const mxmoe_tensor& t) {
 }
 
 bool is_contiguous(const mxmoe_tensor& t) {
+  if (numel(t) == 0) return true;  // no element is addressed (torch reports arbitrary strides here)
   int64_t expected = 1;
   for (int i = t.ndim - 1; i >= 0; --i) {
     if (t.shape[i] != 1 && t.strides[i] != expected) return false;
@@ -74,6 +75,21 @@ const mxmoe_tensor& require(const mxmoe_tensor* t, const char* name) {
   for (int i = 0; i < t->ndim; ++i) {
     if (t->shape[i] < 0) fail(name, ": expected sizes >= 0, got ", t->shape[i], " at dim ", i);
     if (t->strides[i] < 0) fail(name, ": expected strides >= 0, got ", t->strides[i], " at dim ", i);
+  }
+  // Sizes whose products (element counts, byte spans, plans) cannot overflow int64 anywhere below:
+  // each dim <= 2^40, the product of the non-zero dims and the span sum((size-1)*stride) <= 2^62.
+  constexpr int64_t kMaxDim = int64_t(1) << 40, kMaxTotal = int64_t(1) << 62;
+  int64_t count = 1, span = 0;
+  for (int i = 0; i < t->ndim; ++i) {
+    const int64_t n = t->shape[i], st = t->strides[i];
+    if (n > kMaxDim) fail(name, ": expected sizes <= 2^40, got ", n, " at dim ", i);
+    int64_t extent = 0;
+    if (n > 0 && (__builtin_mul_overflow(count, n, &count) || count > kMaxTotal))
+      fail(name, ": expected at most 2^62 elements, got shape ", shape_str(*t));
+    if (n > 0 && (__builtin_mul_overflow(n - 1, st, &extent) || __builtin_add_overflow(span, extent, &span) ||
+                  span > kMaxTotal))
+      fail(name, ": expected a view spanning at most 2^62 elements, got shape ", shape_str(*t), " and strides ",
+           shape_str(std::vector<int64_t>(t->strides, t->strides + t->ndim)));
   }
   if (t->data == nullptr && numel(*t) > 0)
     fail(name, ": expected a data pointer for shape ", shape_str(*t), ", got NULL");

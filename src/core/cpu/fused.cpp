@@ -114,6 +114,17 @@ bool wants_q(const FusedSide& s) { return s.q.present || s.dq.present || s.dqt.p
 
 void quantize_fused(const FusedArgs& a) {
   const int64_t B = a.x.shape[0], R = a.x.shape[1], C = a.x.shape[2];
+  if (B * R * C == 0) {
+    // Nothing to quantize: every output is empty or all zero bytes (grouped scale capacity and
+    // blocked padding of empty groups). No intermediates sized by the other, possibly huge, dims.
+    for (const FusedSide* side : {&a.row, &a.col}) {
+      if (!side->active) continue;
+      for (const OptTensor* o : {&side->q, &side->qt, &side->scale, &side->scale_blocked, &side->dq, &side->dqt})
+        if (o->present && numel(o->t) > 0)
+          std::memset(o->t.data, 0, static_cast<size_t>(numel(o->t) * dtype_size(o->t.dtype)));
+    }
+    return;
+  }
   auto quantize_side = [&](int32_t block_r, int32_t block_c, bool with_offs, bool row_scale, bool col_scale,
                            bool want_q, bool want_qt, SideQuant& row_out, SideQuant& col_out) {
     QuantizeArgs qa;

@@ -35,7 +35,8 @@ typedef float v8f_u __attribute__((vector_size(32), aligned(4), may_alias));
 // Accumulators live in registers across the slice; loading the running sum from c and continuing
 // keeps the summation order sequential in l. Compiled for AVX2 where available.
 template <int ROWS>
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)  // target_clones needs ifunc
+// target_clones needs ifunc (Linux); clang supports it on templates from clang 15 on.
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__) && (!defined(__clang__) || __clang_major__ >= 15)
 __attribute__((target_clones("avx2", "default")))
 #endif
 void micro_kernel(const float* x, int64_t ldx, const float* y, float* c, int64_t ldc, int64_t len) {
@@ -148,6 +149,7 @@ void dequant_rows(const MxView& v, int64_t rows, int64_t len, float* dst) {
 void dequant_transposed(const MxView& v, int64_t cols, int64_t len, float* dst) {
   const float* lut = e4m3_table();
   const int64_t cols_p = round_up(cols, kNR);
+  if (cols == 0 || len == 0) return;  // an empty operand: nothing to transpose
   parallel_for(ceil_div(len, kBlock), std::max<int64_t>(1, (1 << 16) / (kBlock * cols_p)),
                [&](int64_t lo, int64_t hi) {
                  float tile[kBlock][32];
@@ -215,6 +217,7 @@ void zero_rows(const mxmoe_tensor& out, int64_t base, int64_t r0, int64_t r1, in
 }  // namespace
 
 void grouped_mm(const GroupedMMArgs& a) {
+  if (numel(a.out) == 0) return;  // no output element: no operand is read (they may be huge views)
   const int64_t M = a.a.shape[0], K = a.a.shape[1], N = a.b.shape[1];
   const Groups g = groups_from_offsets(a.offs, M);
   const int64_t np = round_up(N, kNR);
@@ -243,6 +246,7 @@ void grouped_mm(const GroupedMMArgs& a) {
 }
 
 void grouped_mm_kgroups(const GroupedMMKArgs& a) {
+  if (numel(a.out) == 0) return;  // no output element: no operand is read (they may be huge views)
   const int64_t N = a.a.shape[0], M = a.a.shape[1], K = a.b.shape[0];
   const Groups g = groups_from_offsets(a.offs, M);
   const int64_t kp = round_up(K, kNR);

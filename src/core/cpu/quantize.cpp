@@ -345,6 +345,10 @@ void dequantize_typed(const DequantizeArgs& a) {
 }  // namespace
 
 void quantize(const QuantizeArgs& a) {
+  if (numel(a.x) == 0) {  // nothing to quantize: no plan over the (possibly huge) other dims
+    zero_unused_scale_r(a, 0);
+    return;
+  }
   const Plan plan = make_plan(a);
   if (a.x.dtype == MXMOE_DTYPE_BF16)
     quantize_typed<uint16_t>(a, plan);
@@ -354,6 +358,7 @@ void quantize(const QuantizeArgs& a) {
 }
 
 void dequantize(const DequantizeArgs& a) {
+  if (numel(a.out) == 0) return;
   if (a.out.dtype == MXMOE_DTYPE_BF16)
     dequantize_typed<uint16_t>(a);
   else

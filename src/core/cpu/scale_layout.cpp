@@ -126,7 +126,7 @@ void scales_from_blocked(const BlockedArgs& a) {
   uint8_t* dst = static_cast<uint8_t*>(s.data);
   // Entries no group covers (rows past the last group, unused compact columns) read as 0: clear
   // the (contiguous, validated) scale tensor first when the kind has such entries.
-  if (a.kind == MXMOE_BLOCKED_GROUPS_M || a.kind == MXMOE_BLOCKED_GROUPS_K)
+  if ((a.kind == MXMOE_BLOCKED_GROUPS_M || a.kind == MXMOE_BLOCKED_GROUPS_K) && numel(s) > 0)
     std::memset(dst, 0, static_cast<size_t>(numel(s)));
   const Plan p = make_plan(a);
   const uint8_t* src = static_cast<const uint8_t*>(a.blocked.data);

@@ -12,19 +12,26 @@
 // compilations run in parallel and a change recompiles one of them.
 //
 // Group problem descriptors (shapes, pointers, strides, scale layouts) are written on the device by
-// a one-block kernel from the GroupInfo array, so nothing here reads offs on the host.
+// the one-block kernel that also computes the GroupInfo array from offs (one launch per call), so
+// nothing here reads offs on the host. The CUTLASS kernel is launched directly (one
+// cudaLaunchKernelExC per call); its kernel attributes are set once per device (gemm() below).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <mutex>
+#include <vector>
 
 #include "common/error.hpp"
 #include "cuda/gemm_tile128.cuh"
+#include "mxmoe/mx_format.hpp"
 
 #include "cute/tensor.hpp"
+#include "cutlass/cluster_launch.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/detail/blockwise_scale_layout.hpp"
+#include "cutlass/device_kernel.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
 #include "cutlass/epilogue/dispatch_policy.hpp"
 #include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"
@@ -119,8 +126,12 @@ struct Desc {
 
 inline size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
 
+// for_launch = false (workspace sizing): the device id and the scheduler knobs are left at their
+// defaults; CUTLASS's workspace size depends on neither (the group scheduler needs no workspace, the
+// SM count is given), and this saves the cudaGetDevice + getenv calls of the sizing queries.
 template <class Cfg>
-typename Cfg::Gemm::Arguments make_args(const Desc<Cfg>& d, int groups, int sm_count, bool bias) {
+typename Cfg::Gemm::Arguments make_args(const Desc<Cfg>& d, int groups, int sm_count, bool bias,
+                                        bool for_launch = true) {
   typename Cfg::Gemm::Arguments args{};
   args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
   args.problem_shape = {groups, d.problem, nullptr};  // shapes on the device only
@@ -131,8 +142,9 @@ typename Cfg::Gemm::Arguments make_args(const Desc<Cfg>& d, int groups, int sm_c
   args.epilogue.dD = d.stride_d;
   // EVT arguments: {acc fetch, bias row broadcast, plus}.
   args.epilogue.thread = {{}, {bias ? d.ptr_bias : nullptr, 0.0f, {}}, {}};
-  cudaGetDevice(&args.hw_info.device_id);
   args.hw_info.sm_count = sm_count;
+  if (!for_launch) return args;
+  cudaGetDevice(&args.hw_info.device_id);
   // Tile order of the persistent scheduler (tuning knobs, read per call; defaults measured in
   // docs/perf/gemm.md): MXMOE_TILE128_RASTER = m (default) | n, MXMOE_TILE128_SWIZZLE = 1|2|4|8.
   using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
@@ -166,7 +178,7 @@ size_t carve(void* base, int groups, int sm_count, Desc<Cfg>* out) {
   d.stride_d = reinterpret_cast<typename Cfg::StrideD*>(take(g * sizeof(typename Cfg::StrideD)));
   d.layout_sfa = reinterpret_cast<typename Cfg::LayoutSFA*>(take(g * sizeof(typename Cfg::LayoutSFA)));
   d.layout_sfb = reinterpret_cast<typename Cfg::LayoutSFB*>(take(g * sizeof(typename Cfg::LayoutSFB)));
-  const size_t ws = Cfg::Gemm::get_workspace_size(make_args<Cfg>(d, groups, sm_count, false));
+  const size_t ws = Cfg::Gemm::get_workspace_size(make_args<Cfg>(d, groups, sm_count, false, false));
   d.cutlass_ws = take(ws);
   if (out) *out = d;
   return off;
@@ -179,15 +191,69 @@ __device__ typename Cfg::StrideA kmajor(int64_t ld) {
   return s;
 }
 
+// ---- group info + descriptors: one single-block kernel per call --------------------------------
+
+constexpr int kInfoThreads = 256;  // the block size of the info kernels (the shared chunk size below)
+
+// offs -> GroupInfo, in the one block of an info kernel (blockDim.x <= kInfoThreads). Chunks of
+// blockDim groups: load, scan on thread 0, then thread t writes info[base + t] and hands the same
+// GroupInfo to emit(g, gi) (the per-group descriptor writer), so the descriptors never re-read
+// info from global memory.
+// stage_mode: 0 never stage (M-grouped); 1 stage groups whose start is not a multiple of 16;
+// 2 stage every non-empty group.
+template <class Emit>
+__device__ void group_info_block(const int32_t* offs, int64_t offs_s, int groups, int64_t m, int stage_mode,
+                                 GroupInfo* info, const Emit& emit) {
+  __shared__ int64_t s_end[kInfoThreads];
+  __shared__ int64_t s_carry[3];  // prev end, kb prefix, blk prefix
+  __shared__ GroupInfo s_info[kInfoThreads];
+  if (threadIdx.x == 0) s_carry[0] = s_carry[1] = s_carry[2] = 0;
+  for (int base = 0; base < groups; base += blockDim.x) {
+    const int g = base + threadIdx.x;
+    const int n = min(static_cast<int>(blockDim.x), groups - base);
+    if (g < groups) s_end[threadIdx.x] = offs[g * offs_s];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int64_t prev = s_carry[0], kb = s_carry[1], blk = s_carry[2];
+      for (int i = 0; i < n; ++i) {
+        const int64_t o = s_end[i];
+        const int64_t e = o < prev ? prev : (o > m ? m : o);
+        GroupInfo gi{};
+        gi.start = prev;
+        gi.len = e - prev;
+        gi.kb_off = kb;
+        gi.blk_off = blk;
+        const bool stage = gi.len > 0 && (stage_mode == 2 || (stage_mode == 1 && gi.start % 16 != 0));
+        gi.stage_col = stage ? ((gi.start + 15) / 16 * 16 + 16 * static_cast<int64_t>(base + i)) : -1;
+        s_info[i] = gi;
+        kb += (gi.len + kTile - 1) / kTile;
+        blk += (gi.len + kBlock - 1) / kBlock;
+        prev = e;
+      }
+      s_carry[0] = prev;
+      s_carry[1] = kb;
+      s_carry[2] = blk;
+    }
+    __syncthreads();
+    if (g < groups) {
+      const GroupInfo gi = s_info[threadIdx.x];
+      info[g] = gi;
+      emit(g, gi);
+    }
+    __syncthreads();
+  }
+}
+
 // Forward / dgrad descriptors: group g is rows [start, start + len) of A and out, expert g of B.
 template <class Cfg>
-__global__ void fwd_desc_kernel(FwdPlan p, Desc<Cfg> d) {
-  using EA = typename Cfg::ElementA;
-  using EB = typename Cfg::ElementB;
-  using ED = typename Cfg::ElementD;
-  const int64_t kb = (p.k + kTile - 1) / kTile, nb = (p.n + kTile - 1) / kTile;
-  for (int g = threadIdx.x; g < p.groups; g += blockDim.x) {
-    const GroupInfo gi = p.info[g];
+struct FwdDescEmit {
+  FwdPlan p;
+  Desc<Cfg> d;
+  __device__ void operator()(int g, const GroupInfo& gi) const {
+    using EA = typename Cfg::ElementA;
+    using EB = typename Cfg::ElementB;
+    using ED = typename Cfg::ElementD;
+    const int64_t kb = (p.k + kTile - 1) / kTile, nb = (p.n + kTile - 1) / kTile;
     const int m = static_cast<int>(gi.len), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
     d.problem[g] = typename Cfg::Shape3(m, n, k);
     d.ptr_a[g] = reinterpret_cast<const EA*>(p.a + gi.start * p.k);
@@ -202,17 +268,18 @@ __global__ void fwd_desc_kernel(FwdPlan p, Desc<Cfg> d) {
     d.layout_sfa[g] = Cfg::ScaleConfig::tile_atom_to_shape_SFA(cute::make_shape(m, n, k, 1));
     d.layout_sfb[g] = Cfg::ScaleConfig::tile_atom_to_shape_SFB(cute::make_shape(m, n, k, 1));
   }
-}
+};
 
 // Wgrad descriptors: problem (N, K, len_g); empty groups get M = 0 (no tiles; zeroed elsewhere,
 // since a K = 0 problem would leave CUTLASS's accumulators unwritten).
 template <class Cfg>
-__global__ void kg_desc_kernel(KgPlan p, Desc<Cfg> d) {
-  using EA = typename Cfg::ElementA;
-  using EB = typename Cfg::ElementB;
-  using ED = typename Cfg::ElementD;
-  for (int g = threadIdx.x; g < p.groups; g += blockDim.x) {
-    const GroupInfo gi = p.info[g];
+struct KgDescEmit {
+  KgPlan p;
+  Desc<Cfg> d;
+  __device__ void operator()(int g, const GroupInfo& gi) const {
+    using EA = typename Cfg::ElementA;
+    using EB = typename Cfg::ElementB;
+    using ED = typename Cfg::ElementD;
     const int m = gi.len > 0 ? static_cast<int>(p.n) : 0, n = static_cast<int>(p.k);
     const int k = static_cast<int>(gi.len);
     d.problem[g] = typename Cfg::Shape3(m, n, k);
@@ -231,6 +298,20 @@ __global__ void kg_desc_kernel(KgPlan p, Desc<Cfg> d) {
     d.layout_sfa[g] = Cfg::ScaleConfig::tile_atom_to_shape_SFA(cute::make_shape(m, n, k, 1));
     d.layout_sfb[g] = Cfg::ScaleConfig::tile_atom_to_shape_SFB(cute::make_shape(m, n, k, 1));
   }
+};
+
+// One block: GroupInfo[G] into p.info (the caller's workspace; the later prologue kernels read it)
+// and the CUTLASS descriptors of every group.
+template <class Cfg>
+__global__ void __launch_bounds__(kInfoThreads) fwd_info_desc_kernel(const int32_t* offs, int64_t offs_s,
+                                                                    FwdPlan p, Desc<Cfg> d) {
+  group_info_block(offs, offs_s, p.groups, p.m, 0, const_cast<GroupInfo*>(p.info), FwdDescEmit<Cfg>{p, d});
+}
+
+template <class Cfg>
+__global__ void __launch_bounds__(kInfoThreads) kg_info_desc_kernel(const int32_t* offs, int64_t offs_s,
+                                                                   int stage_mode, KgPlan p, Desc<Cfg> d) {
+  group_info_block(offs, offs_s, p.groups, p.m, stage_mode, const_cast<GroupInfo*>(p.info), KgDescEmit<Cfg>{p, d});
 }
 
 inline void check_cutlass(cutlass::Status s, const char* what) {
@@ -243,18 +324,103 @@ inline void check_launch(const char* what) {
   if (e != cudaSuccess) fail_status(MXMOE_ERR_CUDA, what, ": ", cudaGetErrorString(e));
 }
 
-template <class Cfg, class Plan, class DescKernel>
-void run(const Plan& p, DescKernel desc_kernel, bool bias, const char* what) {
+inline void check_cuda(cudaError_t e, const char* what, const char* call) {
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // clear the (non-sticky) error so a later launch check does not report it, as CUTLASS does
+    fail_status(MXMOE_ERR_CUDA, what, ": ", call, ": ", cudaGetErrorString(e));
+  }
+}
+
+// The kernel attributes CUTLASS's adapter sets on every call (GemmUniversalAdapter::initialize:
+// the dynamic shared-memory opt-in; ClusterLauncher::launch -> init: non-portable cluster sizes
+// allowed), set once per (kernel, device) instead: both are per-kernel settings of the device's
+// context and this TU is the only code that launches device_kernel<GemmKernel>. The opt-in is only
+// ever raised (SharedStorageSize is a constant of the kernel, so it is set once).
+template <class GemmKernel>
+void set_kernel_attributes_once(int device, const char* what) {
+  static std::mutex mu;
+  static std::vector<int> opt_in;  // per device: the shared-memory opt-in set so far, 0 = none yet
+  constexpr int smem = static_cast<int>(GemmKernel::SharedStorageSize);
+  std::lock_guard<std::mutex> lock(mu);
+  if (device < 0) fail_status(MXMOE_ERR_CUDA, what, ": no current CUDA device");
+  if (static_cast<size_t>(device) >= opt_in.size()) opt_in.resize(static_cast<size_t>(device) + 1, 0);
+  const int want = smem > 0 ? smem : 1;
+  if (opt_in[device] >= want) return;
+  const void* kernel = reinterpret_cast<const void*>(&cutlass::device_kernel<GemmKernel>);
+  if (smem >= (48 << 10))
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), what,
+               "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), what,
+             "cudaFuncSetAttribute(NonPortableClusterSizeAllowed)");
+  opt_in[device] = want;
+}
+
+// Writes GroupInfo + descriptors (one launch). The GEMM (gemm() below) reads the descriptors; the
+// caller's prologue kernels launched between the two read GroupInfo.
+template <class Cfg>
+void fwd_info_desc(const FwdPlan& p, const int32_t* offs, int64_t offs_s, const char* what) {
   Desc<Cfg> d{};
   carve<Cfg>(p.desc, p.groups, p.sm_count, &d);
-  desc_kernel<<<1, 256, 0, p.stream>>>(p, d);
+  fwd_info_desc_kernel<Cfg><<<1, kInfoThreads, 0, p.stream>>>(offs, offs_s, p, d);
   check_launch(what);
-  auto args = make_args<Cfg>(d, p.groups, p.sm_count, bias);
-  typename Cfg::Gemm gemm;
-  check_cutlass(gemm.can_implement(args), what);
-  check_cutlass(gemm.initialize(args, d.cutlass_ws, p.stream), what);
-  check_cutlass(gemm.run(p.stream), what);
+}
+
+template <class Cfg>
+void kg_info_desc(const KgPlan& p, const int32_t* offs, int64_t offs_s, int stage_mode, const char* what) {
+  Desc<Cfg> d{};
+  carve<Cfg>(p.desc, p.groups, p.sm_count, &d);
+  kg_info_desc_kernel<Cfg><<<1, kInfoThreads, 0, p.stream>>>(offs, offs_s, stage_mode, p, d);
   check_launch(what);
+}
+
+// The CUTLASS grouped GEMM with exactly one runtime launch per call: what
+// GemmUniversalAdapter::initialize + run do, without the per-call attribute calls.
+//   initialize: GemmKernel::initialize_workspace (host code; for this kernel every component -- the
+//     blockwise mainloop, the group tile scheduler, the EVT epilogue -- returns kSuccess without
+//     launching anything; kept so a CUTLASS update that needs it still gets it), then
+//     GemmKernel::to_underlying_arguments (host: TMA descriptor templates, scheduler params), then
+//     cudaFuncSetAttribute(MaxDynamicSharedMemorySize) -> once per (kernel, device);
+//   run (SM90 cluster launch, cluster 1x2x1, no host adapter, no PDL): ClusterLauncher::launch =
+//     make_cluster_launch_config + check_cluster_dims + init (cudaFuncSetAttribute(
+//     NonPortableClusterSizeAllowed) -> once per (kernel, device)) + cudaLaunchKernelExC.
+// can_implement is evaluated once per Cfg: with the problem shapes on the device only (host shapes
+// null) it checks the mode (kGrouped) and the rank of the problem shape; the per-group alignment
+// checks of the mainloop and the epilogue are skipped without host shapes, the group scheduler
+// accepts every argument and the EVT epilogue has no beta. Its answer is the same for every call.
+template <class Cfg>
+void gemm(const Desc<Cfg>& d, int groups, int sm_count, bool bias, cudaStream_t stream, const char* what) {
+  using Gemm = typename Cfg::Gemm;
+  using GemmKernel = typename Gemm::GemmKernel;
+  static_assert(!Gemm::kEnableCudaHostAdapter, "the launch below replicates the adapter without a host adapter");
+  static_assert(GemmKernel::ArchTag::kMinComputeCapability == 90, "the launch below is the SM90 cluster launch");
+  using ClusterShape = typename GemmKernel::DispatchPolicy::ClusterShape;
+  static_assert(cute::is_static_v<ClusterShape> && cute::size(ClusterShape{}) > 1,
+                "GemmUniversalAdapter launches a static 1x1x1 cluster through a different path");
+  constexpr int smem = static_cast<int>(GemmKernel::SharedStorageSize);
+
+  auto args = make_args<Cfg>(d, groups, sm_count, bias);
+  static const cutlass::Status implementable = Gemm::can_implement(args);
+  check_cutlass(implementable, what);
+  set_kernel_attributes_once<GemmKernel>(args.hw_info.device_id, what);
+  check_cutlass(GemmKernel::initialize_workspace(args, d.cutlass_ws, stream, nullptr), what);
+  typename GemmKernel::Params params = GemmKernel::to_underlying_arguments(args, d.cutlass_ws);
+
+  const dim3 block = GemmKernel::get_block_shape();
+  const dim3 grid = GemmKernel::get_grid_shape(params);
+  const dim3 cluster(cute::size<0>(ClusterShape{}), cute::size<1>(ClusterShape{}), cute::size<2>(ClusterShape{}));
+  auto config = cutlass::ClusterLauncher::make_cluster_launch_config(grid, cluster, block, smem, stream, false);
+  check_cutlass(cutlass::ClusterLauncher::check_cluster_dims(config.gridDim(), cluster), what);
+  void* kernel_params[] = {&params};
+  const void* kernel = reinterpret_cast<const void*>(&cutlass::device_kernel<GemmKernel>);
+  check_cuda(cudaLaunchKernelExC(&config.launch_config, kernel, kernel_params), what, "cudaLaunchKernelExC");
+  check_launch(what);
+}
+
+template <class Cfg, class Plan>
+void run(const Plan& p, bool bias, const char* what) {
+  Desc<Cfg> d{};
+  carve<Cfg>(p.desc, p.groups, p.sm_count, &d);
+  gemm<Cfg>(d, p.groups, p.sm_count, bias, p.stream, what);
 }
 
 }  // namespace sm90
@@ -262,16 +428,21 @@ void run(const Plan& p, DescKernel desc_kernel, bool bias, const char* what) {
 }  // namespace cuda
 }  // namespace mxmoe
 
-// Instantiates the entry points of one (pass, output) pair in a TU.
+// Instantiates the entry points of one (pass, output) pair in a TU. Per call the dispatch
+// (gemm_tile128.cu) calls *_info_desc_* (one single-block kernel: GroupInfo + descriptors), launches
+// its fused prologue kernel, then *_run_* (the CUTLASS GEMM only). The *_info_desc_* entry points are
+// declared in gemm_tile128.cu next to their one caller.
 #define MXMOE_TILE128_FWD(SUFFIX, ELEMENT_D)                                                          \
   namespace mxmoe { namespace cuda { namespace tile128 {                                             \
   using FwdCfg_##SUFFIX = sm90::Config<ELEMENT_D, kTile>;                                            \
   size_t fwd_desc_bytes_##SUFFIX(int groups, int sm_count) {                                         \
     return sm90::carve<FwdCfg_##SUFFIX>(nullptr, groups, sm_count, nullptr);                         \
   }                                                                                                  \
+  void fwd_info_desc_##SUFFIX(const FwdPlan& p, const int32_t* offs, int64_t offs_s) {               \
+    sm90::fwd_info_desc<FwdCfg_##SUFFIX>(p, offs, offs_s, "grouped_mm_tile128");                     \
+  }                                                                                                  \
   void fwd_run_##SUFFIX(const FwdPlan& p) {                                                          \
-    sm90::run<FwdCfg_##SUFFIX>(p, sm90::fwd_desc_kernel<FwdCfg_##SUFFIX>, p.bias != nullptr,         \
-                               "grouped_mm_tile128");                                                \
+    sm90::run<FwdCfg_##SUFFIX>(p, p.bias != nullptr, "grouped_mm_tile128");                          \
   }                                                                                                  \
   }}}
 
@@ -281,8 +452,10 @@ void run(const Plan& p, DescKernel desc_kernel, bool bias, const char* what) {
   size_t kg_desc_bytes_##SUFFIX(int groups, int sm_count) {                                          \
     return sm90::carve<KgCfg_##SUFFIX>(nullptr, groups, sm_count, nullptr);                          \
   }                                                                                                  \
+  void kg_info_desc_##SUFFIX(const KgPlan& p, const int32_t* offs, int64_t offs_s, int stage_mode) { \
+    sm90::kg_info_desc<KgCfg_##SUFFIX>(p, offs, offs_s, stage_mode, "grouped_mm_tile128_kgroups");   \
+  }                                                                                                  \
   void kg_run_##SUFFIX(const KgPlan& p) {                                                            \
-    sm90::run<KgCfg_##SUFFIX>(p, sm90::kg_desc_kernel<KgCfg_##SUFFIX>, false,                        \
-                              "grouped_mm_tile128_kgroups");                                         \
+    sm90::run<KgCfg_##SUFFIX>(p, false, "grouped_mm_tile128_kgroups");                               \
   }                                                                                                  \
   }}}

@@ -1,16 +1,19 @@
 // tile128 grouped GEMMs on Hopper: the work around the CUTLASS kernels (gemm_sm90_*.cu).
 //
-// One call = a few small stream-ordered kernels, then the CUTLASS grouped GEMM; nothing syncs the
-// host, nothing is allocated (all scratch lives in the caller's workspace), so a call can be
-// captured in a CUDA graph.
-//   1. group_info_kernel   offs -> GroupInfo[G] (clamped starts/lengths, block prefixes, staging)
-//   2. scale conversion    E8M0 bytes (one per 32-run, repeated over each coarse block) -> the fp32
+// One call = three stream-ordered launches; nothing syncs the host, nothing is allocated (all
+// scratch lives in the caller's workspace), so a call can be captured in a CUDA graph.
+//   1. info + descriptors (one block; gemm_sm90_tile128_impl.cuh): offs -> GroupInfo[G] (clamped
+//      starts/lengths, block prefixes, staging columns) and the CUTLASS per-group descriptors
+//   2. fused prologue (one grid, its jobs split by blockIdx ranges; reads GroupInfo):
+//        scale conversion  E8M0 bytes (one per 32-run, repeated over each coarse block) -> the fp32
 //                          per-block scales CUTLASS reads, in its M-major per-group layouts
-//   3. wgrad only: staging copy of the (R, M) operands' token columns for groups whose first token
-//      is not 16-byte aligned (TMA needs 16-byte aligned group bases and row strides); forward and
-//      dgrad never stage
-//   4. zero fill           forward: rows past the last group; wgrad: outputs of empty groups
-//   5. descriptor kernel + CUTLASS GEMM (gemm_sm90_*.cu)
+//                          (+ forward: bias -> fp32)
+//        wgrad only: staging copy of the (R, M) operands' token columns for groups whose first
+//                          token is not 16-byte aligned (TMA needs 16-byte aligned group bases and
+//                          row strides); forward and dgrad never stage
+//        zero fill         forward: rows past the last group; wgrad: outputs of empty groups
+//   3. the CUTLASS grouped GEMM (gemm_sm90_*.cu; one cudaLaunchKernelExC, kernel attributes set
+//      once per device)
 //
 // Workspace layout (each piece 256-byte aligned; sizes from static bounds, never from offs):
 //   forward: GroupInfo[G] | sfa f32 [M * kb] | sfb f32 [G * nb * kb] | bias f32 [G * N] | CUTLASS
@@ -30,6 +33,19 @@
 
 namespace mxmoe {
 namespace cuda {
+
+#if defined(MXMOE_HAVE_CUTLASS)
+namespace tile128 {
+// Info + descriptor launch of the CUTLASS side (defined by MXMOE_TILE128_FWD / MXMOE_TILE128_KG in
+// gemm_sm90_tile128_impl.cuh, next to fwd_run_* / kg_run_*, which now launch the GEMM only): one
+// single-block kernel writing p.info (GroupInfo[G] from offs) and the CUTLASS descriptors in p.desc.
+// stage_mode: 0 never stage, 1 stage groups starting off a 16-token boundary, 2 stage every group.
+void fwd_info_desc_bf16(const FwdPlan& p, const int32_t* offs, int64_t offs_s);
+void fwd_info_desc_f32(const FwdPlan& p, const int32_t* offs, int64_t offs_s);
+void kg_info_desc_bf16(const KgPlan& p, const int32_t* offs, int64_t offs_s, int stage_mode);
+void kg_info_desc_f32(const KgPlan& p, const int32_t* offs, int64_t offs_s, int stage_mode);
+}  // namespace tile128
+#endif
 
 namespace {
 
@@ -125,47 +141,6 @@ struct Carver {
 
 // ---- kernels --------------------------------------------------------------------------------------
 
-// offs -> GroupInfo. One block; chunks of blockDim groups: load, scan on thread 0, write in parallel.
-// stage_mode: 0 never stage (M-grouped); 1 stage groups whose start is not a multiple of 16;
-// 2 stage every non-empty group.
-__global__ void group_info_kernel(const int32_t* offs, int64_t offs_s, int groups, int64_t m, int stage_mode,
-                                  GroupInfo* info) {
-  __shared__ int64_t s_end[256];
-  __shared__ int64_t s_carry[3];  // prev end, kb prefix, blk prefix
-  __shared__ GroupInfo s_info[256];
-  if (threadIdx.x == 0) s_carry[0] = s_carry[1] = s_carry[2] = 0;
-  for (int base = 0; base < groups; base += blockDim.x) {
-    const int g = base + threadIdx.x;
-    const int n = min(static_cast<int>(blockDim.x), groups - base);
-    if (g < groups) s_end[threadIdx.x] = offs[g * offs_s];
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int64_t prev = s_carry[0], kb = s_carry[1], blk = s_carry[2];
-      for (int i = 0; i < n; ++i) {
-        const int64_t o = s_end[i];
-        const int64_t e = o < prev ? prev : (o > m ? m : o);
-        GroupInfo gi{};
-        gi.start = prev;
-        gi.len = e - prev;
-        gi.kb_off = kb;
-        gi.blk_off = blk;
-        const bool stage = gi.len > 0 && (stage_mode == 2 || (stage_mode == 1 && gi.start % 16 != 0));
-        gi.stage_col = stage ? ((gi.start + 15) / 16 * 16 + 16 * static_cast<int64_t>(base + i)) : -1;
-        s_info[i] = gi;
-        kb += (gi.len + kTile - 1) / kTile;
-        blk += (gi.len + kBlock - 1) / kBlock;
-        prev = e;
-      }
-      s_carry[0] = prev;
-      s_carry[1] = kb;
-      s_carry[2] = blk;
-    }
-    __syncthreads();
-    if (g < groups) info[g] = s_info[threadIdx.x];
-    __syncthreads();
-  }
-}
-
 // Largest g with key(info[g]) <= x (info sorted by the key); -1 if none.
 template <typename Key>
 __device__ int upper_group(const GroupInfo* info, int groups, int64_t x, Key key) {
@@ -177,11 +152,18 @@ __device__ int upper_group(const GroupInfo* info, int groups, int64_t x, Key key
   return lo - 1;
 }
 
+// The GroupInfo array is written by the single-block info kernel (group_info_block in
+// gemm_sm90_tile128_impl.cuh, together with the CUTLASS descriptors); everything below runs after
+// it in one fused grid kernel per call. The jobs of a fused kernel are independent (each reads only
+// GroupInfo and the inputs, and writes its own outputs), so they split the grid by blockIdx ranges;
+// `blk` / `nblk` below stand for the job's own blockIdx.x / gridDim.x, with the index math of the
+// former separate kernels.
+
 // Forward/dgrad A scales: row m of group g, 128-block kb -> sfa[kb_tot * start_g + kb * len_g + (m - start_g)]
-// from the byte of the block's first 32-run, a_scale[m][4 kb].
-__global__ void fwd_sfa_kernel(const GroupInfo* info, int groups, const uint8_t* as, int64_t as_s0, int64_t kb_tot,
-                               float* sfa) {
-  const int64_t m = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+// from the byte of the block's first 32-run, a_scale[m][4 kb]. One thread per row.
+__device__ void fwd_sfa(const GroupInfo* info, int groups, const uint8_t* as, int64_t as_s0, int64_t kb_tot,
+                        float* sfa, int64_t blk) {
+  const int64_t m = blk * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (groups == 0) return;
   const GroupInfo last = info[groups - 1];
   if (m >= last.start + last.len) return;
@@ -195,14 +177,14 @@ __global__ void fwd_sfa_kernel(const GroupInfo* info, int groups, const uint8_t*
 }
 
 // Forward/dgrad B scales (G, nb, kb), M-major per expert: sfb[(g * kb_tot + kb) * nb + ib] from
-// b_scale[g][128 ib][4 kb]; bias (G, N) -> fp32.
-__global__ void fwd_sfb_bias_kernel(int groups, int64_t n, int64_t nb, int64_t kb_tot, const uint8_t* bs,
-                                    int64_t bs_s0, int64_t bs_s1, float* sfb, const void* bias, int bias_bf16,
-                                    int64_t bias_s0, int64_t bias_s1, float* bias_f32) {
+// b_scale[g][128 ib][4 kb]; bias (G, N) -> fp32. Grid-stride over both.
+__device__ void fwd_sfb_bias(int groups, int64_t n, int64_t nb, int64_t kb_tot, const uint8_t* bs, int64_t bs_s0,
+                             int64_t bs_s1, float* sfb, const void* bias, int bias_bf16, int64_t bias_s0,
+                             int64_t bias_s1, float* bias_f32, int64_t blk, int64_t nblk) {
   const int64_t n_sfb = groups * nb * kb_tot;
   const int64_t n_bias = bias ? groups * n : 0;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n_sfb + n_bias;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (int64_t i = blk * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n_sfb + n_bias;
+       i += nblk * blockDim.x) {
     if (i < n_sfb) {
       const int64_t ib = i % nb, kb = (i / nb) % kb_tot, g = i / (nb * kb_tot);
       sfb[i] = e8m0_to_f32(bs[g * bs_s0 + ib * kTile * bs_s1 + 4 * kb]);
@@ -214,14 +196,65 @@ __global__ void fwd_sfb_bias_kernel(int groups, int64_t n, int64_t nb, int64_t k
   }
 }
 
+// Forward: zero rows [end of the last group, M) of out (M, N); N * elem_bytes is a multiple of 16.
+__device__ void fwd_zero_tail(const GroupInfo* info, int groups, int64_t m, int64_t n, int elem_bytes, void* out,
+                              int64_t blk, int64_t nblk) {
+  const int64_t end = groups ? info[groups - 1].start + info[groups - 1].len : 0;
+  const int64_t per = 16 / elem_bytes;
+  const int64_t lo = end * n / per, hi = m * n / per;
+  uint4* o = static_cast<uint4*>(out);
+  for (int64_t i = lo + blk * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < hi; i += nblk * blockDim.x)
+    o[i] = make_uint4(0, 0, 0, 0);
+}
+
+constexpr int kThreads = 256;  // block size of the fused prologue kernels
+
+// Forward/dgrad prologue, one launch: blocks [0, sfa_blocks) A scales, then sfb_blocks of B scales
+// + bias, then zero_blocks of tail zero fill.
+struct FwdPrologue {
+  const GroupInfo* info;
+  int groups;
+  int64_t m, n, nb, kb;
+  const uint8_t* as;
+  int64_t as_s0;
+  float* sfa;
+  const uint8_t* bs;
+  int64_t bs_s0, bs_s1;
+  float* sfb;
+  const void* bias;
+  int bias_bf16;
+  int64_t bias_s0, bias_s1;
+  float* bias_f32;
+  int elem_bytes;
+  void* out;
+  int64_t sfa_blocks, sfb_blocks, zero_blocks;
+};
+
+__global__ void __launch_bounds__(kThreads) fwd_prologue_kernel(FwdPrologue p) {
+  int64_t blk = blockIdx.x;
+  if (blk < p.sfa_blocks) {
+    fwd_sfa(p.info, p.groups, p.as, p.as_s0, p.kb, p.sfa, blk);
+    return;
+  }
+  blk -= p.sfa_blocks;
+  if (blk < p.sfb_blocks) {
+    fwd_sfb_bias(p.groups, p.n, p.nb, p.kb, p.bs, p.bs_s0, p.bs_s1, p.sfb, p.bias, p.bias_bf16, p.bias_s0, p.bias_s1,
+                 p.bias_f32, blk, p.sfb_blocks);
+    return;
+  }
+  blk -= p.sfb_blocks;
+  if (blk < p.zero_blocks) fwd_zero_tail(p.info, p.groups, p.m, p.n, p.elem_bytes, p.out, blk, p.zero_blocks);
+}
+
 // Wgrad scales: global 128-block slot j (group g, block j - kb_off_g), row r ->
-// sf[j * rows + r] from scale[r][blk_off_g + 4 (j - kb_off_g)]. blockIdx.z: 0 = A (rows N), 1 = B (rows K).
-__global__ void kg_scale_kernel(const GroupInfo* info, int groups, const uint8_t* as, int64_t as_s0, int64_t n,
-                                float* sfa, const uint8_t* bs, int64_t bs_s0, int64_t k, float* sfb) {
-  const bool is_b = blockIdx.z == 1;
+// sf[j * rows + r] from scale[r][blk_off_g + 4 (j - kb_off_g)]. (bx, by, bz): the former 3D grid
+// (rows / 256, slots, 2); bz: 0 = A (rows N), 1 = B (rows K).
+__device__ void kg_scale(const GroupInfo* info, int groups, const uint8_t* as, int64_t as_s0, int64_t n, float* sfa,
+                         const uint8_t* bs, int64_t bs_s0, int64_t k, float* sfb, int64_t bx, int64_t by, int64_t bz) {
+  const bool is_b = bz == 1;
   const int64_t rows = is_b ? k : n;
-  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  const int64_t j = blockIdx.y;
+  const int64_t r = bx * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t j = by;
   if (r >= rows || groups == 0) return;
   const int g = upper_group(info, groups, j, [](const GroupInfo& gi) { return gi.kb_off; });
   if (g < 0) return;
@@ -234,18 +267,19 @@ __global__ void kg_scale_kernel(const GroupInfo* info, int groups, const uint8_t
 
 // Wgrad staging: group g's token columns of A (N, M) and B (K, M) copied to stage_col in a buffer with a
 // 16-byte aligned row stride. Each thread writes one aligned 16-byte chunk (bytes past the group: 0).
-// blockIdx.x: group, blockIdx.y: block of 8 rows, blockIdx.z: 0 = A, 1 = B.
-__global__ void kg_stage_kernel(const GroupInfo* info, const uint8_t* a, int64_t lda, int64_t n, const uint8_t* b,
-                                int64_t ldb, int64_t k, uint8_t* a_stage, uint8_t* b_stage, int64_t lds) {
-  const GroupInfo gi = info[blockIdx.x];
+// (bx, by, bz): the former 3D grid (G, rows / 8, 2): group, block of 8 rows, 0 = A / 1 = B.
+__device__ void kg_stage(const GroupInfo* info, const uint8_t* a, int64_t lda, int64_t n, const uint8_t* b,
+                         int64_t ldb, int64_t k, uint8_t* a_stage, uint8_t* b_stage, int64_t lds, int64_t bx,
+                         int64_t by, int64_t bz) {
+  const GroupInfo gi = info[bx];
   if (gi.stage_col < 0) return;
-  const bool is_b = blockIdx.z == 1;
+  const bool is_b = bz == 1;
   const int64_t rows = is_b ? k : n, ld = is_b ? ldb : lda;
   const uint8_t* src = is_b ? b : a;
   uint8_t* dst = is_b ? b_stage : a_stage;
   const int64_t chunks = (gi.len + 15) / 16;
   for (int64_t rr = 0; rr < 8; ++rr) {
-    const int64_t r = blockIdx.y * 8 + rr;
+    const int64_t r = by * 8 + rr;
     if (r >= rows) return;
     const uint8_t* s = src + r * ld + gi.start;
     uint4* d = reinterpret_cast<uint4*>(dst + r * lds + gi.stage_col);
@@ -266,27 +300,57 @@ __global__ void kg_stage_kernel(const GroupInfo* info, const uint8_t* a, int64_t
   }
 }
 
-// Forward: zero rows [end of the last group, M) of out (M, N); N * elem_bytes is a multiple of 16.
-__global__ void fwd_zero_tail_kernel(const GroupInfo* info, int groups, int64_t m, int64_t n, int elem_bytes, void* out) {
-  const int64_t end = groups ? info[groups - 1].start + info[groups - 1].len : 0;
-  const int64_t per = 16 / elem_bytes;
-  const int64_t lo = end * n / per, hi = m * n / per;
-  uint4* o = static_cast<uint4*>(out);
-  for (int64_t i = lo + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < hi;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    o[i] = make_uint4(0, 0, 0, 0);
-}
-
 // Wgrad: empty groups' outputs out[g] (N, K) are zero; N * K * elem_bytes is a multiple of 16.
-__global__ void kg_zero_empty_kernel(const GroupInfo* info, int groups, int64_t nk, int elem_bytes, void* out) {
+__device__ void kg_zero_empty(const GroupInfo* info, int groups, int64_t nk, int elem_bytes, void* out, int64_t blk,
+                              int64_t nblk) {
   const int64_t per16 = nk * elem_bytes / 16;
   for (int g = 0; g < groups; ++g) {
     if (info[g].len != 0) continue;
     uint4* o = reinterpret_cast<uint4*>(static_cast<char*>(out) + g * nk * elem_bytes);
-    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < per16;
-         i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    for (int64_t i = blk * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < per16; i += nblk * blockDim.x)
       o[i] = make_uint4(0, 0, 0, 0);
   }
+}
+
+// Wgrad prologue, one launch: blocks [0, scale_x * scale_y * 2) scales (x fastest, as the former 3D
+// grid), then groups * stage_y * 2 staging blocks (stage_y = 0: no staging job), then zero_blocks of
+// empty-group zero fill.
+struct KgPrologue {
+  const GroupInfo* info;
+  int groups;
+  const uint8_t* as;
+  int64_t as_s0;
+  const uint8_t* bs;
+  int64_t bs_s0;
+  int64_t n, k;
+  float *sfa, *sfb;
+  const uint8_t* a;
+  const uint8_t* b;
+  int64_t lda, ldb;
+  uint8_t *a_stage, *b_stage;
+  int64_t lds;
+  int elem_bytes;
+  void* out;
+  int64_t scale_x, scale_y, stage_y, zero_blocks;
+};
+
+__global__ void __launch_bounds__(kThreads) kg_prologue_kernel(KgPrologue p) {
+  int64_t blk = blockIdx.x;
+  const int64_t scale_blocks = p.scale_x * p.scale_y * 2;
+  if (blk < scale_blocks) {
+    kg_scale(p.info, p.groups, p.as, p.as_s0, p.n, p.sfa, p.bs, p.bs_s0, p.k, p.sfb, blk % p.scale_x,
+             (blk / p.scale_x) % p.scale_y, blk / (p.scale_x * p.scale_y));
+    return;
+  }
+  blk -= scale_blocks;
+  const int64_t stage_blocks = static_cast<int64_t>(p.groups) * p.stage_y * 2;
+  if (blk < stage_blocks) {
+    kg_stage(p.info, p.a, p.lda, p.n, p.b, p.ldb, p.k, p.a_stage, p.b_stage, p.lds, blk % p.groups,
+             (blk / p.groups) % p.stage_y, blk / (static_cast<int64_t>(p.groups) * p.stage_y));
+    return;
+  }
+  blk -= stage_blocks;
+  if (blk < p.zero_blocks) kg_zero_empty(p.info, p.groups, p.n * p.k, p.elem_bytes, p.out, blk, p.zero_blocks);
 }
 
 // ---- workspace plans ------------------------------------------------------------------------------
@@ -387,21 +451,8 @@ void grouped_mm_tile128(const GroupedMMArgs& a, void* workspace, int64_t workspa
     check_launch(what);
     return;
   }
-  group_info_kernel<<<1, 256, 0, stream>>>(static_cast<const int32_t*>(a.offs.data), a.offs.strides[0], G, M, 0, l.info);
-  check_launch(what);
-  fwd_sfa_kernel<<<static_cast<unsigned>(cdiv(M, 256)), 256, 0, stream>>>(
-      l.info, G, static_cast<const uint8_t*>(a.a_scale.data), a.a_scale.strides[0], kb, l.sfa);
-  check_launch(what);
   const bool bias = a.bias.present;
   const bool bias_bf16 = bias && a.bias.t.dtype == MXMOE_DTYPE_BF16;
-  fwd_sfb_bias_kernel<<<grid_for(G * nb * kb + (bias ? G * N : 0), 256, 1024), 256, 0, stream>>>(
-      G, N, nb, kb, static_cast<const uint8_t*>(a.b_scale.data), a.b_scale.strides[0], a.b_scale.strides[1], l.sfb,
-      bias ? a.bias.t.data : nullptr, bias_bf16 ? 1 : 0, bias ? a.bias.t.strides[0] : 0, bias ? a.bias.t.strides[1] : 0,
-      l.bias);
-  check_launch(what);
-  fwd_zero_tail_kernel<<<2 * props.sm_count, 256, 0, stream>>>(l.info, G, M, N, elem, a.out.data);
-  check_launch(what);
-#if defined(MXMOE_HAVE_CUTLASS)
   tile128::FwdPlan p;
   p.groups = G;
   p.m = M;
@@ -417,6 +468,45 @@ void grouped_mm_tile128(const GroupedMMArgs& a, void* workspace, int64_t workspa
   p.desc = l.desc;
   p.sm_count = props.sm_count;
   p.stream = stream;
+  // 1. GroupInfo + CUTLASS descriptors (one block).
+#if defined(MXMOE_HAVE_CUTLASS)
+  if (a.out.dtype == MXMOE_DTYPE_BF16)
+    tile128::fwd_info_desc_bf16(p, static_cast<const int32_t*>(a.offs.data), a.offs.strides[0]);
+  else
+    tile128::fwd_info_desc_f32(p, static_cast<const int32_t*>(a.offs.data), a.offs.strides[0]);
+#endif
+  // 2. A scales (one thread per row), B scales + bias (grid-stride), tail zero fill (grid-stride):
+  // the grids of the former separate kernels, back to back in one launch.
+  FwdPrologue f{};
+  f.info = l.info;
+  f.groups = G;
+  f.m = M;
+  f.n = N;
+  f.nb = nb;
+  f.kb = kb;
+  f.as = static_cast<const uint8_t*>(a.a_scale.data);
+  f.as_s0 = a.a_scale.strides[0];
+  f.sfa = l.sfa;
+  f.bs = static_cast<const uint8_t*>(a.b_scale.data);
+  f.bs_s0 = a.b_scale.strides[0];
+  f.bs_s1 = a.b_scale.strides[1];
+  f.sfb = l.sfb;
+  f.bias = bias ? a.bias.t.data : nullptr;
+  f.bias_bf16 = bias_bf16 ? 1 : 0;
+  f.bias_s0 = bias ? a.bias.t.strides[0] : 0;
+  f.bias_s1 = bias ? a.bias.t.strides[1] : 0;
+  f.bias_f32 = l.bias;
+  f.elem_bytes = elem;
+  f.out = a.out.data;
+  f.sfa_blocks = cdiv(M, kThreads);
+  f.sfb_blocks = grid_for(G * nb * kb + (bias ? G * N : 0), kThreads, 1024);
+  f.zero_blocks = 2 * props.sm_count;
+  const int64_t blocks = f.sfa_blocks + f.sfb_blocks + f.zero_blocks;
+  if (blocks > INT32_MAX) fail_status(MXMOE_ERR_UNSUPPORTED, what, ": ", M, " rows exceed the prologue kernel's grid");
+  fwd_prologue_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(f);
+  check_launch(what);
+  // 3. The CUTLASS GEMM.
+#if defined(MXMOE_HAVE_CUTLASS)
   if (a.out.dtype == MXMOE_DTYPE_BF16)
     tile128::fwd_run_bf16(p);
   else
@@ -441,23 +531,10 @@ void grouped_mm_tile128_kgroups(const GroupedMMKArgs& a, void* workspace, int64_
   // first token at a multiple of 16. Otherwise their columns are staged (one extra read + write of
   // those columns of both operands).
   const bool stage_all = M % 16 != 0 || reinterpret_cast<uintptr_t>(A) % 16 != 0 || reinterpret_cast<uintptr_t>(B) % 16 != 0;
-  group_info_kernel<<<1, 256, 0, stream>>>(static_cast<const int32_t*>(a.offs.data), a.offs.strides[0], G, M,
-                                           stage_all ? 2 : 1, l.info);
-  check_launch(what);
   const int64_t cap = cdiv(M, kTile) + G;
+  // The scale job's slots were gridDim.y of a separate kernel (<= 65535). The fused 1D grid below
+  // would take more; the limit is kept so the set of accepted inputs does not change.
   if (cap > 65535) fail_status(MXMOE_ERR_UNSUPPORTED, what, ": ", M, " tokens in ", G, " groups exceed the scale kernel's grid");
-  kg_scale_kernel<<<dim3(static_cast<unsigned>(cdiv(std::max(N, K), 256)), static_cast<unsigned>(cap), 2), 256, 0,
-                    stream>>>(l.info, G, static_cast<const uint8_t*>(a.a_scale.data), a.a_scale.strides[0], N, l.sfa,
-                              static_cast<const uint8_t*>(a.b_scale.data), a.b_scale.strides[0], K, l.sfb);
-  check_launch(what);
-  if (M > 0) {
-    kg_stage_kernel<<<dim3(static_cast<unsigned>(G), static_cast<unsigned>(cdiv(std::max(N, K), 8)), 2), 256, 0,
-                      stream>>>(l.info, A, a.a.strides[0], N, B, a.b.strides[0], K, l.a_stage, l.b_stage, l.lds);
-    check_launch(what);
-  }
-  kg_zero_empty_kernel<<<2 * props.sm_count, 256, 0, stream>>>(l.info, G, N * K, elem, a.out.data);
-  check_launch(what);
-#if defined(MXMOE_HAVE_CUTLASS)
   tile128::KgPlan p;
   p.groups = G;
   p.m = M;
@@ -477,6 +554,51 @@ void grouped_mm_tile128_kgroups(const GroupedMMKArgs& a, void* workspace, int64_
   p.desc = l.desc;
   p.sm_count = props.sm_count;
   p.stream = stream;
+  // 1. GroupInfo + CUTLASS descriptors (one block).
+#if defined(MXMOE_HAVE_CUTLASS)
+  const int stage_mode = stage_all ? 2 : 1;
+  if (a.out.dtype == MXMOE_DTYPE_BF16)
+    tile128::kg_info_desc_bf16(p, static_cast<const int32_t*>(a.offs.data), a.offs.strides[0], stage_mode);
+  else
+    tile128::kg_info_desc_f32(p, static_cast<const int32_t*>(a.offs.data), a.offs.strides[0], stage_mode);
+#else
+  (void)stage_all;
+#endif
+  // 2. Scales (the former grid (rows / 256, cap, 2)), staging when M > 0 (the former grid
+  // (G, rows / 8, 2)), empty-group zero fill (grid-stride): one launch. All three read only GroupInfo
+  // and the inputs; the GEMM, stream-ordered after this launch, reads the staged copies.
+  KgPrologue f{};
+  f.info = l.info;
+  f.groups = G;
+  f.as = static_cast<const uint8_t*>(a.a_scale.data);
+  f.as_s0 = a.a_scale.strides[0];
+  f.bs = static_cast<const uint8_t*>(a.b_scale.data);
+  f.bs_s0 = a.b_scale.strides[0];
+  f.n = N;
+  f.k = K;
+  f.sfa = l.sfa;
+  f.sfb = l.sfb;
+  f.a = A;
+  f.b = B;
+  f.lda = a.a.strides[0];
+  f.ldb = a.b.strides[0];
+  f.a_stage = l.a_stage;
+  f.b_stage = l.b_stage;
+  f.lds = l.lds;
+  f.elem_bytes = elem;
+  f.out = a.out.data;
+  f.scale_x = cdiv(std::max(N, K), kThreads);
+  f.scale_y = cap;
+  f.stage_y = M > 0 ? cdiv(std::max(N, K), 8) : 0;
+  f.zero_blocks = 2 * props.sm_count;
+  const int64_t blocks = f.scale_x * f.scale_y * 2 + static_cast<int64_t>(G) * f.stage_y * 2 + f.zero_blocks;
+  if (blocks > INT32_MAX)
+    fail_status(MXMOE_ERR_UNSUPPORTED, what, ": ", N, " x ", K, " outputs over ", M, " tokens in ", G,
+                " groups exceed the prologue kernel's grid");
+  kg_prologue_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(f);
+  check_launch(what);
+  // 3. The CUTLASS GEMM.
+#if defined(MXMOE_HAVE_CUTLASS)
   if (a.out.dtype == MXMOE_DTYPE_BF16)
     tile128::kg_run_bf16(p);
   else
