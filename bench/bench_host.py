@@ -364,23 +364,31 @@ def host_breakdown(case: Case, impl: str, steps: int = 20, top: int = 8) -> dict
         case.zero_grads()
         step()
     sync(case.device)
-    wall = 0.0
-    totals: Dict[str, List[float]] = {}
-    # One profile per step, around the step only: zero_grads (the optimizer-style weight write) and
-    # the sync between steps stay out of the split, as they stay out of host_us.
-    for _ in range(steps):
-        case.zero_grads()
-        sync(case.device)
+    def profiled(run_step: bool):
+        """Per-op (self us, calls) totals over `steps` iterations of zero_grads (+ the step), and the
+        steps' wall time. One profile for all iterations: a profile per step would add the profiler's
+        start-up to every step."""
+        wall = 0.0
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            t0 = time.perf_counter()
-            step()
-            wall += time.perf_counter() - t0
-        for e in prof.key_averages():
-            acc = totals.setdefault(e.key, [0.0, 0.0])
-            acc[0] += e.self_cpu_time_total
-            acc[1] += e.count
-        sync(case.device)
-    ops = [(k, us / steps, c / steps) for k, (us, c) in totals.items() if "synchroniz" not in k.lower()]
+            for _ in range(steps):
+                case.zero_grads()
+                sync(case.device)
+                if run_step:
+                    t0 = time.perf_counter()
+                    step()
+                    wall += time.perf_counter() - t0
+                sync(case.device)
+        return {e.key: (e.self_cpu_time_total, e.count) for e in prof.key_averages()}, wall
+
+    with_step, wall = profiled(True)
+    # zero_grads' own ops (the optimizer-style weight write between steps, outside host_us) measured
+    # alone and subtracted, so the split covers the step only.
+    between, _ = profiled(False)
+    ops = []
+    for k, (us, n) in with_step.items():
+        b_us, b_n = between.get(k, (0.0, 0))
+        if "synchroniz" not in k.lower() and n - b_n > 0:
+            ops.append((k, max(us - b_us, 0.0) / steps, (n - b_n) / steps))
     ops.sort(key=lambda r: -r[1])
     in_ops = sum(r[1] for r in ops)
     wall_us = wall * 1e6 / steps
