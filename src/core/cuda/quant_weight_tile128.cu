@@ -3,8 +3,9 @@
 // no round trip or blocked outputs. One CTA per tile: 16-byte loads of the whole tile into
 // registers (8 rows x 8 columns per thread), one block-wide amax, the codes staged in shared memory
 // for the transposed 16-byte stores. Every byte is the shared codec's (mx_format.hpp), so the result
-// is the CPU core's bit for bit. Taken by quantize_fused for exactly those requests
-// (try_quantize_weight_tile128); MXMOE_QUANT_WEIGHT_TILE=0 sends them to the general tile kernel.
+// is the CPU core's bit for bit (gtest CudaQuantize.FusedWeightTile128). Opt-in while it is slower
+// than the general tile kernel (measured 2026-12-01, docs/perf/quantize.md version 8: the transpose's
+// shared-memory reads conflict 8 ways): MXMOE_QUANT_WEIGHT_TILE=1 routes those requests here.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -174,11 +175,9 @@ bool aligned_to(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>
 }  // namespace
 
 bool try_quantize_weight_tile128(const FusedArgs& a) {
-  static const int env = [] {
-    const char* e = std::getenv("MXMOE_QUANT_WEIGHT_TILE");
-    return e ? std::atoi(e) : 1;
-  }();
-  if (!env || !a.tile128 || a.offs.present) return false;
+  if (!a.tile128 || a.offs.present) return false;
+  const char* env = std::getenv("MXMOE_QUANT_WEIGHT_TILE");  // read per call: tests switch it
+  if (env == nullptr || std::atoi(env) == 0) return false;
   for (const FusedSide* s : {&a.row, &a.col})
     if (s->active && (s->dq.present || s->dqt.present || s->scale_blocked.present)) return false;
   const int64_t B = a.x.shape[0], R = a.x.shape[1], C = a.x.shape[2];
