@@ -73,7 +73,8 @@ size_t fwd_desc_bytes_f32(int groups, int sm_count);
 size_t kg_desc_bytes_bf16(int groups, int sm_count);
 size_t kg_desc_bytes_f32(int groups, int sm_count);
 
-// Launch (descriptor kernel + the CUTLASS grouped GEMM) on plan.stream. Throw mxmoe::Error.
+// Launch the CUTLASS grouped GEMM alone on plan.stream (the descriptors come from the info+descriptor
+// kernel launched before it, *_info_desc_* in gemm_tile128.cu). Throw mxmoe::Error.
 void fwd_run_bf16(const FwdPlan& p);
 void fwd_run_f32(const FwdPlan& p);
 void kg_run_bf16(const KgPlan& p);
