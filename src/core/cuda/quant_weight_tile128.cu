@@ -114,8 +114,11 @@ __global__ void __launch_bounds__(kThreads) weight_tile128_kernel(WeightTilePara
 #pragma unroll
     for (int j = 0; j < 8; ++j) c8[j] = quantize_element(v[i][j], s);
     if (r < nr) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) codes[r][cc + j] = c8[j];
+      // One 8-byte shared store (the row stride, 144, keeps it aligned).
+      uint2 packed;
+      packed.x = c8[0] | (c8[1] << 8) | (c8[2] << 16) | (static_cast<uint32_t>(c8[3]) << 24);
+      packed.y = c8[4] | (c8[5] << 8) | (c8[6] << 16) | (static_cast<uint32_t>(c8[7]) << 24);
+      *reinterpret_cast<uint2*>(&codes[r][cc]) = packed;
       const long long off = (b * p.R + r0 + r) * static_cast<long long>(p.C) + c0 + cc;
       for (int k = 0; k < 2; ++k) {
         uint8_t* q = p.q[k];
@@ -142,11 +145,13 @@ __global__ void __launch_bounds__(kThreads) weight_tile128_kernel(WeightTilePara
   }
   if (p.qt[0] == nullptr && p.qt[1] == nullptr) return;
   __syncthreads();
-  // Transposed codes: qt row c (length R) gets the tile's column c, 16 rows per store.
+  // Transposed codes: qt row c (length R) gets the tile's column c, 16 rows per store. A warp's lanes
+  // take 32 consecutive columns at the same rows, so their shared reads are 32 consecutive bytes
+  // (no bank conflict; v1 gave a warp 8 row groups 16 rows apart: one bank, 8-way conflicts).
 #pragma unroll
   for (int k = 0; k < (kT * kT / 16) / kThreads; ++k) {
     const int idx = threadIdx.x + k * kThreads;
-    const int c = idx / (kT / 16), rc = (idx % (kT / 16)) * 16;
+    const int c = idx % kT, rc = (idx / kT) * 16;
     if (c >= nc || rc >= nr) continue;
     uint8_t col[16];
 #pragma unroll
