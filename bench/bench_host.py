@@ -152,11 +152,12 @@ class Case:
         """Between steps: grads to None, and the weight written as by an optimizer step (a tracked
         in-place op on one element, x * 1 == x bit for bit), so mxmoe re-quantizes it every step as in
         training without gradient accumulation (its weight cache would otherwise serve every rep)."""
+        from mxmoe.bench import touch_weights
+
         self.a.grad = None
         self.w.grad = None
         self.out = None
-        with torch.no_grad():
-            self.w.as_strided((1,), (1,)).mul_(1.0)
+        touch_weights(self.w)
 
     def check(self, impl: str) -> Optional[int]:
         """One step with the grads checked (shapes, finite), so a broken impl fails before it is timed.

@@ -398,8 +398,8 @@ void weight_cases(Runner& R, int64_t G, int64_t N, int64_t K) {
          [=](std::vector<mxmoe_tensor>& t, cudaStream_t st) {
            MK(mxmoe_quantize(&t[0], nullptr, {128, 128, mode}, &t[1], &t[2], &t[3], &t[4], st));
          }});
-  // The same through quantize_fused, as the sm90 backend asks for it (row q + scale, col qt + scale):
-  // the dedicated weight-tile kernel (quant_weight_tile128.cu).
+  // The same through quantize_fused, as the sm90 backend's weight op asks for it (row q + scale,
+  // col qt + scale).
   R.run({"fused_w_128x128", s,
          {in_bf16({G, N, K}), out({G, N, K}), out({G, K, N}), out({G, N, K / 32}, MXMOE_DTYPE_E8M0),
           out({G, K, N / 32}, MXMOE_DTYPE_E8M0)},

@@ -153,7 +153,7 @@ def _graphed(fn: Callable[[], None]) -> Callable[[], None]:
     return graph.replay
 
 
-def _touch(*weights: torch.Tensor) -> None:
+def touch_weights(*weights: torch.Tensor) -> None:
     """An optimizer-style write to each weight, as after an optimizer step: an in-place op on one
     element (x * 1 == x, bit for bit) bumps the weight's version counter, so mxmoe's once-per-step
     weight quantization (mxmoe/weight_cache.py) is redone, as in training, without timing an
@@ -191,7 +191,7 @@ def bench_grouped_mm(shape, recipe: str, backend: str, mode: str, reps: int, mic
         def run():
             with torch.no_grad():
                 f(a, w, offs)
-            _touch(w)
+            touch_weights(w)
         return run
 
     def e2e(f):  # one optimizer step: mb fwd+bwd (grads accumulate), then the weight changes
@@ -200,7 +200,7 @@ def bench_grouped_mm(shape, recipe: str, backend: str, mode: str, reps: int, mic
             w.grad = None
             for _ in range(mb):
                 f(a, w, offs).backward(dy)
-            _touch(w)
+            touch_weights(w)
         return run
 
     # Peak memory of the eager/compiled step (a graph's private pool would hide the allocations).
@@ -241,7 +241,7 @@ def bench_moe_layer(recipe: str, backend: str, reps: int, tokens: int = 16384, d
             for p in mod.parameters():
                 p.grad = None
             mod(x.view(1, tokens, dim)).float().square().mean().backward()
-            _touch(*mod.parameters())  # a new optimizer step each time (both sides)
+            touch_weights(*mod.parameters())  # a new optimizer step each time (both sides)
         return run
 
     bf16_us, mx_us = _time_us(step(layer), reps), _time_us(step(mx_layer), reps)

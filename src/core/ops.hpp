@@ -123,9 +123,6 @@ void grouped_mm(const GroupedMMArgs& args);
 void grouped_mm_kgroups(const GroupedMMKArgs& args);
 void check_offsets(const mxmoe_tensor& offs, int64_t m, void* stream);
 void quantize_fused(const FusedArgs& args);
-// The tile128 weight pass (128x128 tiles, no groups, codes + scales only); false if the request is
-// not one it takes (quantize_fused then runs the general kernels).
-bool try_quantize_weight_tile128(const FusedArgs& args);
 }  // namespace cuda
 #endif
 

@@ -33,13 +33,14 @@ int64_t blocked_bytes(mxmoe_blocked_kind kind, int64_t h, int64_t w, int64_t g, 
   return n;
 }
 
+}  // namespace
+
 void require_dims(const Tensor& t, const char* name, int64_t lo, int64_t hi, const char* op) {
   if (t.dim() < lo || t.dim() > hi)
     fail(op, MXMOE_ERR_INVALID_ARGUMENT,
          std::string(name) + ": expected " + (lo == hi ? std::to_string(lo) : std::to_string(lo) + " or " + std::to_string(hi)) +
              " dims, got " + std::to_string(t.dim()));
 }
-}  // namespace
 
 // ---- quantize / dequantize -------------------------------------------------------------------------
 
@@ -72,14 +73,19 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> quantize(Tensor x, OptTensor offs, in
   return {q, qt, sc, sr};
 }
 
-Tensor dequantize(Tensor q, Tensor scale, int64_t axis, OptTensor offs, ScalarType out_dtype) {
-  const char* op = "dequantize";
-  Launch L(q);
+Tensor dequantize_into(const Tensor& q, const Tensor& scale, int32_t axis, const OptTensor& offs, ScalarType out_dtype,
+                       const Launch& L, const char* op) {
   Tensor out = empty(shape_of(q), out_dtype, L.device);
   mxmoe_tensor qv = view(q, "q", op), sv = view(scale, "scale", op), outv = view(out, "out", op);
   OptView ov(offs, "offs", op);
-  check(mxmoe_dequantize(&qv, &sv, to_i32(axis, "axis", op), ov.get(), &outv, L.stream), op);
+  check(mxmoe_dequantize(&qv, &sv, axis, ov.get(), &outv, L.stream), op);
   return out;
+}
+
+Tensor dequantize(Tensor q, Tensor scale, int64_t axis, OptTensor offs, ScalarType out_dtype) {
+  const char* op = "dequantize";
+  Launch L(q);
+  return dequantize_into(q, scale, to_i32(axis, "axis", op), offs, out_dtype, L, op);
 }
 
 // ---- blocked scale layout ---------------------------------------------------------------------------
@@ -208,11 +214,14 @@ void check_offsets(Tensor offs, int64_t m) {
   check(mxmoe_check_offsets(&ov, m, L.stream), op);
 }
 
-void zero_rows_past_groups(Tensor x, Tensor offs) {
-  const char* op = "zero_rows_past_groups";
-  Launch L(x);
+void zero_rows_into(const Tensor& x, const Tensor& offs, const Launch& L, const char* op) {
   mxmoe_tensor xv = view(x, "x", op), ov = view(offs, "offs", op);
   check(mxmoe_zero_rows_past_groups(&xv, &ov, L.stream), op);
+}
+
+void zero_rows_past_groups(Tensor x, Tensor offs) {
+  Launch L(x);
+  zero_rows_into(x, offs, L, "zero_rows_past_groups");
 }
 
 Tensor clamp_offsets_into(const Tensor& offs, int64_t m, const Launch& L, const char* op) {
@@ -246,8 +255,7 @@ Tensor dense_grouped_mm(Tensor a, Tensor b, Tensor offs) {
   Tensor out = aten_grouped_mm(a, b, offs);
   if (b.dim() == 3 && offs.numel() > 0) {
     Launch L(out);
-    mxmoe_tensor outv = view(out, "out", op), ov = view(offs, "offs", op);
-    check(mxmoe_zero_rows_past_groups(&outv, &ov, L.stream), op);
+    zero_rows_into(out, offs, L, op);
   }
   return out;
 }

@@ -60,6 +60,10 @@ std::tuple<Tensor, Tensor> sm90_exact_backward(Tensor dy, Tensor w_q, Tensor w_s
                                                bool need_dw);
 
 // Shared pieces.
+void require_dims(const Tensor& t, const char* name, int64_t lo, int64_t hi, const char* op);
+Tensor dequantize_into(const Tensor& q, const Tensor& scale, int32_t axis, const OptTensor& offs, ScalarType out_dtype,
+                       const Launch& L, const char* op);
+void zero_rows_into(const Tensor& x, const Tensor& offs, const Launch& L, const char* op);
 void tile128_mm_into(const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale,
                      const Tensor& offs, const OptTensor& bias, Tensor& out, const Launch& L, const char* op);
 void tile128_mm_kgroups_into(const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale,

@@ -79,26 +79,9 @@ void run_fused(const char* op, const Tensor& x, const OptTensor& offs, int64_t r
   check(mxmoe_quantize_fused(&xv, ov.get(), cfg, row.get(), col.get(), L.stream), op);
 }
 
-void require_2d_or_3d(const Tensor& x, const char* name, const char* op) {
-  if (x.dim() != 2 && x.dim() != 3)
-    fail(op, MXMOE_ERR_INVALID_ARGUMENT,
-         std::string(name) + ": expected 2 or 3 dims, got " + std::to_string(x.dim()));
-}
-
+// torch._grouped_mm's output with the rows past the (clamped) groups zeroed: torch leaves them unwritten.
 Tensor zero_tail(Tensor out, const Tensor& offs_clamped, const Launch& L, const char* op) {
-  if (offs_clamped.numel() > 0) {
-    mxmoe_tensor outv = view(out, "out", op), ov = view(offs_clamped, "offs", op);
-    check(mxmoe_zero_rows_past_groups(&outv, &ov, L.stream), op);
-  }
-  return out;
-}
-
-Tensor dequantize_on(const Tensor& q, const Tensor& scale, int32_t axis, const OptTensor& offs, const Launch& L,
-                     const char* op) {
-  Tensor out = empty(shape_of(q), ScalarType::BFloat16, L.device);
-  mxmoe_tensor qv = view(q, "q", op), sv = view(scale, "scale", op), outv = view(out, "out", op);
-  OptView ov(offs, "offs", op);
-  check(mxmoe_dequantize(&qv, &sv, axis, ov.get(), &outv, L.stream), op);
+  if (offs_clamped.numel() > 0) zero_rows_into(out, offs_clamped, L, op);
   return out;
 }
 
@@ -107,7 +90,7 @@ Tensor dequantize_on(const Tensor& q, const Tensor& scale, int32_t axis, const O
 std::vector<Tensor> quantize_fused(Tensor x, OptTensor offs, int64_t row_block, int64_t col_block, bool tile128,
                                    int64_t mode, int64_t row_outputs, int64_t col_outputs, ScalarType dq_dtype) {
   const char* op = "quantize_fused";
-  require_2d_or_3d(x, "x", op);
+  require_dims(x, "x", 2, 3, op);
   Launch L(x);
   Side row(x, offs, true, row_outputs & 63, dq_dtype, L.device, op);
   Side col(x, offs, false, col_outputs & 63, dq_dtype, L.device, op);
@@ -127,7 +110,7 @@ std::vector<Tensor> quantize_fused(Tensor x, OptTensor offs, int64_t row_block, 
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> sm90_tile128_weight(Tensor w, int64_t mode) {
   const char* op = "sm90_tile128_weight";
-  require_2d_or_3d(w, "w", op);
+  require_dims(w, "w", 2, 3, op);
   w = dense(w);
   Launch L(w);
   // One 128x128 quantization of W: the forward (q) and the dgrad (qt) orientation.
@@ -141,7 +124,7 @@ std::tuple<Tensor, Tensor, Tensor> sm90_tile128_forward(Tensor a, Tensor w_q, Te
                                                         OptTensor bias, int64_t mode, ScalarType out_dtype,
                                                         bool want_a_col) {
   const char* op = "sm90_tile128_forward";
-  require_2d_or_3d(a, "a", op);
+  require_dims(a, "a", 2, 3, op);
   a = dense(a);
   Launch L(a);
   // One read of A: its forward operand (1x128 along K) and its wgrad operand (128x1 along M per group).
@@ -157,7 +140,7 @@ std::tuple<Tensor, Tensor> sm90_tile128_backward(Tensor dy, Tensor w_qt, Tensor 
                                                  OptTensor a_scale, Tensor offs, int64_t mode, bool need_da,
                                                  bool need_dw, ScalarType a_dtype, ScalarType w_dtype) {
   const char* op = "sm90_tile128_backward";
-  require_2d_or_3d(dy, "dy", op);
+  require_dims(dy, "dy", 2, 3, op);
   if (need_dw && (!a_qt || !a_scale))
     fail(op, MXMOE_ERR_INVALID_ARGUMENT, "a_qt, a_scale: required when need_dw (A's wgrad operand from the forward)");
   dy = dense(dy);
@@ -179,7 +162,7 @@ std::tuple<Tensor, Tensor> sm90_tile128_backward(Tensor dy, Tensor w_qt, Tensor 
 
 std::tuple<Tensor, Tensor, Tensor> sm90_exact_weight(Tensor w, int64_t mode) {
   const char* op = "sm90_exact_weight";
-  require_2d_or_3d(w, "w", op);
+  require_dims(w, "w", 2, 3, op);
   w = dense(w);
   Launch L(w);
   // One read of W: its MX round trip along K (the forward GEMM's bf16 operand) and W along N as
@@ -193,7 +176,7 @@ std::tuple<Tensor, Tensor, Tensor> sm90_exact_weight(Tensor w, int64_t mode) {
 std::tuple<Tensor, Tensor, Tensor> sm90_exact_forward(Tensor a, Tensor w_dq, Tensor offs, int64_t mode,
                                                       bool want_a_col) {
   const char* op = "sm90_exact_forward";
-  require_2d_or_3d(a, "a", op);
+  require_dims(a, "a", 2, 3, op);
   if (w_dq.dim() != 3 || w_dq.scalar_type() != ScalarType::BFloat16)
     fail(op, MXMOE_ERR_INVALID_ARGUMENT,
          "w_dq: expected the (G, N, K) bfloat16 MX round trip of W (sm90_exact_weight), got " +
@@ -213,7 +196,7 @@ std::tuple<Tensor, Tensor> sm90_exact_backward(Tensor dy, Tensor w_q, Tensor w_s
                                                OptTensor a_scale, Tensor offs, int64_t mode, bool need_da,
                                                bool need_dw) {
   const char* op = "sm90_exact_backward";
-  require_2d_or_3d(dy, "dy", op);
+  require_dims(dy, "dy", 2, 3, op);
   if (need_dw && (!a_q || !a_scale))
     fail(op, MXMOE_ERR_INVALID_ARGUMENT, "a_q, a_scale: required when need_dw (A's wgrad operand from the forward)");
   dy = dense(dy);
@@ -224,13 +207,13 @@ std::tuple<Tensor, Tensor> sm90_exact_backward(Tensor dy, Tensor w_q, Tensor w_s
   const Tensor ends = clamp_offsets_into(offs, dy.size(0), L, op);
   Tensor da, dw;
   if (need_da) {
-    const Tensor w_n = dequantize_on(w_q, w_scale, 0, std::nullopt, L, op);  // W rounded along N, (G, N, K)
+    const Tensor w_n = dequantize_into(w_q, w_scale, 0, std::nullopt, ScalarType::BFloat16, L, op);  // W rounded along N, (G, N, K)
     da = zero_tail(aten_grouped_mm(dy_row.dq(), w_n, ends), ends, L, op);
   } else {
     da = none_output(ScalarType::BFloat16, L.device);
   }
   if (need_dw) {
-    const Tensor a_m = dequantize_on(*a_q, *a_scale, 0, offs, L, op);  // A rounded along M per group, (M, K)
+    const Tensor a_m = dequantize_into(*a_q, *a_scale, 0, offs, ScalarType::BFloat16, L, op);  // A rounded along M per group, (M, K)
     dw = aten_grouped_mm(torch::stable::transpose(dy_col.dq(), 0, 1), a_m, ends);
   } else {
     dw = none_output(ScalarType::BFloat16, L.device);

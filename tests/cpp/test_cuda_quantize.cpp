@@ -625,41 +625,6 @@ TEST(CudaQuantize, Fused) {
   check_fused({300, 96}, MXMOE_DTYPE_F32, cfg, &g, side_all(), side_all(), seed++);
 }
 
-// The tile128 weight pass (quant_weight_tile128.cu: 128x128 tiles, no groups, codes and scales
-// only): the sm90 backend's W operands (row q + scale, col qt + scale) and the other code/scale
-// combinations, 2D and 3D, partial edge tiles both ways, bf16 and fp32, every scale mode, NaN/Inf
-// specials, misaligned outputs (the scalar store paths). The kernel is opt-in
-// (MXMOE_QUANT_WEIGHT_TILE=1, set here): the test pins its bytes either way.
-TEST(CudaQuantize, FusedWeightTile128) {
-  REQUIRE_GPU();
-  setenv("MXMOE_QUANT_WEIGHT_TILE", "1", 1);
-  uint32_t seed = 9700;
-  auto want = [](bool q, bool qt, bool scale) {
-    SideWant w;
-    w.on = true;
-    w.q = q;
-    w.qt = qt;
-    w.scale = scale;
-    w.blocked = w.dq = w.dqt = false;
-    return w;
-  };
-  SideWant off;
-  const std::vector<std::pair<SideWant, SideWant>> combos = {
-      {want(true, false, true), want(false, true, true)},  // the sm90 weight operands
-      {want(true, true, true), want(true, true, true)},
-      {want(false, false, true), off},
-      {off, want(false, true, true)},
-      {want(true, false, false), off}};
-  for (mxmoe_dtype dt : {MXMOE_DTYPE_BF16, MXMOE_DTYPE_F32})
-    for (mxmoe_scale_mode mode : kAllModes)
-      for (const auto& rc : combos) {
-        const mxmoe_fused_config tile{128, 128, 1, mode};
-        check_fused({256, 384}, dt, tile, nullptr, rc.first, rc.second, seed++);
-        check_fused({3, 160, 288}, dt, tile, nullptr, rc.first, rc.second, seed++, true);  // partial tiles
-        check_fused({160, 96}, dt, tile, nullptr, rc.first, rc.second, seed++, false, 1);  // misaligned
-      }
-}
-
 // The combinations the warp-tile kernel takes (bf16 in, 32x1 with or without 1x32, compact scales,
 // bf16 round trips, no blocked scales): the sm90 backend's operands and the wgrad operand. Shapes
 // with C not a multiple of 64 (partial column tiles), R not a multiple of 16 (unaligned transposed

@@ -1930,7 +1930,6 @@ void quantize(const QuantizeArgs& a) {
 }
 
 void quantize_fused(const FusedArgs& a) {
-  if (try_quantize_weight_tile128(a)) return;  // the tile128 weight pass (quant_weight_tile128.cu)
   Params p;
   p.mode = a.mode;
   p.n_r = a.n_r;
