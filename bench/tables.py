@@ -2,6 +2,7 @@
 
     python3 bench/tables.py host bench/results/host.json
     python3 bench/tables.py e2e bench/results/e2e.json [more e2e.json ...]
+    python3 bench/tables.py moe bench/results/moe_layer.json
 """
 from __future__ import annotations
 
@@ -50,6 +51,68 @@ def e2e(paths) -> str:
     return _md(head, rows)
 
 
+def _x(v) -> str:
+    return f"{v:.2f}x" if v else "-"
+
+
+def moe(path: str) -> str:
+    """bench/bench_moe.py's moe_layer.json: a summary (each impl's fwd+bwd ratio vs transformers' bf16
+    grouped_mm experts, eager with graph in brackets), every row, and the per-kernel breakdowns."""
+    d = json.load(open(path))
+    rows = d["rows"]
+    hf = d.get("transformers") or {}
+    base = (f"transformers {hf['version']} `grouped_mm_experts_forward`" if hf.get("source") == "transformers"
+            else "a local copy of transformers' `grouped_mm_experts_forward` (transformers not importable)")
+    text = [f"{d['date']}, commit {d['commit']}, {d['device']} (torch {d['torch']}"
+            f"{', clocks ' + d['clocks'] if d.get('clocks') else ''}); baseline {base}"]
+    if d.get("gpt_oss"):
+        text.append(f"gpt-oss rows: activation `{d['gpt_oss']['activation']}`, layout `{d['gpt_oss']['layout']}`")
+    text.append("")
+    by = {}
+    for r in rows:
+        by.setdefault((r["config"], r["tokens"]), {})[(r["impl"], r["mode"])] = r
+    impls = ["mxmoe_bf16", "mxmoe_tile128", "mxmoe_exact"]
+
+    def cell(g, impl, key):
+        e, gr = g.get((impl, "eager")), g.get((impl, "graph"))
+        if e is None and gr is None:
+            return "-"
+        if (e or gr).get("error") and not (e or {}).get(key) and not (gr or {}).get(key):
+            return "OOM" if (e or gr).get("oom") else "error"
+        out = _x((e or {}).get(key))
+        return out + (f" ({_x(gr.get(key))})" if gr is not None else "")
+
+    summary = []
+    for (cfg, tokens), g in by.items():
+        t_e, t_g = g.get(("transformers_bf16", "eager"), {}), g.get(("transformers_bf16", "graph"), {})
+        t = f"{t_e['fwd_bwd_us']:.0f}" if t_e.get("fwd_bwd_us") else "-"
+        t += f" ({t_g['fwd_bwd_us']:.0f})" if t_g.get("fwd_bwd_us") else ""
+        summary.append([cfg, tokens, t] + [cell(g, i, "ratio_vs_transformers") for i in impls]
+                       + [cell(g, i, "ratio_vs_mxmoe_bf16") for i in impls[1:]])
+    text.append(_md(["config", "tokens", "transformers bf16 us", "mxmoe bf16", "mxmoe tile128", "mxmoe exact",
+                     "tile128 vs mxmoe bf16", "exact vs mxmoe bf16"], summary))
+    text.append("\nfwd+bwd ratios vs transformers' bf16 in the same run (eager; graph in brackets); > 1 is faster.\n")
+    full = []
+    for r in rows:
+        f = lambda k, fmt="{:.0f}": fmt.format(r[k]) if r.get(k) is not None else "-"
+        full.append([r["config"], r["tokens"], r["impl"], r["mode"], f("fwd_bwd_us"), f("fwd_us"), f("peak_mib"),
+                     _x(r.get("ratio_vs_transformers")), _x(r.get("ratio_vs_mxmoe_bf16")),
+                     (r.get("error") or "").replace("|", "/")[:80]])
+    text.append(_md(["config", "tokens", "impl", "mode", "fwd_bwd_us", "fwd_us", "peak MiB", "vs transformers",
+                     "vs mxmoe bf16", "error"], full))
+    for b in d.get("breakdown", []):
+        if b.get("error"):
+            text.append(f"\n- kernels, {b['config']} T={b['tokens']} {b['impl']}: failed ({b['error']})")
+            continue
+        tot = b["total_us"] or 1.0
+        cats = ", ".join(f"{c} {us:.0f} us ({us / tot:.0%})"
+                         for c, us in sorted(b["categories_us"].items(), key=lambda x: -x[1]))
+        top = ", ".join(f"{t['kernel'][:50]} {t['us']:.0f} us" for t in b["top"][:4])
+        text.append(f"\n- kernels, {b['config']} T={b['tokens']} {b['impl']} (one eager fwd+bwd): {tot:.0f} us = "
+                    f"{cats}; top: {top}")
+    return "\n".join(text)
+
+
 if __name__ == "__main__":
     kind, *files = sys.argv[1:]
-    print(host(files[0]) if kind == "host" else e2e(files))
+    print(host(files[0]) if kind == "host" else moe(files[0]) if kind == "moe" else e2e(files))

@@ -52,6 +52,7 @@ typedef enum {
   MXMOE_DTYPE_E8M0 = 3, /* float8_e8m0fnu */
   MXMOE_DTYPE_I32 = 4,
   MXMOE_DTYPE_F64 = 5,
+  MXMOE_DTYPE_I64 = 6, /* index tensors (mxmoe_moe_routing's topk_idx) */
   /* Not values to use: these give the enum the whole int32 range, so whatever a caller passes (an
      invalid value is rejected with a message) is a well-defined value of the type in C and C++. */
   MXMOE_DTYPE_INT32_MIN_ = -2147483647 - 1,
@@ -252,6 +253,45 @@ MXMOE_API mxmoe_status mxmoe_quantize_fused(const mxmoe_tensor* x, const mxmoe_t
                                             mxmoe_fused_config cfg, const mxmoe_fused_side* row,
                                             const mxmoe_fused_side* col, void* stream);
 
+/* ---- Fused quantization of a computed input (the fused MoE expert layer, issue 11) ----------
+ * mxmoe_quantize_fused where the (R, C) input x is never in memory: each element is computed from
+ * `src` as the quantizer reads it, so no intermediate copy is written:
+ *   MXMOE_SOURCE_GATHER           x[r, :] = a[perm[r] / k, :], times row_scale.flat[perm[r]] when
+ *                                 given (fp32 product rounded once to a's dtype, RNE).
+ *                                 a (T, C) bf16|f32; perm (R,) int32, values clamped into [0, T*k);
+ *                                 row_scale optional (T, k) f32. The MoE dispatch (x -> expert order)
+ *                                 and, with the routing weights, the combine's transpose for dY.
+ *   MXMOE_SOURCE_SWIGLU           x = swiglu(a), a = h (R, 2C) bf16 (layout/alpha/limit/up_offset as
+ *                                 mxmoe_swiglu), each value rounded once to bf16.
+ *   MXMOE_SOURCE_SWIGLU_BACKWARD  x = dh = swiglu_backward(dy = b (R, C/2), h = a (R, C)) bf16.
+ * The bytes equal those of materializing x (mxmoe_moe_gather / mxmoe_swiglu / mxmoe_swiglu_backward)
+ * and calling mxmoe_quantize_fused on it, which is what the CPU backend does. CUDA (one pass, on
+ * `stream`): C % 8 == 0 (C % 16 == 0 for the concatenated SWIGLU_BACKWARD), a, b and perm
+ * contiguous and 16-byte aligned, else MXMOE_ERR_UNSUPPORTED. x's dtype is a's; outputs, offs and
+ * cfg as mxmoe_quantize_fused (2D only).
+ */
+typedef enum {
+  MXMOE_SOURCE_GATHER = 1,
+  MXMOE_SOURCE_SWIGLU = 2,
+  MXMOE_SOURCE_SWIGLU_BACKWARD = 3,
+  MXMOE_SOURCE_KIND_INT32_MIN_ = -2147483647 - 1,
+  MXMOE_SOURCE_KIND_INT32_MAX_ = 2147483647
+} mxmoe_source_kind;
+typedef struct {
+  mxmoe_source_kind kind;
+  const mxmoe_tensor* a;         /* GATHER: rows to gather; SWIGLU*: h */
+  const mxmoe_tensor* b;         /* SWIGLU_BACKWARD: dy; else NULL */
+  const mxmoe_tensor* perm;      /* GATHER: sorted position -> flat entry t*k+j */
+  const mxmoe_tensor* row_scale; /* GATHER, optional: (T, k) f32 */
+  int64_t k;                     /* GATHER: entries per row of a (top-k) */
+  int32_t layout;                /* SWIGLU*: 0 concatenated [gate | up], 1 interleaved */
+  float alpha, limit, up_offset; /* SWIGLU*: see mxmoe_swiglu */
+} mxmoe_fused_source;
+MXMOE_API mxmoe_status mxmoe_quantize_fused_source(const mxmoe_fused_source* src,
+                                                   const mxmoe_tensor* offs, mxmoe_fused_config cfg,
+                                                   const mxmoe_fused_side* row,
+                                                   const mxmoe_fused_side* col, void* stream);
+
 /* ==== Hopper FP8 grouped GEMMs for the tile128 recipe (issue 5) =================================
  * The recipe mxfp8_rceil_tile128 (MX_SPEC.md, coarse-block MX encodings): activations and
  * gradients in 1x128 blocks along each GEMM's reduction dim, weights in 128x128 tiles; scale
@@ -310,6 +350,104 @@ MXMOE_API mxmoe_status mxmoe_grouped_mm_tile128_kgroups(const mxmoe_tensor* a,
                                                         const mxmoe_tensor* b_scale,
                                                         const mxmoe_tensor* offs, mxmoe_tensor* out,
                                                         const mxmoe_tensor* workspace, void* stream);
+
+/* ==== MoE kernels: routing, dispatch (gather), combine, SwiGLU (issue 11) ========================
+ * The data movement and elementwise steps of the fused expert layer around the grouped GEMMs.
+ * T tokens, k experts per token (top-k), E experts, N = T*k rows in expert order. Index tensors are
+ * int32 and contiguous; every kernel clamps device-resident indices instead of trusting them (never
+ * out of bounds). All outputs are contiguous and written whole (no caller initialization needed).
+ * Every call is deterministic (fixed reduction orders, no float atomics) and on CUDA launches on
+ * `stream` without host syncs or allocations (CUDA-graph safe). Empty inputs (T = 0, H = 0, k = 0)
+ * are valid: outputs with elements are still written (zeros where nothing is summed). NaN stays
+ * visible and is written as the canonical NaN (0x7FC00000, bf16 0x7FC0) wherever a value is computed
+ * or converted (host and device arithmetic propagate different payloads); same-dtype gathers without
+ * row_scale copy the bits.
+ *
+ * mxmoe_moe_routing: the expert-order permutation of the (T, k) router choices.
+ *   topk_idx (T, k) int32 or int64: expert ids; ids outside [0, E) (negative too) are DROPPED.
+ *   Entries are sorted stably by (key, flat index t*k+j), key = id for a kept entry, E for a dropped
+ *   one. Outputs (int32, on topk_idx's device):
+ *     offs (E,)   cumulative END rows: expert e owns sorted rows [offs[e-1], offs[e]); offs[E-1] is
+ *                 the number of kept entries; the dropped ones occupy [offs[E-1], N) in flat order
+ *     perm (N,)   perm[p] = flat index t*k+j of the entry at sorted position p
+ *     inv (T, k)  inv[t, j] = sorted position of entry (t, j) (dropped entries included)
+ *   1 <= num_experts <= 2^20, N < 2^31. workspace: CUDA scratch of at least
+ *   mxmoe_moe_routing_workspace_size(N, E, device) bytes on topk_idx's device (any dtype, contiguous,
+ *   uninitialized, garbage afterwards; NULL allowed when the size is 0, e.g. on the host). The size
+ *   depends only on (N, E, device): 256 + 3 * round_up(4 N, 256) + CUB radix sort temp storage for N
+ *   32-bit keys of ceil(log2(E+1)) bits. It returns -1 on error (message in mxmoe_last_error()).
+ *
+ * mxmoe_moe_gather: out[r, :] = x[perm[r] / k, :]   (times row_scale.flat[perm[r]] when given)
+ *   x (T, H) bf16|f32; perm (T*k,) int32, values clamped into [0, T*k); row_scale optional (T, k)
+ *   f32|bf16; out (T*k, H) bf16|f32. The product is one fp32 multiply, rounded once (RNE) to out's
+ *   dtype; without row_scale the values are converted (exact copy for equal dtypes).
+ *
+ * mxmoe_moe_combine: out[t, :] = sum_{j = 0..k-1, in this order} w[t, j] * y[inv[t, j], :]
+ *   y (N, H) bf16|f32 (N >= 1 when T*k > 0); inv (T, k) int32, values clamped into [0, N); weights
+ *   optional (T, k) f32|bf16; out (T, H) bf16|f32. fp32 accumulator from +0: acc = fl(acc + fl(w*y))
+ *   (two roundings, never an FMA), without weights acc = fl(acc + y); rounded once to out's dtype.
+ *   Forward combine and, without weights, the backward of the dispatch (dX = sum of the k rows).
+ *
+ * mxmoe_moe_combine_weight_grad: dw[t, j] = sum_h dout[t, h] * y[inv[t, j], h] in fp32
+ *   dout (T, H), y (N, H) bf16|f32; inv (T, k) int32 clamped into [0, N); dw (T, k) f32. Fixed
+ *   order: element h goes to lane (h/8) % 32, each lane sums its products in increasing h
+ *   (fl(acc + fl(d*y))), the 32 lanes are added in the tree v[l] += v[l + off], off = 16, 8, 4, 2, 1.
+ *
+ * mxmoe_moe_group_sum: out[g, c] = sum of x[r, c] over the rows r of group g (bias gradients)
+ *   x (M, C) bf16|f32; offs (G,) int32 cumulative group ends, clamped as everywhere (rows past
+ *   offs[G-1] ignored, empty groups give 0); out (G, C) f32. Fixed order: row r of a group starting
+ *   at s goes to lane (r - s) % 16, each lane sums in increasing r, the 16 lanes are added in the tree
+ *   v[i] += v[i + off], off = 8, 4, 2, 1.
+ *
+ * mxmoe_swiglu: y = gc * sigmoid(alpha * gc) * (uc + up_offset),
+ *   gc = min(g, limit), uc = clamp(u, -limit, limit), sigmoid(z) = 1 / (1 + exp(-z)), in fp32.
+ *   h (N, 2I) bf16|f32 holds gate g and up u: layout MXMOE_SWIGLU_CONCAT: [g | u] halves along the
+ *   last dim (gate_up_proj + .chunk(2, -1): Qwen3-MoE, Mixtral, OLMoE, DeepSeek); layout
+ *   MXMOE_SWIGLU_INTERLEAVED: g = h[..., 0::2], u = h[..., 1::2] (gpt-oss). y (N, I), h's dtype,
+ *   each element rounded once (RNE). Standard SwiGLU: alpha 1, limit +inf, up_offset 0 (silu(g) * u);
+ *   gpt-oss: alpha 1.702, limit 7, up_offset 1. Requirements: limit >= 0 (not NaN), alpha and
+ *   up_offset finite. NaN inputs stay NaN.
+ * mxmoe_swiglu_backward: dh (N, 2I) in h's layout and dtype from dy (N, I) bf16|f32 and h:
+ *   dg = dy * (uc + up_offset) * (s + alpha*gc*s*(1-s)) with s = sigmoid(alpha*gc), 0 where g > limit;
+ *   du = dy * gc * s, 0 where |u| > limit (the clamps pass the gradient at their bounds, as torch.clamp,
+ *   and keep NaN visible).
+ *   Every operation is a separately rounded fp32 operation (no FMA contraction), identical on CPU
+ *   and CUDA except expf (host libm vs CUDA expf, which can differ by an fp32 ulp): the CPU and CUDA
+ *   results may then differ (rarely) by one ulp of a bf16 output (a few ulps of an f32 one); dg also
+ *   where s + alpha*gc*s*(1-s) cancels towards 0, by a tiny absolute amount (~1e-7 |dy (uc+up_offset)|).
+ */
+typedef enum {
+  MXMOE_SWIGLU_CONCAT = 0,
+  MXMOE_SWIGLU_INTERLEAVED = 1
+} mxmoe_swiglu_layout;
+
+MXMOE_API int64_t mxmoe_moe_routing_workspace_size(int64_t n, int64_t num_experts, int32_t device);
+
+MXMOE_API mxmoe_status mxmoe_moe_routing(const mxmoe_tensor* topk_idx, int64_t num_experts,
+                                         mxmoe_tensor* offs, mxmoe_tensor* perm, mxmoe_tensor* inv,
+                                         const mxmoe_tensor* workspace, void* stream);
+
+MXMOE_API mxmoe_status mxmoe_moe_gather(const mxmoe_tensor* x, const mxmoe_tensor* perm, int64_t k,
+                                        const mxmoe_tensor* row_scale, mxmoe_tensor* out,
+                                        void* stream);
+
+MXMOE_API mxmoe_status mxmoe_moe_combine(const mxmoe_tensor* y, const mxmoe_tensor* inv,
+                                         const mxmoe_tensor* weights, mxmoe_tensor* out,
+                                         void* stream);
+
+MXMOE_API mxmoe_status mxmoe_moe_combine_weight_grad(const mxmoe_tensor* dout, const mxmoe_tensor* y,
+                                                     const mxmoe_tensor* inv, mxmoe_tensor* dw,
+                                                     void* stream);
+
+MXMOE_API mxmoe_status mxmoe_moe_group_sum(const mxmoe_tensor* x, const mxmoe_tensor* offs,
+                                           mxmoe_tensor* out, void* stream);
+
+MXMOE_API mxmoe_status mxmoe_swiglu(const mxmoe_tensor* h, int32_t layout, float alpha, float limit,
+                                    float up_offset, mxmoe_tensor* y, void* stream);
+
+MXMOE_API mxmoe_status mxmoe_swiglu_backward(const mxmoe_tensor* dy, const mxmoe_tensor* h,
+                                             int32_t layout, float alpha, float limit,
+                                             float up_offset, mxmoe_tensor* dh, void* stream);
 
 #ifdef __cplusplus
 }

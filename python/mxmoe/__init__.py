@@ -4,6 +4,9 @@ Public API:
   mxmoe.grouped_mm(A, B_t, offs, *, recipe, backend, bias, out_dtype)  differentiable MXFP8 drop-in
       for torch._grouped_mm(A, B_t, offs=offs)
   mxmoe.quantize(x, dim, mode, block, offs) -> MXTensor (.qdata, .scale, .dequantize(dtype))
+  mxmoe.moe_experts(x, topk_idx, topk_weights, w13, w2, *, recipe, activation, layout, bias13, bias2)
+      the fused MoE expert layer (dispatch -> experts with SwiGLU -> combine, FP8 data flow; mxmoe/moe.py)
+  mxmoe.nn.MoEExperts(E, H, I, recipe=...)   a module owning w13 (E, 2I, H) and w2 (E, H, I)
   mxmoe.convert(model, recipe, filter_fn, backend) / mxmoe.unconvert(model)
   mxmoe.check_offsets(offs, m)          checked mode (also: env MXMOE_CHECK_OFFSETS=1)
   torch.ops.mxmoe.*                     the core's operations as custom ops (mxmoe.ops)
@@ -25,7 +28,9 @@ from ._lib import build_info, has_cuda, library_path, version as core_version
 from .backends import BACKENDS, register_backend
 from .conversion import convert, is_converted, unconvert
 from .grouped import check_offsets, grouped_mm
+from .moe import moe_experts
 from .mx_tensor import MXTensor, quantize
+from . import nn
 from .recipes import RECIPES, Recipe
 from .weight_cache import refresh_weights, set_weight_cache, weight_cache_info
 
@@ -33,6 +38,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "grouped_mm",
+    "moe_experts",
+    "nn",
     "quantize",
     "MXTensor",
     "convert",

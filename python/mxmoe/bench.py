@@ -70,6 +70,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", nargs=argparse.REMAINDER, default=None, metavar="ARGS",
                    help="run bench/bench_host.py instead (host enqueue time, eager vs graph) with the ARGS that "
                    "follow (see --host --help)")
+    p.add_argument("--moe", nargs=argparse.REMAINDER, default=None, metavar="ARGS",
+                   help="run bench/bench_moe.py instead (the BENCH.md MoE layer configs: transformers' bf16 "
+                   "grouped_mm experts vs mxmoe.moe_experts, fwd+bwd, eager and graph) with the ARGS that "
+                   "follow (see --moe --help)")
 
 
 def _offsets(m: int, g: int, jagged: bool, device) -> torch.Tensor:
@@ -298,25 +302,33 @@ def _table(rows: List[dict], cols: List[str]) -> str:
     return "\n".join([line(cols), line(["-" * w for w in widths])] + [line(x) for x in cells])
 
 
-def _host_main(argv: List[str]) -> int:
-    """bench/bench_host.py of the source tree (next to python/, or under the working directory)."""
+def _script_main(name: str, argv: List[str]) -> int:
+    """bench/<name>.py of the source tree (next to python/, or under the working directory)."""
     import importlib.util
+    import sys
     from pathlib import Path
 
     for root in (Path(__file__).resolve().parents[2], Path.cwd()):
-        path = root / "bench" / "bench_host.py"
+        path = root / "bench" / f"{name}.py"
         if path.is_file():
-            spec = importlib.util.spec_from_file_location("bench_host", path)
+            spec = importlib.util.spec_from_file_location(name, path)
             module = importlib.util.module_from_spec(spec)
+            sys.modules.setdefault(name, module)
             spec.loader.exec_module(module)
             return module.main(argv)
-    print("bench/bench_host.py not found (run from the repository root)")
+    print(f"bench/{name}.py not found (run from the repository root)")
     return 2
+
+
+def _host_main(argv: List[str]) -> int:
+    return _script_main("bench_host", argv)
 
 
 def main(args) -> int:
     if args.host is not None:
         return _host_main(args.host)
+    if args.moe is not None:
+        return _script_main("bench_moe", args.moe)
     if not torch.cuda.is_available():
         print("mxmoe bench needs a CUDA device (BENCH.md: benchmarks run on the GPU machine)")
         return 2

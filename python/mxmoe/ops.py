@@ -33,6 +33,18 @@ Ops (schemas in src/ops/library.cpp):
   clamp_offsets(offs, m) -> ends  (min(m, max(0, offs[0..g])), on offs' device)
   zero_rows_past_groups(x!, offs) -> ()   zero x's rows past the last group's end (in place)
   _dense_grouped_mm(a, b, offs) -> torch._grouped_mm behind an op boundary (private)
+  quantize_fused_source(src..., offs?, ...) -> quantize_fused of a computed input (the fused MoE
+      layer's dispatch gather, SwiGLU, SwiGLU backward), never materialized
+  moe_tile128_forward / moe_tile128_backward / moe_exact_forward / moe_exact_backward
+      the sm90 phases with A (or dY) a computed input (mxmoe/moe.py)
+  moe_routing(topk_idx, num_experts) -> (offs (E,), perm (T*k,), inv (T, k)) int32: stable expert order
+      of the router's choices (ids outside [0, E) dropped to the end); no host sync
+  moe_gather(x, perm, k, row_scale?, out_dtype) -> x[perm // k] (* row_scale.flat[perm]) (T*k, H)
+  moe_combine(y, inv, weights?, out_dtype) -> sum_j w[t, j] * y[inv[t, j]] (T, H), fp32, j in order
+  moe_combine_weight_grad(dout, y, inv) -> dw (T, k) f32 = <dout[t], y[inv[t, j]]>
+  moe_group_sum(x, offs) -> per-group row sums (G, C) f32 (bias gradients)
+  swiglu(h, layout, alpha, limit, up_offset) -> y (N, I); swiglu_backward(dy, h, ...) -> dh (N, 2I)
+      layout 0 [gate | up] halves, 1 interleaved (gpt-oss); see the SWIGLU_* constants below
   build_info() -> str   (parsed by mxmoe.build_info())
 See include/mxmoe/mxmoe.h for the layouts (grouped compact scales, scale_c / scale_r, q / qt).
 """
@@ -61,7 +73,8 @@ __all__ = [
     "quantize", "dequantize", "scales_to_blocked", "scales_from_blocked", "grouped_mm_mx",
     "grouped_mm_mx_kgroups", "check_offsets", "clamp_offsets", "quantize_fused", "grouped_mm_tile128",
     "grouped_mm_tile128_kgroups", "zero_rows_past_groups", "sm90_tile128_weight", "sm90_tile128_forward", "sm90_exact_weight", "sm90_tile128_backward",
-    "sm90_exact_forward", "sm90_exact_backward", "grouped_scale_capacity", "blocked_size", "quantize_fused_sides",
+    "sm90_exact_forward", "sm90_exact_backward", "quantize_fused_source", "moe_tile128_forward",
+    "moe_tile128_backward", "moe_exact_forward", "moe_exact_backward", "grouped_scale_capacity", "blocked_size", "quantize_fused_sides",
 ]
 
 # ---- errors -----------------------------------------------------------------------------------------
@@ -113,6 +126,14 @@ sm90_exact_weight = _python_op("sm90_exact_weight")
 sm90_exact_forward = _python_op("sm90_exact_forward")
 sm90_exact_backward = _python_op("sm90_exact_backward")
 _dense_grouped_mm = _python_op("_dense_grouped_mm")
+quantize_fused_source = _python_op("quantize_fused_source")
+moe_tile128_forward = _python_op("moe_tile128_forward")
+moe_tile128_backward = _python_op("moe_tile128_backward")
+moe_exact_forward = _python_op("moe_exact_forward")
+moe_exact_backward = _python_op("moe_exact_backward")
+
+# Computed inputs of quantize_fused_source and the moe_* phases (mxmoe_source_kind).
+SOURCE_GATHER, SOURCE_SWIGLU, SOURCE_SWIGLU_BACKWARD = 1, 2, 3
 
 # check_offsets returns nothing; without this mark, graph dead-code elimination (AOTAutograd,
 # Inductor) would drop it from compiled graphs and checked mode would silently do nothing.
@@ -319,6 +340,61 @@ def _(dy, w_q, w_scale, a_q, a_scale, offs, mode, need_da, need_dw):
     return da, dw
 
 
+def _source_shape(src_kind, src_a, perm):
+    """The logical (R, C) of a computed input (mxmoe_quantize_fused_source)."""
+    if src_a.dim() != 2:
+        raise ValueError(f"src_a: expected 2 dims, got shape {tuple(src_a.shape)}")
+    if src_kind == SOURCE_GATHER:
+        return perm.shape[0], src_a.shape[1]
+    if src_kind == SOURCE_SWIGLU:
+        return src_a.shape[0], src_a.shape[1] // 2
+    return src_a.shape[0], src_a.shape[1]
+
+
+def _source_x(src_kind, src_a, perm):
+    return src_a.new_empty(_source_shape(src_kind, src_a, perm))
+
+
+@_fake("quantize_fused_source")
+def _(src_kind, src_a, src_b, perm, row_scale, k, layout, alpha, limit, up_offset, offs, row_block, col_block,
+      tile128, mode, row_outputs, col_outputs, dq_dtype):
+    x = _source_x(src_kind, src_a, perm)
+    return _side(x, offs, True, row_outputs, dq_dtype) + _side(x, offs, False, col_outputs, dq_dtype)
+
+
+@_fake("moe_tile128_forward")
+def _(src_kind, src_a, src_b, perm, row_scale, k, layout, alpha, limit, up_offset, w_q, w_scale, offs, bias, mode,
+      out_dtype, want_a_col):
+    a = _source_x(src_kind, src_a, perm)
+    a_col = _side(a, offs, False, (FUSED_QT | FUSED_SCALE) if want_a_col else 0)
+    return a.new_empty((a.shape[0], w_q.shape[-2]), dtype=out_dtype), a_col[1], a_col[2]
+
+
+@_fake("moe_tile128_backward")
+def _(src_kind, src_a, src_b, perm, row_scale, k, layout, alpha, limit, up_offset, w_qt, w_scale, a_qt, a_scale,
+      offs, mode, need_da, need_dw, a_dtype, w_dtype):
+    r, c = _source_shape(src_kind, src_a, perm)
+    da = src_a.new_empty((r, w_qt.shape[1]) if need_da else (0,), dtype=a_dtype)
+    dw = src_a.new_empty((offs.shape[0], c, a_qt.shape[0]) if need_dw else (0,), dtype=w_dtype)
+    return da, dw
+
+
+@_fake("moe_exact_forward")
+def _(src_kind, src_a, src_b, perm, row_scale, k, layout, alpha, limit, up_offset, w_dq, offs, mode, want_a_col):
+    a = _source_x(src_kind, src_a, perm)
+    a_col = _side(a, offs, False, (FUSED_Q | FUSED_SCALE) if want_a_col else 0)
+    return a.new_empty((a.shape[0], w_dq.shape[-2]), dtype=BF16), a_col[0], a_col[2]
+
+
+@_fake("moe_exact_backward")
+def _(src_kind, src_a, src_b, perm, row_scale, k, layout, alpha, limit, up_offset, w_q, w_scale, a_q, a_scale, offs,
+      mode, need_da, need_dw):
+    r, c = _source_shape(src_kind, src_a, perm)
+    da = src_a.new_empty((r, w_q.shape[2]) if need_da else (0,), dtype=BF16)
+    dw = src_a.new_empty((offs.shape[0], c, a_q.shape[1]) if need_dw else (0,), dtype=BF16)
+    return da, dw
+
+
 # ---- helpers ----------------------------------------------------------------------------------------
 
 
@@ -329,3 +405,76 @@ def quantize_fused_sides(x: Tensor, offs: Optional[Tensor], row_block: int, col_
     outs = quantize_fused(x.contiguous(), offs, row_block, col_block, tile128, mode, row_outputs, col_outputs,
                           dq_dtype)
     return dict(zip(_FUSED_NAMES, outs[:6])), dict(zip(_FUSED_NAMES, outs[6:]))
+
+
+# ---- MoE kernel family (src/ops/ops_moe.cpp; semantics in include/mxmoe/mxmoe.h) --------------------
+
+SWIGLU_CONCAT, SWIGLU_INTERLEAVED = 0, 1
+# (alpha, limit, up_offset) of the two common SwiGLU variants.
+SWIGLU_STANDARD = (1.0, float("inf"), 0.0)  # silu(gate) * up (Qwen3-MoE, Mixtral, OLMoE, DeepSeek)
+SWIGLU_GPT_OSS = (1.702, 7.0, 1.0)          # gpt-oss: clamped gate/up, sigmoid(1.702 g), (up + 1)
+
+moe_routing = _python_op("moe_routing")
+moe_gather = _python_op("moe_gather")
+moe_combine = _python_op("moe_combine")
+moe_combine_weight_grad = _python_op("moe_combine_weight_grad")
+moe_group_sum = _python_op("moe_group_sum")
+swiglu = _python_op("swiglu")
+swiglu_backward = _python_op("swiglu_backward")
+
+__all__ += [
+    "moe_routing", "moe_gather", "moe_combine", "moe_combine_weight_grad", "moe_group_sum", "swiglu",
+    "swiglu_backward", "SWIGLU_CONCAT", "SWIGLU_INTERLEAVED", "SWIGLU_STANDARD", "SWIGLU_GPT_OSS",
+]
+
+
+def _dims(t: Tensor, name: str, n: int):
+    if t.dim() != n:
+        raise ValueError(f"{name}: expected {n} dims, got shape {tuple(t.shape)}")
+
+
+@_fake("moe_routing")
+def _(topk_idx, num_experts):
+    _dims(topk_idx, "topk_idx", 2)
+    t, k = topk_idx.shape
+    i32 = torch.int32
+    return (topk_idx.new_empty((num_experts,), dtype=i32), topk_idx.new_empty((t * k,), dtype=i32),
+            topk_idx.new_empty((t, k), dtype=i32))
+
+
+@_fake("moe_gather")
+def _(x, perm, k, row_scale, out_dtype):
+    _dims(x, "x", 2)
+    _dims(perm, "perm", 1)
+    return x.new_empty((perm.shape[0], x.shape[1]), dtype=out_dtype)
+
+
+@_fake("moe_combine")
+def _(y, inv, weights, out_dtype):
+    _dims(y, "y", 2)
+    _dims(inv, "inv", 2)
+    return y.new_empty((inv.shape[0], y.shape[1]), dtype=out_dtype)
+
+
+@_fake("moe_combine_weight_grad")
+def _(dout, y, inv):
+    _dims(inv, "inv", 2)
+    return dout.new_empty((inv.shape[0], inv.shape[1]), dtype=torch.float32)
+
+
+@_fake("moe_group_sum")
+def _(x, offs):
+    _dims(x, "x", 2)
+    _dims(offs, "offs", 1)
+    return x.new_empty((offs.shape[0], x.shape[1]), dtype=torch.float32)
+
+
+@_fake("swiglu")
+def _(h, layout, alpha, limit, up_offset):
+    _dims(h, "h", 2)
+    return h.new_empty((h.shape[0], h.shape[1] // 2))
+
+
+@_fake("swiglu_backward")
+def _(dy, h, layout, alpha, limit, up_offset):
+    return h.new_empty(h.shape)

@@ -1,5 +1,6 @@
 """`python -m mxmoe train`: train the demo MoE language model twice -- bf16 expert GEMMs, then MXFP8
-expert GEMMs through `mxmoe.convert` -- from the same init and data order, and compare the loss curves.
+experts through mxmoe's fused expert layer -- from the same init and data order, and compare the loss
+curves.
 
 What differs between the two runs is only the expert GEMMs:
   bf16   the model's `torch._grouped_mm` calls take bf16 operands (fp32 accumulation) and give bf16
@@ -7,8 +8,9 @@ What differs between the two runs is only the expert GEMMs:
          than fp32, so they are emulated: fp32 GEMMs on bf16-rounded operands, rounded back to bf16
          (the same numerics up to fp32 summation order). The rounding is part of the autograd graph,
          so the output grad and the dgrad/wgrad results are rounded too: backward is bf16 as well.
-  mxfp8  `mxmoe.convert(model, recipe=...)` routes the same calls through `mxmoe.grouped_mm`
-         (forward, dgrad and wgrad on MXFP8 operands).
+  mxfp8  each MoE layer's experts run as `mxmoe.moe_experts(..., recipe=...)`: the fused layer
+         (dispatch + quantize, FP8 GEMMs with SwiGLU + quantize between them, combine; forward, dgrad
+         and wgrad on MXFP8 operands) on the experts' own weights.
 The rest of the model runs in fp32 on CPU and under bf16 autocast on CUDA, identically in both runs.
 """
 
@@ -29,7 +31,7 @@ from torch.overrides import TorchFunctionMode
 
 from . import _lib
 from .backends import BACKENDS
-from .conversion import convert
+from .moe import moe_experts
 from .demo.data import SyntheticLanguage, make_batches
 from .demo.model import MoEModelArgs, MoETransformer
 from .recipes import RECIPES
@@ -160,6 +162,19 @@ def _loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
 
 
+def fused_experts(recipe: str, backend: str = "auto"):
+    """The demo's GroupedExperts (w1 gate, w3 up, w2 down: TorchTitan's layout) run by mxmoe's fused
+    expert layer: dispatch + quantize, GEMM1, SwiGLU + quantize, GEMM2, combine (mxmoe/moe.py). A
+    backend other than 'auto' composes the layer from mxmoe.grouped_mm on that backend."""
+    kw = {"backend": "auto"} if backend == "auto" else {"backend": "composed", "grouped_mm_backend": backend}
+
+    def run(x, topk_idx, topk_weights, experts):
+        w13 = torch.cat([experts.w1, experts.w3], dim=1)  # (E, 2I, H): gate | up ("concatenated")
+        return moe_experts(x, topk_idx, topk_weights, w13, experts.w2, recipe=recipe, **kw)
+
+    return run
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -181,9 +196,10 @@ def train_one(
         precision = baseline_description(device)
         gemm_ctx = lambda: Bf16GroupedMM(emulate=device.type != "cuda")  # noqa: E731
     else:
-        precision = (f"MXFP8 expert GEMMs: mxmoe.convert(model, recipe={name!r}, "
-                     f"backend={cfg.backend!r}) ({_backend_description(cfg.backend, device)})")
-        convert(model, recipe=name, backend=cfg.backend)
+        precision = (f"MXFP8 fused expert layer: mxmoe.moe_experts(recipe={name!r}) on the experts' own "
+                     f"w1/w3/w2 ({_backend_description(cfg.backend, device)})")
+        for moe in model.moe_layers():
+            moe.experts_fn = fused_experts(name, cfg.backend)
         gemm_ctx = contextlib.nullcontext
     if device.type == "cuda":
         amp = lambda: torch.autocast("cuda", dtype=torch.bfloat16)  # noqa: E731
@@ -282,8 +298,8 @@ def _header(cfg: TrainConfig, device: torch.device, vocab: int, entropy: float) 
         f"tokens, seed {cfg.seed}; source entropy {entropy:.3f} nats/token (best reachable loss)",
         f"  device  {_device_name(device)}, torch {torch.__version__}",
         f"  {BASELINE:<7} {baseline_description(device)}",
-        f"  {'mxfp8':<7} mxmoe.convert(model, recipe={cfg.recipe!r}, backend={cfg.backend!r}): "
-        f"backend {_backend_description(cfg.backend, device)}",
+        f"  {'mxfp8':<7} fused expert layer mxmoe.moe_experts(recipe={cfg.recipe!r}), backend={cfg.backend!r}: "
+        f"{_backend_description(cfg.backend, device)}",
     ])
 
 

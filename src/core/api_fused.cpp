@@ -33,13 +33,15 @@ void check_out(const mxmoe_tensor& t, const std::string& name, Kind kind, const 
 }  // namespace
 }  // namespace mxmoe
 
-using namespace mxmoe;
+namespace mxmoe {
+namespace {
 
-extern "C" mxmoe_status mxmoe_quantize_fused(const mxmoe_tensor* x_, const mxmoe_tensor* offs_,
-                                             mxmoe_fused_config cfg, const mxmoe_fused_side* row,
-                                             const mxmoe_fused_side* col, void* stream) {
-  MXMOE_API_BEGIN
-  const mxmoe_tensor& x = require(x_, "x");
+// The body of both entry points. x: the input (plain call) or the logical (R, C) shape and dtype of
+// a computed input (src.kind != 0, x.data == nullptr); inputs: the tensors read, for the overlap
+// checks.
+void fused_body(const mxmoe_tensor& x, const FusedSource& src, const std::vector<Named>& inputs,
+                const mxmoe_tensor* offs_, mxmoe_fused_config cfg, const mxmoe_fused_side* row,
+                const mxmoe_fused_side* col, void* stream) {
   check_dtype(x, "x", {MXMOE_DTYPE_BF16, MXMOE_DTYPE_F32});
   check_ndim(x, "x", {2, 3});
 #if !defined(MXMOE_WITH_CUDA)
@@ -47,7 +49,8 @@ extern "C" mxmoe_status mxmoe_quantize_fused(const mxmoe_tensor* x_, const mxmoe
     fail_status(MXMOE_ERR_UNSUPPORTED, "x: tensors on ", device_str(x.device),
                 " need a build with CUDA; this libmxmoe was built without it");
 #endif
-  if (x.device >= 0 && !is_contiguous(x)) fail("x: expected a contiguous tensor on ", device_str(x.device));
+  if (src.kind == 0 && x.device >= 0 && !is_contiguous(x))
+    fail("x: expected a contiguous tensor on ", device_str(x.device));
   if (cfg.mode < MXMOE_SCALE_RCEIL || cfg.mode > MXMOE_SCALE_EVEN)
     fail("cfg.mode: expected RCEIL (0), FLOOR (1), CEIL (2) or EVEN (3), got ", static_cast<int>(cfg.mode));
   if (row == nullptr && col == nullptr) fail("row, col: expected at least one side, got none");
@@ -76,6 +79,7 @@ extern "C" mxmoe_status mxmoe_quantize_fused(const mxmoe_tensor* x_, const mxmoe
 
   FusedArgs a;
   a.x = api::as_3d(x);
+  a.src = src;
   if (offs_ != nullptr) {
     a.offs.present = true;
     a.offs.t = *offs_;
@@ -130,7 +134,7 @@ extern "C" mxmoe_status mxmoe_quantize_fused(const mxmoe_tensor* x_, const mxmoe
   side(row, true, a.row);
   side(col, false, a.col);
   for (size_t i = 0; i < outs.size(); ++i) {
-    check_no_overlap(*outs[i].t, outs[i].name.c_str(), x, "x");
+    for (const Named& in : inputs) check_no_overlap(*outs[i].t, outs[i].name.c_str(), *in.t, in.name.c_str());
     if (offs_ != nullptr) check_no_overlap(*outs[i].t, outs[i].name.c_str(), *offs_, "offs");
     for (size_t j = 0; j < i; ++j)
       check_no_overlap(*outs[i].t, outs[i].name.c_str(), *outs[j].t, outs[j].name.c_str());
@@ -142,5 +146,97 @@ extern "C" mxmoe_status mxmoe_quantize_fused(const mxmoe_tensor* x_, const mxmoe
   } else {
     cpu::quantize_fused(a);
   }
+}
+
+void check_source_tensor(const mxmoe_tensor& t, const char* name, std::initializer_list<mxmoe_dtype> dtypes,
+                         int32_t device) {
+  check_dtype(t, name, dtypes);
+  check_device(t, name, device);
+  check_contiguous(t, name);
+}
+
+}  // namespace
+}  // namespace mxmoe
+
+using namespace mxmoe;
+
+extern "C" mxmoe_status mxmoe_quantize_fused(const mxmoe_tensor* x_, const mxmoe_tensor* offs_,
+                                             mxmoe_fused_config cfg, const mxmoe_fused_side* row,
+                                             const mxmoe_fused_side* col, void* stream) {
+  MXMOE_API_BEGIN
+  const mxmoe_tensor& x = require(x_, "x");
+  fused_body(x, FusedSource{}, {{x_, "x"}}, offs_, cfg, row, col, stream);
+  MXMOE_API_END
+}
+
+extern "C" mxmoe_status mxmoe_quantize_fused_source(const mxmoe_fused_source* src_, const mxmoe_tensor* offs_,
+                                                    mxmoe_fused_config cfg, const mxmoe_fused_side* row,
+                                                    const mxmoe_fused_side* col, void* stream) {
+  MXMOE_API_BEGIN
+  if (src_ == nullptr) fail("src: expected a source, got NULL");
+  const mxmoe_fused_source& s = *src_;
+  const mxmoe_tensor& a = require(s.a, "src.a");
+  check_ndim(a, "src.a", {2});
+  FusedSource src;
+  src.kind = static_cast<int>(s.kind);
+  src.a = a;
+  std::vector<Named> inputs{{s.a, "src.a"}};
+  mxmoe_tensor x = a;  // the logical input: a's dtype and device, its own shape
+  x.data = nullptr;
+  x.ndim = 2;
+  const int64_t rows = a.shape[0], cols = a.shape[1];
+  if (s.kind == MXMOE_SOURCE_GATHER) {
+    check_source_tensor(a, "src.a", {MXMOE_DTYPE_BF16, MXMOE_DTYPE_F32}, a.device);
+    const mxmoe_tensor& perm = require(s.perm, "src.perm");
+    check_source_tensor(perm, "src.perm", {MXMOE_DTYPE_I32}, a.device);
+    check_ndim(perm, "src.perm", {1});
+    if (s.k < 1 || s.k > (int64_t{1} << 20)) fail("src.k: expected 1 <= k <= 2^20, got ", s.k);
+    if (rows > (int64_t{1} << 40) / s.k) fail("src.a: expected at most 2^40 / k rows, got ", rows);
+    if (perm.shape[0] != rows * s.k)
+      fail("src.perm: expected shape (", rows * s.k, ",) (src.a rows x k), got ", shape_str(perm));
+    src.perm.present = true;
+    src.perm.t = perm;
+    src.k = s.k;
+    inputs.push_back({s.perm, "src.perm"});
+    if (s.row_scale != nullptr) {
+      const mxmoe_tensor& rs = require(s.row_scale, "src.row_scale");
+      check_source_tensor(rs, "src.row_scale", {MXMOE_DTYPE_F32}, a.device);
+      check_shape(rs, "src.row_scale", {rows, s.k});
+      src.row_scale.present = true;
+      src.row_scale.t = rs;
+      inputs.push_back({s.row_scale, "src.row_scale"});
+    }
+    if (s.b != nullptr) fail("src.b: expected NULL for GATHER");
+    x.shape[0] = perm.shape[0];
+    x.shape[1] = cols;
+  } else if (s.kind == MXMOE_SOURCE_SWIGLU || s.kind == MXMOE_SOURCE_SWIGLU_BACKWARD) {
+    check_source_tensor(a, "src.a", {MXMOE_DTYPE_BF16}, a.device);
+    if (s.layout != 0 && s.layout != 1)
+      fail("src.layout: expected 0 (concatenated) or 1 (interleaved), got ", s.layout);
+    if (cols % 2 != 0) fail("src.a: expected an even last dim (gate and up), got ", shape_str(a));
+    if (!(s.alpha == s.alpha) || !(s.limit == s.limit) || !(s.up_offset == s.up_offset))
+      fail("src.alpha, src.limit, src.up_offset: expected numbers, got NaN");
+    if (s.perm != nullptr || s.row_scale != nullptr) fail("src.perm, src.row_scale: expected NULL for SWIGLU");
+    src.layout = s.layout;
+    src.alpha = s.alpha;
+    src.limit = s.limit;
+    src.up_offset = s.up_offset;
+    x.shape[0] = rows;
+    x.shape[1] = s.kind == MXMOE_SOURCE_SWIGLU ? cols / 2 : cols;
+    if (s.kind == MXMOE_SOURCE_SWIGLU_BACKWARD) {
+      const mxmoe_tensor& b = require(s.b, "src.b");
+      check_source_tensor(b, "src.b", {MXMOE_DTYPE_BF16}, a.device);
+      check_shape(b, "src.b", {rows, cols / 2});
+      src.b = b;
+      inputs.push_back({s.b, "src.b"});
+    } else if (s.b != nullptr) {
+      fail("src.b: expected NULL for SWIGLU");
+    }
+  } else {
+    fail("src.kind: expected GATHER (1), SWIGLU (2) or SWIGLU_BACKWARD (3), got ", static_cast<int>(s.kind));
+  }
+  x.strides[1] = 1;
+  x.strides[0] = x.shape[1];
+  fused_body(x, src, inputs, offs_, cfg, row, col, stream);
   MXMOE_API_END
 }

@@ -77,8 +77,20 @@ struct FusedSide {
   mxmoe_blocked_kind blocked_kind = MXMOE_BLOCKED_WHOLE;
 };
 
+// A computed input (mxmoe_quantize_fused_source); kind 0: x is read from memory.
+struct FusedSource {
+  int kind = 0;             // mxmoe_source_kind
+  mxmoe_tensor a{}, b{};    // GATHER: rows of a; SWIGLU: h = a; SWIGLU_BACKWARD: h = a, dy = b
+  OptTensor perm, row_scale;
+  int64_t k = 1;
+  int32_t layout = 0;
+  float alpha = 1.f, limit = 0.f, up_offset = 0.f;
+};
+
 struct FusedArgs {
+  // With a source, x is only the logical (1, R, C) shape and dtype (data == nullptr).
   mxmoe_tensor x{};
+  FusedSource src;
   OptTensor offs;
   mxmoe_scale_mode mode = MXMOE_SCALE_RCEIL;
   bool tile128 = false;
@@ -123,6 +135,76 @@ void grouped_mm(const GroupedMMArgs& args);
 void grouped_mm_kgroups(const GroupedMMKArgs& args);
 void check_offsets(const mxmoe_tensor& offs, int64_t m, void* stream);
 void quantize_fused(const FusedArgs& args);
+}  // namespace cuda
+#endif
+
+// ---- MoE kernel family (api_moe.cpp validates; cpu/moe.cpp, cuda/moe.cu) ------------------------
+// Views as the C API validated them: index tensors int32 (topk_idx int32 or int64), everything
+// contiguous and on one device.
+struct MoeRoutingArgs {
+  mxmoe_tensor topk_idx{};  // (T, k)
+  int64_t num_experts = 0;
+  mxmoe_tensor offs{}, perm{}, inv{};  // (E,), (T*k,), (T, k)
+  void* workspace = nullptr;           // CUDA scratch (moe_routing_workspace_size bytes)
+  int64_t workspace_bytes = 0;
+  void* stream = nullptr;
+};
+
+struct MoeGatherArgs {
+  mxmoe_tensor x{}, perm{};  // (T, H), (T*k,)
+  int64_t k = 1;
+  OptTensor row_scale;  // (T, k)
+  mxmoe_tensor out{};   // (T*k, H)
+  void* stream = nullptr;
+};
+
+struct MoeCombineArgs {
+  mxmoe_tensor y{}, inv{};  // (N, H), (T, k)
+  OptTensor weights;        // (T, k)
+  mxmoe_tensor out{};       // (T, H)
+  void* stream = nullptr;
+};
+
+struct MoeWeightGradArgs {
+  mxmoe_tensor dout{}, y{}, inv{};  // (T, H), (N, H), (T, k)
+  mxmoe_tensor dw{};                // (T, k) f32
+  void* stream = nullptr;
+};
+
+struct MoeGroupSumArgs {
+  mxmoe_tensor x{}, offs{};  // (M, C), (G,)
+  mxmoe_tensor out{};        // (G, C) f32
+  void* stream = nullptr;
+};
+
+// Forward: out = y (N, I) from h (N, 2I). Backward (dy present): out = dh (N, 2I) from dy (N, I), h.
+struct SwigluArgs {
+  mxmoe_tensor h{};
+  OptTensor dy;
+  mxmoe_tensor out{};
+  int32_t layout = 0;
+  float alpha = 1.f, limit = 0.f, up_offset = 0.f;
+  void* stream = nullptr;
+};
+
+namespace cpu {
+void moe_routing(const MoeRoutingArgs& args);
+void moe_gather(const MoeGatherArgs& args);
+void moe_combine(const MoeCombineArgs& args);
+void moe_combine_weight_grad(const MoeWeightGradArgs& args);
+void moe_group_sum(const MoeGroupSumArgs& args);
+void swiglu(const SwigluArgs& args);
+}  // namespace cpu
+
+#if defined(MXMOE_WITH_CUDA)
+namespace cuda {
+int64_t moe_routing_workspace_size(int64_t n, int64_t num_experts, int32_t device);
+void moe_routing(const MoeRoutingArgs& args);
+void moe_gather(const MoeGatherArgs& args);
+void moe_combine(const MoeCombineArgs& args);
+void moe_combine_weight_grad(const MoeWeightGradArgs& args);
+void moe_group_sum(const MoeGroupSumArgs& args);
+void swiglu(const SwigluArgs& args);
 }  // namespace cuda
 #endif
 

@@ -34,6 +34,27 @@ STABLE_TORCH_LIBRARY(mxmoe, m) {
         "-> (Tensor, Tensor, Tensor)");
   m.def("sm90_exact_backward(Tensor dy, Tensor w_q, Tensor w_scale, Tensor? a_q, Tensor? a_scale, Tensor offs, "
         "int mode, bool need_da, bool need_dw) -> (Tensor, Tensor)");
+  // The fused MoE layer's computed inputs (src_kind: 1 GATHER, 2 SWIGLU, 3 SWIGLU_BACKWARD).
+#define SRC "int src_kind, Tensor src_a, Tensor? src_b, Tensor? perm, Tensor? row_scale, int k, int layout, " \
+            "float alpha, float limit, float up_offset, "
+  m.def("quantize_fused_source(" SRC "Tensor? offs, int row_block, int col_block, bool tile128, int mode, "
+        "int row_outputs, int col_outputs, ScalarType dq_dtype) -> Tensor[]");
+  m.def("moe_tile128_forward(" SRC "Tensor w_q, Tensor w_scale, Tensor offs, Tensor? bias, int mode, "
+        "ScalarType out_dtype, bool want_a_col) -> (Tensor, Tensor, Tensor)");
+  m.def("moe_tile128_backward(" SRC "Tensor w_qt, Tensor w_scale, Tensor? a_qt, Tensor? a_scale, Tensor offs, "
+        "int mode, bool need_da, bool need_dw, ScalarType a_dtype, ScalarType w_dtype) -> (Tensor, Tensor)");
+  m.def("moe_exact_forward(" SRC "Tensor w_dq, Tensor offs, int mode, bool want_a_col) -> (Tensor, Tensor, Tensor)");
+  m.def("moe_exact_backward(" SRC "Tensor w_q, Tensor w_scale, Tensor? a_q, Tensor? a_scale, Tensor offs, "
+        "int mode, bool need_da, bool need_dw) -> (Tensor, Tensor)");
+#undef SRC
+  // MoE kernel family (ops_moe.cpp; layouts and numerics in include/mxmoe/mxmoe.h).
+  m.def("moe_routing(Tensor topk_idx, int num_experts) -> (Tensor offs, Tensor perm, Tensor inv)");
+  m.def("moe_gather(Tensor x, Tensor perm, int k, Tensor? row_scale, ScalarType out_dtype) -> Tensor");
+  m.def("moe_combine(Tensor y, Tensor inv, Tensor? weights, ScalarType out_dtype) -> Tensor");
+  m.def("moe_combine_weight_grad(Tensor dout, Tensor y, Tensor inv) -> Tensor");
+  m.def("moe_group_sum(Tensor x, Tensor offs) -> Tensor");
+  m.def("swiglu(Tensor h, int layout, float alpha, float limit, float up_offset) -> Tensor");
+  m.def("swiglu_backward(Tensor dy, Tensor h, int layout, float alpha, float limit, float up_offset) -> Tensor");
   m.def("build_info() -> str");
 }
 
@@ -56,9 +77,29 @@ STABLE_TORCH_LIBRARY(mxmoe, m) {
   m.impl("sm90_tile128_backward", TORCH_BOX(&sm90_tile128_backward));         \
   m.impl("sm90_exact_weight", TORCH_BOX(&sm90_exact_weight));                 \
   m.impl("sm90_exact_forward", TORCH_BOX(&sm90_exact_forward));               \
-  m.impl("sm90_exact_backward", TORCH_BOX(&sm90_exact_backward))
+  m.impl("sm90_exact_backward", TORCH_BOX(&sm90_exact_backward));             \
+  m.impl("quantize_fused_source", TORCH_BOX(&quantize_fused_source));         \
+  m.impl("moe_tile128_forward", TORCH_BOX(&moe_tile128_forward));             \
+  m.impl("moe_tile128_backward", TORCH_BOX(&moe_tile128_backward));           \
+  m.impl("moe_exact_forward", TORCH_BOX(&moe_exact_forward));                 \
+  m.impl("moe_exact_backward", TORCH_BOX(&moe_exact_backward))
 
-STABLE_TORCH_LIBRARY_IMPL(mxmoe, CPU, m) { MXMOE_KERNELS(m); }
-STABLE_TORCH_LIBRARY_IMPL(mxmoe, CUDA, m) { MXMOE_KERNELS(m); }
+#define MXMOE_MOE_KERNELS(m)                                               \
+  m.impl("moe_routing", TORCH_BOX(&moe_routing));                          \
+  m.impl("moe_gather", TORCH_BOX(&moe_gather));                            \
+  m.impl("moe_combine", TORCH_BOX(&moe_combine));                          \
+  m.impl("moe_combine_weight_grad", TORCH_BOX(&moe_combine_weight_grad));  \
+  m.impl("moe_group_sum", TORCH_BOX(&moe_group_sum));                      \
+  m.impl("swiglu", TORCH_BOX(&swiglu));                                    \
+  m.impl("swiglu_backward", TORCH_BOX(&swiglu_backward))
+
+STABLE_TORCH_LIBRARY_IMPL(mxmoe, CPU, m) {
+  MXMOE_KERNELS(m);
+  MXMOE_MOE_KERNELS(m);
+}
+STABLE_TORCH_LIBRARY_IMPL(mxmoe, CUDA, m) {
+  MXMOE_KERNELS(m);
+  MXMOE_MOE_KERNELS(m);
+}
 // build_info reads no tensor: a CompositeExplicitAutograd kernel serves every device.
 STABLE_TORCH_LIBRARY_IMPL(mxmoe, CompositeExplicitAutograd, m) { m.impl("build_info", TORCH_BOX(&build_info)); }

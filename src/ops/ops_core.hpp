@@ -59,6 +59,37 @@ std::tuple<Tensor, Tensor> sm90_exact_backward(Tensor dy, Tensor w_q, Tensor w_s
                                                OptTensor a_scale, Tensor offs, int64_t mode, bool need_da,
                                                bool need_dw);
 
+// A computed input of the fused MoE layer (mxmoe_quantize_fused_source): src_kind GATHER (rows of
+// src_a in perm's order, optionally times row_scale), SWIGLU (of h = src_a) or SWIGLU_BACKWARD (dh
+// from h = src_a and dy = src_b). The moe_* phases are the sm90 ones with A (or dY) computed.
+#define MXMOE_SOURCE_ARGS                                                                                 \
+  int64_t src_kind, Tensor src_a, OptTensor src_b, OptTensor perm, OptTensor row_scale, int64_t k, int64_t layout, \
+      double alpha, double limit, double up_offset
+std::vector<Tensor> quantize_fused_source(MXMOE_SOURCE_ARGS, OptTensor offs, int64_t row_block, int64_t col_block,
+                                          bool tile128, int64_t mode, int64_t row_outputs, int64_t col_outputs,
+                                          ScalarType dq_dtype);
+std::tuple<Tensor, Tensor, Tensor> moe_tile128_forward(MXMOE_SOURCE_ARGS, Tensor w_q, Tensor w_scale, Tensor offs,
+                                                       OptTensor bias, int64_t mode, ScalarType out_dtype,
+                                                       bool want_a_col);
+std::tuple<Tensor, Tensor> moe_tile128_backward(MXMOE_SOURCE_ARGS, Tensor w_qt, Tensor w_scale, OptTensor a_qt,
+                                                OptTensor a_scale, Tensor offs, int64_t mode, bool need_da,
+                                                bool need_dw, ScalarType a_dtype, ScalarType w_dtype);
+std::tuple<Tensor, Tensor, Tensor> moe_exact_forward(MXMOE_SOURCE_ARGS, Tensor w_dq, Tensor offs, int64_t mode,
+                                                     bool want_a_col);
+std::tuple<Tensor, Tensor> moe_exact_backward(MXMOE_SOURCE_ARGS, Tensor w_q, Tensor w_scale, OptTensor a_q,
+                                              OptTensor a_scale, Tensor offs, int64_t mode, bool need_da,
+                                              bool need_dw);
+
+// MoE kernel family (ops_moe.cpp): routing metadata, gather, combine (+ its weight gradient),
+// per-group row sums, SwiGLU forward/backward.
+std::tuple<Tensor, Tensor, Tensor> moe_routing(Tensor topk_idx, int64_t num_experts);
+Tensor moe_gather(Tensor x, Tensor perm, int64_t k, OptTensor row_scale, ScalarType out_dtype);
+Tensor moe_combine(Tensor y, Tensor inv, OptTensor weights, ScalarType out_dtype);
+Tensor moe_combine_weight_grad(Tensor dout, Tensor y, Tensor inv);
+Tensor moe_group_sum(Tensor x, Tensor offs);
+Tensor swiglu(Tensor h, int64_t layout, double alpha, double limit, double up_offset);
+Tensor swiglu_backward(Tensor dy, Tensor h, int64_t layout, double alpha, double limit, double up_offset);
+
 // Shared pieces.
 void require_dims(const Tensor& t, const char* name, int64_t lo, int64_t hi, const char* op);
 Tensor dequantize_into(const Tensor& q, const Tensor& scale, int32_t axis, const OptTensor& offs, ScalarType out_dtype,

@@ -13,6 +13,42 @@ namespace mxmoe {
 namespace ops {
 namespace {
 
+// What a phase quantizes: a tensor x (kind 0), or a computed input of mxmoe_quantize_fused_source
+// (the fused MoE layer's dispatch, SwiGLU and their backward) whose logical (R, C) is never stored.
+struct Input {
+  int64_t kind = 0;
+  Tensor a;  // x itself, or the source's a
+  OptTensor b, perm, row_scale;
+  int64_t k = 1, layout = 0;
+  double alpha = 1.0, limit = 0.0, up_offset = 0.0;
+
+  explicit Input(Tensor x) : a(dense(x)) {}
+  Input(int64_t kind_, Tensor a_, OptTensor b_, OptTensor perm_, OptTensor row_scale_, int64_t k_, int64_t layout_,
+        double alpha_, double limit_, double up_offset_, const char* op)
+      : kind(kind_), k(k_), layout(layout_), alpha(alpha_), limit(limit_), up_offset(up_offset_) {
+    if (kind < MXMOE_SOURCE_GATHER || kind > MXMOE_SOURCE_SWIGLU_BACKWARD)
+      fail(op, MXMOE_ERR_INVALID_ARGUMENT,
+           "src_kind: expected GATHER (1), SWIGLU (2) or SWIGLU_BACKWARD (3), got " + std::to_string(kind));
+    require_dims(a_, "src_a", 2, 2, op);
+    a = dense(a_);
+    if (b_) b = dense(*b_);
+    if (perm_) {
+      require_dims(*perm_, "perm", 1, 1, op);
+      perm = dense(*perm_);
+    }
+    if (row_scale_) row_scale = dense(*row_scale_);
+    if (kind == MXMOE_SOURCE_GATHER && !perm)
+      fail(op, MXMOE_ERR_INVALID_ARGUMENT, "perm: required for a GATHER source");
+  }
+  bool three() const { return kind == 0 && a.dim() == 3; }
+  int64_t lead() const { return three() ? a.size(0) : 0; }
+  int64_t rows() const {
+    if (kind == MXMOE_SOURCE_GATHER) return perm->size(0);
+    return kind == 0 ? a.size(-2) : a.size(0);
+  }
+  int64_t cols() const { return kind == MXMOE_SOURCE_SWIGLU ? a.size(1) / 2 : a.size(-1); }
+};
+
 // Output bits of one side (the FUSED_* constants of mxmoe/ops.py).
 enum : int64_t { kQ = 1, kQT = 2, kScale = 4, kBlocked = 8, kDQ = 16, kDQT = 32 };
 constexpr const char* kNames[6] = {"q", "qt", "scale", "scale_blocked", "dq", "dqt"};
@@ -28,12 +64,12 @@ struct Side {
   mxmoe_fused_side side{};
   int64_t bits = 0;
 
-  Side(const Tensor& x, const OptTensor& offs, bool is_row, int64_t bits_, ScalarType dq_dtype, int32_t device,
+  Side(const Input& x, const OptTensor& offs, bool is_row, int64_t bits_, ScalarType dq_dtype, int32_t device,
        const char* op)
       : device(device), bits(bits_) {
-    const bool three = x.dim() == 3;
-    const int64_t lead = three ? x.size(0) : 0;
-    const int64_t r = x.size(-2), c = x.size(-1);
+    const bool three = x.three();
+    const int64_t lead = x.lead();
+    const int64_t r = x.rows(), c = x.cols();
     const int64_t g = offs ? offs->size(0) : 0;
     const int64_t n_r = offs ? cdiv(r, kBlock) + g : r / kBlock;
     const int64_t sh = is_row ? r : c, sw = is_row ? c / kBlock : n_r;
@@ -70,13 +106,30 @@ struct Side {
   const Tensor& dq() const { return t[4]; }
 };
 
-void run_fused(const char* op, const Tensor& x, const OptTensor& offs, int64_t row_block, int64_t col_block,
+void run_fused(const char* op, const Input& x, const OptTensor& offs, int64_t row_block, int64_t col_block,
                bool tile128, int64_t mode, const Side& row, const Side& col, const Launch& L) {
-  mxmoe_tensor xv = view(x, "x", op);
   OptView ov(offs, "offs", op);
   const mxmoe_fused_config cfg{to_i32(row_block, "row_block", op), to_i32(col_block, "col_block", op),
                                tile128 ? 1 : 0, static_cast<mxmoe_scale_mode>(to_i32(mode, "mode", op))};
-  check(mxmoe_quantize_fused(&xv, ov.get(), cfg, row.get(), col.get(), L.stream), op);
+  if (x.kind == 0) {
+    mxmoe_tensor xv = view(x.a, "x", op);
+    check(mxmoe_quantize_fused(&xv, ov.get(), cfg, row.get(), col.get(), L.stream), op);
+    return;
+  }
+  mxmoe_tensor av = view(x.a, "src_a", op);
+  OptView bv(x.b, "src_b", op), pv(x.perm, "perm", op), sv(x.row_scale, "row_scale", op);
+  mxmoe_fused_source src{};
+  src.kind = static_cast<mxmoe_source_kind>(x.kind);
+  src.a = &av;
+  src.b = bv.get();
+  src.perm = pv.get();
+  src.row_scale = sv.get();
+  src.k = x.k;
+  src.layout = to_i32(x.layout, "layout", op);
+  src.alpha = static_cast<float>(x.alpha);
+  src.limit = static_cast<float>(x.limit);
+  src.up_offset = static_cast<float>(x.up_offset);
+  check(mxmoe_quantize_fused_source(&src, ov.get(), cfg, row.get(), col.get(), L.stream), op);
 }
 
 // torch._grouped_mm's output with the rows past the (clamped) groups zeroed: torch leaves them unwritten.
@@ -87,11 +140,12 @@ Tensor zero_tail(Tensor out, const Tensor& offs_clamped, const Launch& L, const 
 
 }  // namespace
 
-std::vector<Tensor> quantize_fused(Tensor x, OptTensor offs, int64_t row_block, int64_t col_block, bool tile128,
-                                   int64_t mode, int64_t row_outputs, int64_t col_outputs, ScalarType dq_dtype) {
-  const char* op = "quantize_fused";
-  require_dims(x, "x", 2, 3, op);
-  Launch L(x);
+namespace {
+
+std::vector<Tensor> quantize_fused_input(const char* op, const Input& x, const OptTensor& offs, int64_t row_block,
+                                         int64_t col_block, bool tile128, int64_t mode, int64_t row_outputs,
+                                         int64_t col_outputs, ScalarType dq_dtype) {
+  Launch L(x.a);
   Side row(x, offs, true, row_outputs & 63, dq_dtype, L.device, op);
   Side col(x, offs, false, col_outputs & 63, dq_dtype, L.device, op);
   if ((row_outputs & ~int64_t(63)) || (col_outputs & ~int64_t(63)))
@@ -106,105 +160,67 @@ std::vector<Tensor> quantize_fused(Tensor x, OptTensor offs, int64_t row_block, 
   return outs;
 }
 
-// ---- tile128 recipe on Hopper FP8 tensor cores ------------------------------------------------------
+// ---- the phases, on a tensor or a computed input ------------------------------------------------------
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> sm90_tile128_weight(Tensor w, int64_t mode) {
-  const char* op = "sm90_tile128_weight";
-  require_dims(w, "w", 2, 3, op);
-  w = dense(w);
-  Launch L(w);
-  // One 128x128 quantization of W: the forward (q) and the dgrad (qt) orientation.
-  Side row(w, std::nullopt, true, kQ | kScale, ScalarType::BFloat16, L.device, op);
-  Side col(w, std::nullopt, false, kQT | kScale, ScalarType::BFloat16, L.device, op);
-  run_fused(op, w, std::nullopt, 128, 128, true, mode, row, col, L);
-  return {row.q(), row.scale(), col.t[1], col.scale()};
-}
-
-std::tuple<Tensor, Tensor, Tensor> sm90_tile128_forward(Tensor a, Tensor w_q, Tensor w_scale, Tensor offs,
-                                                        OptTensor bias, int64_t mode, ScalarType out_dtype,
-                                                        bool want_a_col) {
-  const char* op = "sm90_tile128_forward";
-  require_dims(a, "a", 2, 3, op);
-  a = dense(a);
-  Launch L(a);
+std::tuple<Tensor, Tensor, Tensor> tile128_forward(const char* op, const Input& a, const Tensor& w_q,
+                                                   const Tensor& w_scale, const Tensor& offs, const OptTensor& bias,
+                                                   int64_t mode, ScalarType out_dtype, bool want_a_col) {
+  Launch L(a.a);
   // One read of A: its forward operand (1x128 along K) and its wgrad operand (128x1 along M per group).
   Side a_row(a, offs, true, kQ | kScale, ScalarType::BFloat16, L.device, op);
   Side a_col(a, offs, false, want_a_col ? (kQT | kScale) : 0, ScalarType::BFloat16, L.device, op);
   run_fused(op, a, offs, 128, 128, false, mode, a_row, a_col, L);
-  Tensor out = empty({a.size(0), w_q.dim() >= 2 ? w_q.size(-2) : 0}, out_dtype, L.device);
+  Tensor out = empty({a.rows(), w_q.dim() >= 2 ? w_q.size(-2) : 0}, out_dtype, L.device);
   tile128_mm_into(a_row.q(), a_row.scale(), w_q, w_scale, offs, bias, out, L, op);
   return {out, a_col.out(1), a_col.out(2)};
 }
 
-std::tuple<Tensor, Tensor> sm90_tile128_backward(Tensor dy, Tensor w_qt, Tensor w_scale, OptTensor a_qt,
-                                                 OptTensor a_scale, Tensor offs, int64_t mode, bool need_da,
-                                                 bool need_dw, ScalarType a_dtype, ScalarType w_dtype) {
-  const char* op = "sm90_tile128_backward";
-  require_dims(dy, "dy", 2, 3, op);
+std::tuple<Tensor, Tensor> tile128_backward(const char* op, const Input& dy, const Tensor& w_qt,
+                                            const Tensor& w_scale, const OptTensor& a_qt, const OptTensor& a_scale,
+                                            const Tensor& offs, int64_t mode, bool need_da, bool need_dw,
+                                            ScalarType a_dtype, ScalarType w_dtype) {
   if (need_dw && (!a_qt || !a_scale))
     fail(op, MXMOE_ERR_INVALID_ARGUMENT, "a_qt, a_scale: required when need_dw (A's wgrad operand from the forward)");
-  dy = dense(dy);
-  Launch L(dy);
+  Launch L(dy.a);
   // One read of dY: the dgrad operand (1x128 along N) and the wgrad operand (128x1 along M per group).
   Side dy_row(dy, offs, true, need_da ? (kQ | kScale) : 0, ScalarType::BFloat16, L.device, op);
   Side dy_col(dy, offs, false, need_dw ? (kQT | kScale) : 0, ScalarType::BFloat16, L.device, op);
   if (need_da || need_dw) run_fused(op, dy, offs, 128, 128, false, mode, dy_row, dy_col, L);
-  Tensor da = need_da ? empty({dy.size(0), w_qt.dim() == 3 ? w_qt.size(1) : 0}, a_dtype, L.device)
+  Tensor da = need_da ? empty({dy.rows(), w_qt.dim() == 3 ? w_qt.size(1) : 0}, a_dtype, L.device)
                       : none_output(a_dtype, L.device);
-  Tensor dw = need_dw ? empty({offs.size(0), dy.size(1), a_qt->dim() >= 1 ? a_qt->size(0) : 0}, w_dtype, L.device)
+  Tensor dw = need_dw ? empty({offs.size(0), dy.cols(), a_qt->dim() >= 1 ? a_qt->size(0) : 0}, w_dtype, L.device)
                       : none_output(w_dtype, L.device);
   if (need_da) tile128_mm_into(dy_row.q(), dy_row.scale(), w_qt, w_scale, offs, std::nullopt, da, L, op);
   if (need_dw) tile128_mm_kgroups_into(dy_col.t[1], dy_col.scale(), *a_qt, *a_scale, offs, dw, L, op);
   return {da, dw};
 }
 
-// ---- exact recipes on Hopper: fused MX round trip + bf16 torch._grouped_mm -------------------------
-
-std::tuple<Tensor, Tensor, Tensor> sm90_exact_weight(Tensor w, int64_t mode) {
-  const char* op = "sm90_exact_weight";
-  require_dims(w, "w", 2, 3, op);
-  w = dense(w);
-  Launch L(w);
-  // One read of W: its MX round trip along K (the forward GEMM's bf16 operand) and W along N as
-  // FP8 + scales (dgrad).
-  Side row(w, std::nullopt, true, kDQ, ScalarType::BFloat16, L.device, op);
-  Side col(w, std::nullopt, false, kQ | kScale, ScalarType::BFloat16, L.device, op);
-  run_fused(op, w, std::nullopt, 32, 32, false, mode, row, col, L);
-  return {row.dq(), col.q(), col.scale()};
-}
-
-std::tuple<Tensor, Tensor, Tensor> sm90_exact_forward(Tensor a, Tensor w_dq, Tensor offs, int64_t mode,
-                                                      bool want_a_col) {
-  const char* op = "sm90_exact_forward";
-  require_dims(a, "a", 2, 3, op);
+std::tuple<Tensor, Tensor, Tensor> exact_forward(const char* op, const Input& a, const Tensor& w_dq,
+                                                 const Tensor& offs, int64_t mode, bool want_a_col) {
   if (w_dq.dim() != 3 || w_dq.scalar_type() != ScalarType::BFloat16)
     fail(op, MXMOE_ERR_INVALID_ARGUMENT,
          "w_dq: expected the (G, N, K) bfloat16 MX round trip of W (sm90_exact_weight), got " +
              std::to_string(w_dq.dim()) + " dims of " + torch::headeronly::toString(w_dq.scalar_type()));
-  a = dense(a);
-  Launch L(a);
+  Launch L(a.a);
   Side a_row(a, offs, true, kDQ, ScalarType::BFloat16, L.device, op);
   Side a_col(a, offs, false, want_a_col ? (kQ | kScale) : 0, ScalarType::BFloat16, L.device, op);
   run_fused(op, a, offs, 32, 32, false, mode, a_row, a_col, L);
-  const Tensor ends = clamp_offsets_into(offs, a.size(0), L, op);
+  const Tensor ends = clamp_offsets_into(offs, a.rows(), L, op);
   Tensor out = aten_grouped_mm(a_row.dq(), torch::stable::transpose(w_dq, -2, -1), ends);
   // Saved for backward: A along M per group (FP8 + scales, wgrad).
   return {zero_tail(out, ends, L, op), a_col.out(0), a_col.out(2)};
 }
 
-std::tuple<Tensor, Tensor> sm90_exact_backward(Tensor dy, Tensor w_q, Tensor w_scale, OptTensor a_q,
-                                               OptTensor a_scale, Tensor offs, int64_t mode, bool need_da,
-                                               bool need_dw) {
-  const char* op = "sm90_exact_backward";
-  require_dims(dy, "dy", 2, 3, op);
+std::tuple<Tensor, Tensor> exact_backward(const char* op, const Input& dy, const Tensor& w_q, const Tensor& w_scale,
+                                          const OptTensor& a_q, const OptTensor& a_scale, const Tensor& offs,
+                                          int64_t mode, bool need_da, bool need_dw) {
   if (need_dw && (!a_q || !a_scale))
     fail(op, MXMOE_ERR_INVALID_ARGUMENT, "a_q, a_scale: required when need_dw (A's wgrad operand from the forward)");
-  dy = dense(dy);
-  Launch L(dy);
+  Launch L(dy.a);
   Side dy_row(dy, offs, true, need_da ? int64_t(kDQ) : 0, ScalarType::BFloat16, L.device, op);
   Side dy_col(dy, offs, false, need_dw ? int64_t(kDQ) : 0, ScalarType::BFloat16, L.device, op);
   if (need_da || need_dw) run_fused(op, dy, offs, 32, 32, false, mode, dy_row, dy_col, L);
-  const Tensor ends = clamp_offsets_into(offs, dy.size(0), L, op);
+  const Tensor ends = clamp_offsets_into(offs, dy.rows(), L, op);
   Tensor da, dw;
   if (need_da) {
     const Tensor w_n = dequantize_into(w_q, w_scale, 0, std::nullopt, ScalarType::BFloat16, L, op);  // W rounded along N, (G, N, K)
@@ -220,6 +236,117 @@ std::tuple<Tensor, Tensor> sm90_exact_backward(Tensor dy, Tensor w_q, Tensor w_s
   }
   return {da, dw};
 }
+
+}  // namespace
+
+std::vector<Tensor> quantize_fused(Tensor x, OptTensor offs, int64_t row_block, int64_t col_block, bool tile128,
+                                   int64_t mode, int64_t row_outputs, int64_t col_outputs, ScalarType dq_dtype) {
+  const char* op = "quantize_fused";
+  require_dims(x, "x", 2, 3, op);
+  return quantize_fused_input(op, Input(x), offs, row_block, col_block, tile128, mode, row_outputs, col_outputs,
+                              dq_dtype);
+}
+
+#define MXMOE_SOURCE(op) Input(src_kind, src_a, src_b, perm, row_scale, k, layout, alpha, limit, up_offset, op)
+
+std::vector<Tensor> quantize_fused_source(MXMOE_SOURCE_ARGS, OptTensor offs, int64_t row_block, int64_t col_block,
+                                          bool tile128, int64_t mode, int64_t row_outputs, int64_t col_outputs,
+                                          ScalarType dq_dtype) {
+  const char* op = "quantize_fused_source";
+  return quantize_fused_input(op, MXMOE_SOURCE(op), offs, row_block, col_block, tile128, mode, row_outputs,
+                              col_outputs, dq_dtype);
+}
+
+// ---- tile128 recipe on Hopper FP8 tensor cores ------------------------------------------------------
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> sm90_tile128_weight(Tensor w, int64_t mode) {
+  const char* op = "sm90_tile128_weight";
+  require_dims(w, "w", 2, 3, op);
+  const Input x(w);
+  Launch L(x.a);
+  // One 128x128 quantization of W: the forward (q) and the dgrad (qt) orientation.
+  Side row(x, std::nullopt, true, kQ | kScale, ScalarType::BFloat16, L.device, op);
+  Side col(x, std::nullopt, false, kQT | kScale, ScalarType::BFloat16, L.device, op);
+  run_fused(op, x, std::nullopt, 128, 128, true, mode, row, col, L);
+  return {row.q(), row.scale(), col.t[1], col.scale()};
+}
+
+std::tuple<Tensor, Tensor, Tensor> sm90_tile128_forward(Tensor a, Tensor w_q, Tensor w_scale, Tensor offs,
+                                                        OptTensor bias, int64_t mode, ScalarType out_dtype,
+                                                        bool want_a_col) {
+  const char* op = "sm90_tile128_forward";
+  require_dims(a, "a", 2, 3, op);
+  return tile128_forward(op, Input(a), w_q, w_scale, offs, bias, mode, out_dtype, want_a_col);
+}
+
+std::tuple<Tensor, Tensor> sm90_tile128_backward(Tensor dy, Tensor w_qt, Tensor w_scale, OptTensor a_qt,
+                                                 OptTensor a_scale, Tensor offs, int64_t mode, bool need_da,
+                                                 bool need_dw, ScalarType a_dtype, ScalarType w_dtype) {
+  const char* op = "sm90_tile128_backward";
+  require_dims(dy, "dy", 2, 3, op);
+  return tile128_backward(op, Input(dy), w_qt, w_scale, a_qt, a_scale, offs, mode, need_da, need_dw, a_dtype,
+                          w_dtype);
+}
+
+std::tuple<Tensor, Tensor, Tensor> moe_tile128_forward(MXMOE_SOURCE_ARGS, Tensor w_q, Tensor w_scale, Tensor offs,
+                                                       OptTensor bias, int64_t mode, ScalarType out_dtype,
+                                                       bool want_a_col) {
+  const char* op = "moe_tile128_forward";
+  return tile128_forward(op, MXMOE_SOURCE(op), w_q, w_scale, offs, bias, mode, out_dtype, want_a_col);
+}
+
+std::tuple<Tensor, Tensor> moe_tile128_backward(MXMOE_SOURCE_ARGS, Tensor w_qt, Tensor w_scale, OptTensor a_qt,
+                                                OptTensor a_scale, Tensor offs, int64_t mode, bool need_da,
+                                                bool need_dw, ScalarType a_dtype, ScalarType w_dtype) {
+  const char* op = "moe_tile128_backward";
+  return tile128_backward(op, MXMOE_SOURCE(op), w_qt, w_scale, a_qt, a_scale, offs, mode, need_da, need_dw, a_dtype,
+                          w_dtype);
+}
+
+// ---- exact recipes on Hopper: fused MX round trip + bf16 torch._grouped_mm -------------------------
+
+std::tuple<Tensor, Tensor, Tensor> sm90_exact_weight(Tensor w, int64_t mode) {
+  const char* op = "sm90_exact_weight";
+  require_dims(w, "w", 2, 3, op);
+  const Input x(w);
+  Launch L(x.a);
+  // One read of W: its MX round trip along K (the forward GEMM's bf16 operand) and W along N as
+  // FP8 + scales (dgrad).
+  Side row(x, std::nullopt, true, kDQ, ScalarType::BFloat16, L.device, op);
+  Side col(x, std::nullopt, false, kQ | kScale, ScalarType::BFloat16, L.device, op);
+  run_fused(op, x, std::nullopt, 32, 32, false, mode, row, col, L);
+  return {row.dq(), col.q(), col.scale()};
+}
+
+std::tuple<Tensor, Tensor, Tensor> sm90_exact_forward(Tensor a, Tensor w_dq, Tensor offs, int64_t mode,
+                                                      bool want_a_col) {
+  const char* op = "sm90_exact_forward";
+  require_dims(a, "a", 2, 3, op);
+  return exact_forward(op, Input(a), w_dq, offs, mode, want_a_col);
+}
+
+std::tuple<Tensor, Tensor> sm90_exact_backward(Tensor dy, Tensor w_q, Tensor w_scale, OptTensor a_q,
+                                               OptTensor a_scale, Tensor offs, int64_t mode, bool need_da,
+                                               bool need_dw) {
+  const char* op = "sm90_exact_backward";
+  require_dims(dy, "dy", 2, 3, op);
+  return exact_backward(op, Input(dy), w_q, w_scale, a_q, a_scale, offs, mode, need_da, need_dw);
+}
+
+std::tuple<Tensor, Tensor, Tensor> moe_exact_forward(MXMOE_SOURCE_ARGS, Tensor w_dq, Tensor offs, int64_t mode,
+                                                     bool want_a_col) {
+  const char* op = "moe_exact_forward";
+  return exact_forward(op, MXMOE_SOURCE(op), w_dq, offs, mode, want_a_col);
+}
+
+std::tuple<Tensor, Tensor> moe_exact_backward(MXMOE_SOURCE_ARGS, Tensor w_q, Tensor w_scale, OptTensor a_q,
+                                              OptTensor a_scale, Tensor offs, int64_t mode, bool need_da,
+                                              bool need_dw) {
+  const char* op = "moe_exact_backward";
+  return exact_backward(op, MXMOE_SOURCE(op), w_q, w_scale, a_q, a_scale, offs, mode, need_da, need_dw);
+}
+
+#undef MXMOE_SOURCE
 
 }  // namespace ops
 }  // namespace mxmoe

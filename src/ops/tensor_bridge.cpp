@@ -23,13 +23,14 @@ struct DtypeEntry {
   mxmoe_dtype core;
   const char* name;
 };
-constexpr std::array<DtypeEntry, 6> kDtypes{{
+constexpr std::array<DtypeEntry, 7> kDtypes{{
     {ScalarType::BFloat16, MXMOE_DTYPE_BF16, "bfloat16"},
     {ScalarType::Float, MXMOE_DTYPE_F32, "float32"},
     {ScalarType::Float8_e4m3fn, MXMOE_DTYPE_E4M3, "float8_e4m3fn"},
     {ScalarType::Float8_e8m0fnu, MXMOE_DTYPE_E8M0, "float8_e8m0fnu"},
     {ScalarType::Int, MXMOE_DTYPE_I32, "int32"},
     {ScalarType::Double, MXMOE_DTYPE_F64, "float64"},
+    {ScalarType::Long, MXMOE_DTYPE_I64, "int64"},
 }};
 
 std::string allowed_dtypes() {

@@ -38,6 +38,7 @@ inline size_t elem_size(mxmoe_dtype d) {
     case MXMOE_DTYPE_F32: return 4;
     case MXMOE_DTYPE_I32: return 4;
     case MXMOE_DTYPE_F64: return 8;
+    case MXMOE_DTYPE_I64: return 8;
     default: return 1;
   }
 }

@@ -82,6 +82,7 @@ int64_t esize(mxmoe_dtype d) {
     case MXMOE_DTYPE_E8M0: return 1;
     case MXMOE_DTYPE_I32: return 4;
     case MXMOE_DTYPE_F64: return 8;
+    case MXMOE_DTYPE_I64: return 8;
     default: return 0;
   }
 }
@@ -488,7 +489,7 @@ class Call {
     switch (pick(0, 17)) {
       case 0: t.dtype = static_cast<mxmoe_dtype>(pick(0, 5)); break;
       case 1: {
-        static const int32_t kBad[] = {-1, 6, 7, 255, INT32_MIN, INT32_MAX};
+        static const int32_t kBad[] = {-1, 7, 8, 255, INT32_MIN, INT32_MAX};
         t.dtype = static_cast<mxmoe_dtype>(coin() ? kBad[pick(0, 5)] : fdp_.ConsumeIntegral<int32_t>());
         break;
       }

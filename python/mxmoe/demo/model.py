@@ -133,6 +133,9 @@ class MoE(nn.Module):
         self.top_k = args.top_k
         self.router = TokenChoiceTopKRouter(args.dim, args.num_experts, args.top_k, args.route_norm)
         self.experts = GroupedExperts(args.dim, args.moe_hidden, args.num_experts)
+        # Optional fused expert layer (e.g. mxmoe.moe_experts): (x, topk_idx, topk_weights, experts) ->
+        # the combined (tokens, dim) output, replacing the permute / grouped GEMMs / combine below.
+        self.experts_fn = None
         self.load_balance_coeff = args.load_balance_coeff
         if args.load_balance_coeff > 0:
             self.register_buffer("expert_bias", torch.zeros(args.num_experts), persistent=True)
@@ -156,6 +159,8 @@ class MoE(nn.Module):
         top_scores, selected, counts = self.router(x, self.expert_bias)
         if self.training:
             self.tokens_per_expert.add_(counts)
+        if self.experts_fn is not None:
+            return self.experts_fn(x, selected, top_scores, self.experts).to(x.dtype).view(bs, seqlen, dim)
 
         # Permute: sort the (token, slot) pairs by expert; a stable sort keeps token order inside each
         # expert's group. offs = cumulative counts, int32, computed on the device.

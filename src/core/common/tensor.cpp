@@ -15,6 +15,7 @@ const char* dtype_name(mxmoe_dtype d) {
     case MXMOE_DTYPE_E8M0: return "float8_e8m0fnu";
     case MXMOE_DTYPE_I32: return "int32";
     case MXMOE_DTYPE_F64: return "float64";
+    case MXMOE_DTYPE_I64: return "int64";
     default: break;  // invalid codes fall through to the caller's rejection
   }
   return "unknown dtype";
@@ -28,6 +29,7 @@ int64_t dtype_size(mxmoe_dtype d) {
     case MXMOE_DTYPE_E8M0: return 1;
     case MXMOE_DTYPE_I32: return 4;
     case MXMOE_DTYPE_F64: return 8;
+    case MXMOE_DTYPE_I64: return 8;
     default: break;  // invalid codes fall through to the caller's rejection
   }
   return 0;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/moe_activation.hpp"
 #include "common/tensor.hpp"
 #include "mxmoe/mx_format.hpp"
 #include "ops.hpp"
@@ -110,9 +111,74 @@ void emit(const FusedArgs& a, const FusedSide& s, const SideQuant& sq, bool is_r
 
 bool wants_q(const FusedSide& s) { return s.q.present || s.dq.present || s.dqt.present; }
 
+// The computed input of mxmoe_quantize_fused_source, materialized (R, C) in a's dtype: the
+// reference for the CUDA kernels, which compute the same values while they load.
+std::vector<uint8_t> materialize(const FusedSource& s, int64_t R, int64_t C) {
+  const bool f32 = s.a.dtype == MXMOE_DTYPE_F32;
+  const size_t es = f32 ? 4 : 2;
+  std::vector<uint8_t> buf(static_cast<size_t>(R * C) * es);
+  auto get = [](const mxmoe_tensor& t, int64_t i) {
+    return t.dtype == MXMOE_DTYPE_F32 ? static_cast<const float*>(t.data)[i]
+                                      : bf16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
+  };
+  auto put = [&](int64_t i, float v) {
+    if (f32) reinterpret_cast<float*>(buf.data())[i] = v;
+    else reinterpret_cast<uint16_t*>(buf.data())[i] = f32_to_bf16(v);
+  };
+  if (s.kind == MXMOE_SOURCE_GATHER) {
+    const int32_t* perm = static_cast<const int32_t*>(s.perm.t.data);
+    const float* rs = s.row_scale.present ? static_cast<const float*>(s.row_scale.t.data) : nullptr;
+    const int64_t n = s.a.shape[0] * s.k;
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t e = std::min<int64_t>(std::max<int64_t>(perm[r], 0), n - 1);  // clamped, never OOB
+      const int64_t src = e / s.k;
+      for (int64_t c = 0; c < C; ++c) {
+        const float v = get(s.a, src * C + c);
+        if (rs == nullptr) {
+          if (f32) put(r * C + c, v);
+          else reinterpret_cast<uint16_t*>(buf.data())[r * C + c] = static_cast<const uint16_t*>(s.a.data)[src * C + c];
+        } else {
+          put(r * C + c, mul_rn(v, rs[e]));
+        }
+      }
+    }
+    return buf;
+  }
+  const SwigluParams p{s.layout, s.alpha, s.limit, s.up_offset};
+  const int64_t I = s.kind == MXMOE_SOURCE_SWIGLU ? C : C / 2;  // gate/up width
+  auto gate_up = [&](int64_t r, int64_t i, float& g, float& u) {
+    const int64_t row = r * 2 * I;
+    g = get(s.a, row + (s.layout == 0 ? i : 2 * i));
+    u = get(s.a, row + (s.layout == 0 ? I + i : 2 * i + 1));
+  };
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t i = 0; i < I; ++i) {
+      float g, u;
+      gate_up(r, i, g, u);
+      if (s.kind == MXMOE_SOURCE_SWIGLU) {
+        put(r * C + i, swiglu_value(g, u, p));
+      } else {
+        float dg, du;
+        swiglu_grad(g, u, get(s.b, r * I + i), p, &dg, &du);
+        put(r * C + (s.layout == 0 ? i : 2 * i), dg);
+        put(r * C + (s.layout == 0 ? I + i : 2 * i + 1), du);
+      }
+    }
+  }
+  return buf;
+}
+
 }  // namespace
 
 void quantize_fused(const FusedArgs& a) {
+  if (a.src.kind != 0) {
+    const std::vector<uint8_t> buf = materialize(a.src, a.x.shape[1], a.x.shape[2]);
+    FusedArgs b = a;
+    b.src = FusedSource{};
+    b.x.data = const_cast<uint8_t*>(buf.data());
+    quantize_fused(b);
+    return;
+  }
   const int64_t B = a.x.shape[0], R = a.x.shape[1], C = a.x.shape[2];
   if (B * R * C == 0) {
     // Nothing to quantize: every output is empty or all zero bytes (grouped scale capacity and

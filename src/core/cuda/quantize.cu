@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "common/moe_activation.hpp"
 #include "cuda/launch_cache.cuh"
 #include "cuda/quant_common.cuh"
 #include "ops.hpp"
@@ -70,6 +71,14 @@ struct Params {
   int stages = 2;        // x tiles in flight per CTA (cp.async pipeline depth)
   int stage_bytes = 0;   // one x tile in shared memory
   int tr_bytes = 0;      // transpose / column-partials region
+  // A computed input (mxmoe_quantize_fused_source; tile kernel, direct loads only). x is then the
+  // tensor read (gather rows / h), of row stride C (GATHER, SWIGLU_BACKWARD) or 2C (SWIGLU).
+  int src = 0;                     // mxmoe_source_kind, 0: x itself
+  const uint16_t* src_dy = nullptr;  // SWIGLU_BACKWARD: dy (R, C/2) bf16
+  const int32_t* perm = nullptr;   // GATHER
+  const float* row_scale = nullptr;
+  long long k = 1, perm_n = 1;     // GATHER: entries per row of x; rows of x * k
+  SwigluParams act{};
 };
 
 constexpr int kMaxTable = 512;  // groups whose table fits in shared memory (else a scan per tile)
@@ -114,6 +123,14 @@ struct Frag<uint16_t> {
       for (int e = 0; e < 8; ++e) h[e] = e < valid ? static_cast<uint32_t>(__ldg(p + e)) : 0u;
       w[i] = make_uint4(h[0] | (h[1] << 16), h[2] | (h[3] << 16), h[4] | (h[5] << 16), h[6] | (h[7] << 16));
     }
+  }
+  // Row i's chunk from 8 fp32 values, each rounded once to bf16 (f32_to_bf16: the CPU's rounding).
+  __device__ __forceinline__ void set(int i, const float (&v)[8]) {
+    uint32_t a[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      a[k] = static_cast<uint32_t>(f32_to_bf16(v[2 * k])) | (static_cast<uint32_t>(f32_to_bf16(v[2 * k + 1])) << 16);
+    w[i] = make_uint4(a[0], a[1], a[2], a[3]);
   }
   static constexpr int kChunks = 4;  // 16-byte chunks per thread per tile
   __device__ __forceinline__ void load16(int i, int, const uint16_t* p) { w[i] = __ldg(reinterpret_cast<const uint4*>(p)); }
@@ -172,6 +189,10 @@ struct Frag<float> {
       w[i][0] = make_float4(h[0], h[1], h[2], h[3]);
       w[i][1] = make_float4(h[4], h[5], h[6], h[7]);
     }
+  }
+  __device__ __forceinline__ void set(int i, const float (&v)[8]) {
+    w[i][0] = make_float4(v[0], v[1], v[2], v[3]);
+    w[i][1] = make_float4(v[4], v[5], v[6], v[7]);
   }
   static constexpr int kChunks = 8;
   __device__ __forceinline__ void load16(int i, int h, const float* p) { w[i][h] = __ldg(reinterpret_cast<const float4*>(p)); }
@@ -453,6 +474,85 @@ __device__ __forceinline__ void prefetch(const Params& P, const TileInfo& t, uin
                  ok ? 16 : 0);
     }
   }
+}
+
+// ---- computed inputs (mxmoe_quantize_fused_source) ----------------------------------------------
+// 8 bf16 values of one 16-byte word group as fp32.
+__device__ __forceinline__ void unpack8(const uint4 w, float (&v)[8]) {
+  const uint32_t a[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    v[2 * k] = __uint_as_float(a[k] << 16);
+    v[2 * k + 1] = __uint_as_float(a[k] & 0xFFFF0000u);
+  }
+}
+
+// The thread's chunk (row r, logical columns c .. c+7, cvalid of them valid) of the computed input
+// into row i of f: the values the CPU reference materializes (cpu/fused.cpp), bit for bit.
+template <typename In>
+__device__ __forceinline__ void load_source_row(const Params& P, Frag<In>& f, int i, long long r, long long c,
+                                                int cvalid) {
+  if (P.src == MXMOE_SOURCE_GATHER) {
+    const long long e = min(max(static_cast<long long>(__ldg(P.perm + r)), 0LL), P.perm_n - 1);  // clamped
+    f.load(i, static_cast<const In*>(P.x) + (e / P.k) * P.C + c, cvalid, P.x_vec);
+    if (P.row_scale != nullptr) {
+      const float sc = __ldg(P.row_scale + e);
+      float v[8];
+      f.values(i, v);
+#pragma unroll
+      for (int q = 0; q < 8; ++q) v[q] = mul_rn(v[q], sc);
+      f.set(i, v);
+    }
+    return;
+  }
+  // SWIGLU / SWIGLU_BACKWARD: bf16 only, C % 8 == 0 (checked on the host), so cvalid >= 8 here.
+  const uint16_t* h = static_cast<const uint16_t*>(P.x);
+  float g[8], u[8], v[8];
+  if (P.src == MXMOE_SOURCE_SWIGLU) {
+    const uint16_t* hr = h + r * 2 * P.C;
+    if (P.act.layout == 0) {
+      unpack8(__ldg(reinterpret_cast<const uint4*>(hr + c)), g);
+      unpack8(__ldg(reinterpret_cast<const uint4*>(hr + P.C + c)), u);
+    } else {
+      float a0[8], a1[8];
+      unpack8(__ldg(reinterpret_cast<const uint4*>(hr + 2 * c)), a0);
+      unpack8(__ldg(reinterpret_cast<const uint4*>(hr + 2 * c + 8)), a1);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        g[q] = a0[2 * q], u[q] = a0[2 * q + 1];
+        g[q + 4] = a1[2 * q], u[q + 4] = a1[2 * q + 1];
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < 8; ++q) v[q] = swiglu_value(g[q], u[q], P.act);
+  } else {  // SWIGLU_BACKWARD: logical dh (R, C) from h (R, C) and dy (R, C/2)
+    const long long I = P.C / 2;
+    const uint16_t* hr = h + r * P.C;
+    const uint16_t* dyr = P.src_dy + r * I;
+    if (P.act.layout == 0) {
+      const bool gate = c < I;
+      const long long i0 = gate ? c : c - I;
+      float dy[8];
+      unpack8(__ldg(reinterpret_cast<const uint4*>(hr + i0)), g);
+      unpack8(__ldg(reinterpret_cast<const uint4*>(hr + I + i0)), u);
+      unpack8(__ldg(reinterpret_cast<const uint4*>(dyr + i0)), dy);
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        float dg, du;
+        swiglu_grad(g[q], u[q], dy[q], P.act, &dg, &du);
+        v[q] = gate ? dg : du;
+      }
+    } else {
+      float a0[8];
+      unpack8(__ldg(reinterpret_cast<const uint4*>(hr + c)), a0);
+      const uint2 d = __ldg(reinterpret_cast<const uint2*>(dyr + c / 2));
+      const float dy[4] = {__uint_as_float(d.x << 16), __uint_as_float(d.x & 0xFFFF0000u),
+                           __uint_as_float(d.y << 16), __uint_as_float(d.y & 0xFFFF0000u)};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) swiglu_grad(a0[2 * q], a0[2 * q + 1], dy[q], P.act, &v[2 * q], &v[2 * q + 1]);
+    }
+  }
+  f.set(i, v);
 }
 
 // ---- one tile ---------------------------------------------------------------------------------------
@@ -764,11 +864,17 @@ __global__ void __launch_bounds__(NT, 2) quant_tile_kernel(const __grid_constant
       if (needs_x(P, t)) {
         const int lr0 = 4 * (tid >> 4), lc = 8 * (tid & 15);
         const int rows = t.r1 - t.r0, cvalid = min(128, P.C - 128 * t.ct) - lc;
-        const In* xb = static_cast<const In*>(P.x) +
-                       ((static_cast<long long>(t.b) * P.R + t.r0) * P.C + 128LL * t.ct + lc);
+        if (P.src != 0) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          if (lr0 + i < rows && cvalid > 0) f.load(i, xb + static_cast<long long>(lr0 + i) * P.C, cvalid, P.x_vec);
+          for (int i = 0; i < 4; ++i)
+            if (lr0 + i < rows && cvalid > 0) load_source_row<In>(P, f, i, t.r0 + lr0 + i, 128LL * t.ct + lc, cvalid);
+        } else {
+          const In* xb = static_cast<const In*>(P.x) +
+                         ((static_cast<long long>(t.b) * P.R + t.r0) * P.C + 128LL * t.ct + lc);
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            if (lr0 + i < rows && cvalid > 0) f.load(i, xb + static_cast<long long>(lr0 + i) * P.C, cvalid, P.x_vec);
+        }
       }
       process_tile<In>(P, sm, dsm, t, f);
       __syncthreads();  // shared scratch (scales, partials, transposes) is reused by the next tile
@@ -1707,7 +1813,7 @@ void launch_typed(Params& p, int device, cudaStream_t stream) {
     max_smem_cached = max_smem;
   }
   const int fixed = p.tr_bytes + table_bytes + static_cast<int>(sizeof(Smem));
-  p.stages = forced;
+  p.stages = p.src != 0 ? 0 : forced;  // computed inputs: direct loads only
   if (p.stages == 3 && 3 * p.stage_bytes + fixed > max_smem) p.stages = 2;
   if (p.stages != 0 && p.stages != 3) p.stages = 2;
   int blocks = 0;
@@ -1754,6 +1860,13 @@ void launch(Params& p, const mxmoe_tensor& x, const OptTensor& offs, void* strea
     return e ? std::atoi(e) : 1;
   }();
   p.order = order_env;
+  if (p.src != 0) {
+    // Computed inputs run on the tile kernel (every blocking, both sides, one pass).
+    if (p.tiles > 0x7FFFFFFFLL) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: too many tiles for one launch");
+    if (bf16) launch_typed<uint16_t>(p, x.device, s);
+    else launch_typed<float>(p, x.device, s);
+    return;
+  }
   // Rowwise only, outputs in x's orientation, aligned: the streaming kernel.
   const SideP& r = p.row;
   if (stream_env && p.row_on && !p.col_on && !p.tile && p.row_block > 0 && !r.qt && !r.dqt && !r.blocked &&
@@ -1946,7 +2059,30 @@ void quantize_fused(const FusedArgs& a) {
     fill_side(p.col, a.col.q, a.col.qt, a.col.scale, a.col.scale_blocked, a.col.blocked_kind, a.col.dq, a.col.dqt, C);
   }
   p.grouped = a.offs.present && (a.col.active || a.tile128 || a.row.scale_blocked.present);
-  launch(p, a.x, a.offs, a.stream);
+  if (a.src.kind == 0) {
+    launch(p, a.x, a.offs, a.stream);
+    return;
+  }
+  // A computed input: x below is its logical (1, R, C) view over the tensor the kernel reads.
+  const FusedSource& s = a.src;
+  const int64_t R = a.x.shape[1];
+  if (a.x.shape[2] % 8 != 0 && s.kind != MXMOE_SOURCE_GATHER)
+    fail_status(MXMOE_ERR_UNSUPPORTED, "quantize_fused_source: CUDA SwiGLU sources need C % 8 == 0, got C = ", C);
+  if (s.kind == MXMOE_SOURCE_SWIGLU_BACKWARD && s.layout == 0 && C % 16 != 0)
+    fail_status(MXMOE_ERR_UNSUPPORTED, "quantize_fused_source: CUDA concatenated SWIGLU_BACKWARD needs C % 16 == 0, got ", C);
+  if (s.kind != MXMOE_SOURCE_GATHER && (!aligned(s.a.data, 16) || (s.b.data && !aligned(s.b.data, 16))))
+    fail_status(MXMOE_ERR_UNSUPPORTED, "quantize_fused_source: CUDA SwiGLU sources need 16-byte aligned src.a, src.b");
+  p.src = s.kind;
+  p.src_dy = static_cast<const uint16_t*>(s.b.data);
+  p.perm = s.perm.present ? static_cast<const int32_t*>(s.perm.t.data) : nullptr;
+  p.row_scale = s.row_scale.present ? static_cast<const float*>(s.row_scale.t.data) : nullptr;
+  p.k = s.k;
+  p.perm_n = s.kind == MXMOE_SOURCE_GATHER ? std::max<int64_t>(1, s.a.shape[0] * s.k) : 1;
+  p.act = SwigluParams{s.layout, s.alpha, s.limit, s.up_offset};
+  mxmoe_tensor x = a.x;
+  x.data = s.a.data;  // launch() reads the pointer, dtype and (logical) shape
+  launch(p, x, a.offs, a.stream);
+  (void)R;
 }
 
 }  // namespace cuda

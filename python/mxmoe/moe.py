@@ -1,0 +1,449 @@
+"""The fused MoE expert layer: route -> dispatch -> experts (SwiGLU) -> combine, in MXFP8.
+
+    out = mxmoe.moe_experts(x, topk_idx, topk_weights, w13, w2, recipe=..., activation=..., layout=...)
+
+Data flow (DESIGN.md, "The fused expert layer"; N = T*k rows in expert order, a static bound, so
+nothing waits on the host):
+  routing   moe_routing(topk_idx, E): offs (E,) expert end rows, perm (N,) sorted row -> entry t*k+j,
+            inv (T, k) entry -> row. Ids outside [0, E) are dropped: their rows sit after offs[-1],
+            the GEMMs write them as 0, so they add nothing and get no grad.
+  GEMM1     h = dispatch(x) @ w13[e]^T (+ bias13)   dispatch = the gather of x's rows, quantized by the
+                                                    GEMM's quantizer as it reads them (no copy of x)
+  GEMM2     o = act(h) @ w2[e]^T (+ bias2)          act (SwiGLU) computed by GEMM2's quantizer as it
+                                                    reads h: no activation tensor is stored
+  combine   out[t] = sum_j w[t, j] * o[inv[t, j]]   fp32, j in order: deterministic
+Backward: dO = w * gather(dout) and dH = act'(h, dY) are again computed inside the quantizers of the
+GEMMs that consume them (each GEMM's dgrad and wgrad operands from one read); dx = the combine of the
+dgrad rows without weights (deterministic scatter-add); d topk_weights[t, j] = <dout[t], o[inv[t, j]]>.
+Saved for backward: h (bf16: SwiGLU's inputs), o (bf16: the routing weights' grad), the FP8 wgrad
+operands of dispatch(x) and act(h), and the routing; the weights' FP8 forms live in the weight cache
+(mxmoe/weight_cache.py: once per optimizer step).
+
+One autograd Function per path, chosen once per call (_path):
+  tile128  recipe mxfp8_rceil_tile128 on Hopper (FP8 tensor cores) or CPU (the exact reference GEMMs):
+           the moe_tile128_* phase ops;
+  exact    mxfp8_rceil / mxfp8_floor on Hopper (on CPU with backend='fused'): the moe_exact_* phase
+           ops (MX round trips + bf16 GEMMs, as the sm90 backend's exact recipes);
+  bf16     recipe=None: the same fused data flow unquantized (torch._grouped_mm), the apples-to-apples
+           baseline;
+  composed everything else (other GPUs, exact recipes on CPU, mxfp8_rceil_wgrad_with_hp, backend
+           overrides): mxmoe.grouped_mm
+           between differentiable gather / SwiGLU / combine ops (materializes the bf16 intermediates).
+
+Layouts: w13 (E, 2I, H) and w2 (E, H, I), the layouts of transformers 5's gate_up_proj / down_proj.
+layout="concatenated": w13[:, :I] is the gate and w13[:, I:] the up projection (transformers'
+Qwen3-MoE, Mixtral, OLMoE, DeepSeek-V3: `.chunk(2, dim=-1)` of the GEMM output); "interleaved": gate
+rows at even and up rows at odd indices (gpt-oss: `[..., ::2]`, `[..., 1::2]`).
+activation: "swiglu" (silu(g) * u), "gpt_oss" (gpt-oss's clamped variant: g = min(g, 7),
+u = clamp(u, -7, 7), g * sigmoid(1.702 g) * (u + 1)) or a Swiglu(alpha, limit, up_offset).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+from torch import Tensor
+
+from . import ops, weight_cache
+from .backends import row_groups
+from .recipes import get_recipe
+
+BF16 = torch.bfloat16
+F32 = torch.float32
+_FLOAT = (BF16, F32)
+GATHER, SWIGLU, SWIGLU_BACKWARD = ops.SOURCE_GATHER, ops.SOURCE_SWIGLU, ops.SOURCE_SWIGLU_BACKWARD
+
+__all__ = ["moe_experts", "Swiglu", "ACTIVATIONS", "LAYOUTS"]
+
+
+@dataclass(frozen=True)
+class Swiglu:
+    """act(g, u) = gc * sigmoid(alpha * gc) * (uc + up_offset), gc = min(g, limit), uc = clamp(u, +-limit)."""
+
+    alpha: float = 1.0
+    limit: float = math.inf
+    up_offset: float = 0.0
+
+
+ACTIVATIONS = {"swiglu": Swiglu(), "gpt_oss": Swiglu(1.702, 7.0, 1.0)}
+LAYOUTS = {"concatenated": 0, "interleaved": 1}
+
+
+def _activation(activation) -> Swiglu:
+    if isinstance(activation, Swiglu):
+        return activation
+    act = ACTIVATIONS.get(activation) if isinstance(activation, str) else None
+    if act is None:
+        raise ValueError(f"activation: expected one of {', '.join(map(repr, ACTIVATIONS))} or a mxmoe.moe.Swiglu, "
+                         f"got {activation!r}")
+    return act
+
+
+def _layout(layout) -> int:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {', '.join(map(repr, LAYOUTS))}, got {layout!r}")
+    return LAYOUTS[layout]
+
+
+# ---- the pieces every path shares ------------------------------------------------------------------
+
+
+def _no_source():
+    """The source arguments of a phase op whose input needs none (GATHER without scale fills its own)."""
+    return 1, 0, 1.0, 0.0, 0.0  # k, layout, alpha, limit, up_offset
+
+
+def _act_args(act: Swiglu, layout: int):
+    return 1, layout, act.alpha, act.limit, act.up_offset
+
+
+def _add_bias(out: Tensor, bias: Optional[Tensor], offs: Tensor) -> Tensor:
+    """out + bias[g] on group g's rows (fp32, then out's dtype); rows past the groups stay 0."""
+    if bias is None:
+        return out
+    rows = torch.cat([bias.float(), bias.new_zeros((1, bias.shape[1]), dtype=F32)])
+    return (out.float() + rows[row_groups(offs, out.shape[0])]).to(out.dtype)
+
+
+def _bias_grad(rows_grad: Tensor, offs: Tensor, dtype) -> Tensor:
+    return ops.moe_group_sum(rows_grad, offs).to(dtype)
+
+
+def _dtype(t: Optional[Tensor]):
+    return None if t is None else t.dtype
+
+
+def _cast(t: Optional[Tensor], dtype) -> Optional[Tensor]:
+    return t if t is None or t.dtype == dtype else t.to(dtype)
+
+
+# ---- tile128 on FP8 tensor cores (Hopper) or the CPU reference --------------------------------------
+
+
+class _Tile128(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, topk_idx, topk_w, w13, w2, b13, b2, mode: int, act: Swiglu, layout: int):
+        k, E = topk_idx.shape[1], w13.shape[0]
+        offs, perm, inv = ops.moe_routing(topk_idx, E)
+        need_w13, need_w2 = ctx.needs_input_grad[3], ctx.needs_input_grad[4]
+        form = lambda t: ops.sm90_tile128_weight(t, mode)  # noqa: E731
+        w13_q, w13_s, w13_qt, w13_st = weight_cache.quantized(w13, ("sm90_tile128", mode), form)
+        w2_q, w2_s, w2_qt, w2_st = weight_cache.quantized(w2, ("sm90_tile128", mode), form)
+        # GEMM1 on the dispatched rows of x (gathered and quantized in one pass).
+        h, x_qt, x_st = ops.moe_tile128_forward(GATHER, x, None, perm, None, k, 0, 1.0, 0.0, 0.0, w13_q, w13_s,
+                                                offs, b13, mode, BF16, need_w13)
+        # GEMM2 on act(h), computed by its quantizer.
+        o, y_qt, y_st = ops.moe_tile128_forward(SWIGLU, h, None, None, None, *_act_args(act, layout), w2_q, w2_s,
+                                                offs, b2, mode, BF16, need_w2)
+        out = ops.moe_combine(o, inv, topk_w, x.dtype)
+        ctx.save_for_backward(h, o, x_qt, x_st, y_qt, y_st, w13_qt, w13_st, w2_qt, w2_st, offs, perm, inv, topk_w)
+        ctx.cfg = (k, mode, act, layout, x.dtype, w13.dtype, w2.dtype, _dtype(b13), _dtype(b2))
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        h, o, x_qt, x_st, y_qt, y_st, w13_qt, w13_st, w2_qt, w2_st, offs, perm, inv, topk_w = ctx.saved_tensors
+        k, mode, act, layout, x_dtype, w13_dtype, w2_dtype, b13, b2 = ctx.cfg
+        need_x, _, need_tw, need_w13, need_w2, need_b13, need_b2 = ctx.needs_input_grad[:7]
+        dout = dout.contiguous()
+        rs = topk_w.float().contiguous()
+        d_tw = ops.moe_combine_weight_grad(dout, o, inv).to(topk_w.dtype) if need_tw else None
+        need_h = need_x or need_w13 or need_b13
+        dx = dw13 = dw2 = db13 = db2 = None
+        if need_h or need_w2:
+            # dO = w * gather(dout), quantized as read: dY = dO @ w2 (dgrad) and dW2 = dO^T act(h) (wgrad).
+            d_y, dw2 = ops.moe_tile128_backward(GATHER, dout, None, perm, rs, k, 0, 1.0, 0.0, 0.0, w2_qt, w2_st,
+                                                y_qt if need_w2 else None, y_st if need_w2 else None, offs, mode,
+                                                need_h, need_w2, BF16, w2_dtype)
+        if need_b2:
+            db2 = _bias_grad(ops.moe_gather(dout, perm, k, rs, F32), offs, b2)
+        if need_h:
+            # dH = act'(h, dY), quantized as read: dXs = dH @ w13 and dW13 = dH^T dispatch(x).
+            dxs, dw13 = ops.moe_tile128_backward(SWIGLU_BACKWARD, h, d_y, None, None, *_act_args(act, layout), w13_qt,
+                                                 w13_st, x_qt if need_w13 else None, x_st if need_w13 else None,
+                                                 offs, mode, need_x, need_w13, BF16, w13_dtype)
+            if need_b13:
+                db13 = _bias_grad(ops.swiglu_backward(d_y, h, layout, act.alpha, act.limit, act.up_offset), offs, b13)
+            if need_x:
+                dx = ops.moe_combine(dxs, inv, None, x_dtype)
+        return (dx, None, d_tw, dw13 if need_w13 else None, dw2 if need_w2 else None, db13, db2, None, None, None)
+
+
+# ---- exact recipes (MX round trips + bf16 GEMMs, as the sm90 backend) ------------------------------
+
+
+class _Exact(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, topk_idx, topk_w, w13, w2, b13, b2, mode: int, act: Swiglu, layout: int):
+        k, E = topk_idx.shape[1], w13.shape[0]
+        offs, perm, inv = ops.moe_routing(topk_idx, E)
+        need_w13, need_w2 = ctx.needs_input_grad[3], ctx.needs_input_grad[4]
+        form = lambda t: ops.sm90_exact_weight(t, mode)  # noqa: E731
+        w13_dq, w13_q, w13_s = weight_cache.quantized(w13, ("sm90_exact", mode), form)
+        w2_dq, w2_q, w2_s = weight_cache.quantized(w2, ("sm90_exact", mode), form)
+        h, x_q, x_s = ops.moe_exact_forward(GATHER, x, None, perm, None, k, 0, 1.0, 0.0, 0.0, w13_dq, offs, mode,
+                                            need_w13)
+        h = _add_bias(h, b13, offs)
+        o, y_q, y_s = ops.moe_exact_forward(SWIGLU, h, None, None, None, *_act_args(act, layout), w2_dq, offs, mode,
+                                            need_w2)
+        o = _add_bias(o, b2, offs)
+        out = ops.moe_combine(o, inv, topk_w, x.dtype)
+        ctx.save_for_backward(h, o, x_q, x_s, y_q, y_s, w13_q, w13_s, w2_q, w2_s, offs, perm, inv, topk_w)
+        ctx.cfg = (k, mode, act, layout, x.dtype, w13.dtype, w2.dtype, _dtype(b13), _dtype(b2))
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        h, o, x_q, x_s, y_q, y_s, w13_q, w13_s, w2_q, w2_s, offs, perm, inv, topk_w = ctx.saved_tensors
+        k, mode, act, layout, x_dtype, w13_dtype, w2_dtype, b13, b2 = ctx.cfg
+        need_x, _, need_tw, need_w13, need_w2, need_b13, need_b2 = ctx.needs_input_grad[:7]
+        dout = dout.contiguous()
+        rs = topk_w.float().contiguous()
+        d_tw = ops.moe_combine_weight_grad(dout, o, inv).to(topk_w.dtype) if need_tw else None
+        need_h = need_x or need_w13 or need_b13
+        dx = dw13 = dw2 = db13 = db2 = None
+        if need_h or need_w2:
+            d_y, dw2 = ops.moe_exact_backward(GATHER, dout, None, perm, rs, k, 0, 1.0, 0.0, 0.0, w2_q, w2_s,
+                                              y_q if need_w2 else None, y_s if need_w2 else None, offs, mode, need_h,
+                                              need_w2)
+        if need_b2:
+            db2 = _bias_grad(ops.moe_gather(dout, perm, k, rs, F32), offs, b2)
+        if need_h:
+            dxs, dw13 = ops.moe_exact_backward(SWIGLU_BACKWARD, h, d_y, None, None, *_act_args(act, layout), w13_q,
+                                               w13_s, x_q if need_w13 else None, x_s if need_w13 else None, offs,
+                                               mode, need_x, need_w13)
+            if need_b13:
+                db13 = _bias_grad(ops.swiglu_backward(d_y, h, layout, act.alpha, act.limit, act.up_offset), offs, b13)
+            if need_x:
+                dx = ops.moe_combine(dxs, inv, None, x_dtype)
+        return (dx, None, d_tw, _cast(dw13, w13_dtype) if need_w13 else None,
+                _cast(dw2, w2_dtype) if need_w2 else None, db13, db2, None, None, None)
+
+
+# ---- bf16: the same fused data flow, unquantized --------------------------------------------------
+
+
+def _mm(a: Tensor, b: Tensor, offs: Tensor) -> Tensor:
+    """bf16 torch._grouped_mm (rows past the groups 0); offs from moe_routing are exact group ends."""
+    return ops._dense_grouped_mm(a, b, offs)
+
+
+class _Bf16(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, topk_idx, topk_w, w13, w2, b13, b2, mode: int, act: Swiglu, layout: int):
+        k, E = topk_idx.shape[1], w13.shape[0]
+        offs, perm, inv = ops.moe_routing(topk_idx, E)
+        w13b, w2b = _cast(w13, BF16), _cast(w2, BF16)
+        xs = ops.moe_gather(x, perm, k, None, BF16)
+        h = _add_bias(_mm(xs, w13b.transpose(-2, -1), offs), b13, offs)
+        y = ops.swiglu(h, layout, act.alpha, act.limit, act.up_offset)
+        o = _add_bias(_mm(y, w2b.transpose(-2, -1), offs), b2, offs)
+        out = ops.moe_combine(o, inv, topk_w, x.dtype)
+        ctx.save_for_backward(xs, h, y, o, w13b, w2b, offs, perm, inv, topk_w)
+        ctx.cfg = (k, act, layout, x.dtype, w13.dtype, w2.dtype, _dtype(b13), _dtype(b2))
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        xs, h, y, o, w13b, w2b, offs, perm, inv, topk_w = ctx.saved_tensors
+        k, act, layout, x_dtype, w13_dtype, w2_dtype, b13, b2 = ctx.cfg
+        need_x, _, need_tw, need_w13, need_w2, need_b13, need_b2 = ctx.needs_input_grad[:7]
+        dout = dout.contiguous()
+        rs = topk_w.float().contiguous()
+        d_tw = ops.moe_combine_weight_grad(dout, o, inv).to(topk_w.dtype) if need_tw else None
+        need_h = need_x or need_w13 or need_b13
+        dx = dw13 = dw2 = db13 = db2 = None
+        d_o = ops.moe_gather(dout, perm, k, rs, BF16)
+        if need_w2:
+            dw2 = _cast(_mm(d_o.t(), y, offs), w2_dtype)
+        if need_b2:
+            db2 = _bias_grad(d_o, offs, b2)
+        if need_h:
+            d_y = _mm(d_o, w2b, offs)
+            dh = ops.swiglu_backward(d_y, h, layout, act.alpha, act.limit, act.up_offset)
+            if need_w13:
+                dw13 = _cast(_mm(dh.t(), xs, offs), w13_dtype)
+            if need_b13:
+                db13 = _bias_grad(dh, offs, b13)
+            if need_x:
+                dx = ops.moe_combine(_mm(dh, w13b, offs), inv, None, x_dtype)
+        return (dx, None, d_tw, dw13, dw2, db13, db2, None, None, None)
+
+
+# ---- composed: mxmoe.grouped_mm between differentiable gather / SwiGLU / combine --------------------
+
+
+class _Gather(torch.autograd.Function):
+    """x rows in expert order; backward: the deterministic sum of each token's k rows."""
+
+    @staticmethod
+    def forward(ctx, x, perm, inv, k: int):
+        ctx.save_for_backward(inv)
+        ctx.x_dtype = x.dtype
+        return ops.moe_gather(x, perm, k, None, x.dtype)
+
+    @staticmethod
+    def backward(ctx, dxs):
+        (inv,) = ctx.saved_tensors
+        return ops.moe_combine(dxs.contiguous(), inv, None, ctx.x_dtype), None, None, None
+
+
+class _Act(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, act: Swiglu, layout: int):
+        h = h.contiguous()
+        ctx.save_for_backward(h)
+        ctx.act, ctx.layout = act, layout
+        return ops.swiglu(h, layout, act.alpha, act.limit, act.up_offset)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (h,) = ctx.saved_tensors
+        a = ctx.act
+        return ops.swiglu_backward(dy.contiguous(), h, ctx.layout, a.alpha, a.limit, a.up_offset), None, None
+
+
+class _Combine(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, o, topk_w, perm, inv, k: int, out_dtype):
+        o = o.contiguous()
+        ctx.save_for_backward(o, topk_w, perm, inv)
+        ctx.k = k
+        return ops.moe_combine(o, inv, topk_w, out_dtype)
+
+    @staticmethod
+    def backward(ctx, dout):
+        o, topk_w, perm, inv = ctx.saved_tensors
+        dout = dout.contiguous()
+        d_o = ops.moe_gather(dout, perm, ctx.k, topk_w.float().contiguous(), o.dtype)
+        d_tw = ops.moe_combine_weight_grad(dout, o, inv).to(topk_w.dtype) if ctx.needs_input_grad[1] else None
+        return d_o, d_tw, None, None, None, None
+
+
+def _composed(x, topk_idx, topk_w, w13, w2, b13, b2, recipe, backend, act, layout):
+    from .grouped import grouped_mm  # the drop-in's autograd; imported here: grouped imports nothing of ours
+
+    k, E = topk_idx.shape[1], w13.shape[0]
+    offs, perm, inv = ops.moe_routing(topk_idx, E)
+    xs = _Gather.apply(x, perm, inv, k)
+    h = grouped_mm(xs, w13.transpose(-2, -1), offs, recipe=recipe, backend=backend, bias=b13)
+    y = _Act.apply(h, act, layout)
+    o = grouped_mm(y, w2.transpose(-2, -1), offs, recipe=recipe, backend=backend, bias=b2)
+    return _Combine.apply(o, topk_w, perm, inv, k, x.dtype)
+
+
+# ---- the entry point ---------------------------------------------------------------------------------
+
+
+def _desc(t) -> str:
+    if not isinstance(t, Tensor):
+        return type(t).__name__
+    return f"{str(t.dtype).replace('torch.', '')} tensor of shape {tuple(t.shape)} on {t.device}"
+
+
+def _check(x, topk_idx, topk_w, w13, w2, b13, b2):
+    for name, t in (("x", x), ("topk_idx", topk_idx), ("topk_weights", topk_w), ("w13", w13), ("w2", w2)):
+        if not isinstance(t, Tensor):
+            raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if x.dim() != 2 or x.dtype not in _FLOAT:
+        raise ValueError(f"x: expected a (T, H) bfloat16 or float32 tensor, got a {_desc(x)}")
+    T, H = x.shape
+    if topk_idx.dim() != 2 or topk_idx.shape[0] != T or topk_idx.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"topk_idx: expected a (T={T}, k) int32 or int64 tensor of expert ids, got a {_desc(topk_idx)}")
+    k = topk_idx.shape[1]
+    if topk_w.shape != topk_idx.shape or topk_w.dtype not in _FLOAT:
+        raise ValueError(f"topk_weights: expected a ({T}, {k}) bfloat16 or float32 tensor (topk_idx's shape), "
+                         f"got a {_desc(topk_w)}")
+    if w13.dim() != 3 or w13.shape[2] != H or w13.shape[1] % 2 != 0 or w13.dtype not in _FLOAT:
+        raise ValueError(f"w13: expected an (E, 2I, H={H}) bfloat16 or float32 tensor (gate and up), got a {_desc(w13)}")
+    E, I = w13.shape[0], w13.shape[1] // 2
+    if w2.dim() != 3 or tuple(w2.shape) != (E, H, I) or w2.dtype not in _FLOAT:
+        raise ValueError(f"w2: expected an (E={E}, H={H}, I={I}) bfloat16 or float32 tensor, got a {_desc(w2)}")
+    if H % 32 != 0 or I % 32 != 0:
+        raise ValueError(f"w13: expected H and I to be multiples of 32 (MX blocks), got H={H}, I={I}")
+    for name, b, n in (("bias13", b13, 2 * I), ("bias2", b2, H)):
+        if b is not None and (not isinstance(b, Tensor) or b.dim() != 2 or tuple(b.shape) != (E, n)
+                              or b.dtype not in _FLOAT):
+            raise ValueError(f"{name}: expected an (E={E}, {n}) bfloat16 or float32 tensor, got a {_desc(b)}")
+    for name, t in (("topk_idx", topk_idx), ("topk_weights", topk_w), ("w13", w13), ("w2", w2), ("bias13", b13),
+                    ("bias2", b2)):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name}: expected device {x.device} (x's), got {t.device}")
+    if x.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"x: expected a cpu or cuda tensor, got a tensor on device '{x.device}'")
+
+
+def _path(recipe, device: torch.device, backend: str) -> str:
+    if recipe is None:
+        return "bf16"
+    r = get_recipe(recipe)
+    if backend == "composed" or r.wgrad_hp:
+        return "composed"
+    if backend not in ("auto", "fused"):
+        raise ValueError(f"backend: expected 'auto', 'fused' or 'composed', got {backend!r}")
+    if device.type == "cuda":
+        from .sm90 import is_sm90
+        from ._lib import build_info
+
+        fused_ok = is_sm90(device) and (not r.w_tile128 or build_info()["tile128_gemm"])
+        if not fused_ok:
+            if backend == "fused":
+                raise NotImplementedError(f"backend='fused': the fused {r.name} layer needs a Hopper GPU (sm_90) "
+                                          f"and a build with the tile128 GEMMs; got {torch.cuda.get_device_name(device)}")
+            return "composed"
+    elif not r.w_tile128 and backend == "auto":
+        # CPU, exact recipes: the core's MX GEMMs (reference backend) beat the bf16 GEMMs of the
+        # fused exact phases there (torch's CPU bf16 grouped GEMM is slow); backend='fused' runs them.
+        return "composed"
+    return "tile128" if r.w_tile128 else "exact"
+
+
+_FUNCTIONS = {"tile128": _Tile128, "exact": _Exact, "bf16": _Bf16}
+
+
+def moe_experts(
+    x: Tensor,
+    topk_idx: Tensor,
+    topk_weights: Tensor,
+    w13: Tensor,
+    w2: Tensor,
+    *,
+    recipe: Optional[str] = "mxfp8_rceil_tile128",
+    activation: Union[str, Swiglu] = "swiglu",
+    layout: str = "concatenated",
+    bias13: Optional[Tensor] = None,
+    bias2: Optional[Tensor] = None,
+    backend: str = "auto",
+    grouped_mm_backend: str = "auto",
+) -> Tensor:
+    """The MoE experts of one layer, fused: out[t] = sum_j w[t, j] * expert_{idx[t, j]}(x[t]).
+
+    expert_e(v) = w2[e] @ act(w13[e] @ v + bias13[e]) + bias2[e], with act the SwiGLU of the gate and up
+    halves of w13's output (layout, activation: see the module docstring).
+
+    Args:
+      x: (T, H) bfloat16 or float32 tokens.
+      topk_idx: (T, k) int32 or int64 expert ids; ids outside [0, E) are dropped (contribute 0, never
+        read out of bounds).
+      topk_weights: (T, k) bfloat16 or float32 routing weights (used as given: no normalization).
+      w13: (E, 2I, H) gate and up projections; w2: (E, H, I) down projections (bfloat16 or float32).
+      recipe: 'mxfp8_rceil_tile128' (default: FP8 tensor cores on Hopper), 'mxfp8_rceil', 'mxfp8_floor',
+        'mxfp8_rceil_wgrad_with_hp' (see mxmoe.recipes), or None for the same fused layer in bf16.
+      bias13: optional (E, 2I); bias2: optional (E, H) expert biases.
+      backend: 'auto' (the fused path where one exists, else 'composed'), 'fused' (raise instead of
+        composing) or 'composed' (mxmoe.grouped_mm between differentiable gather / SwiGLU / combine).
+      grouped_mm_backend: the composed path's mxmoe.grouped_mm backend ('auto', 'sm90', 'reference', ...).
+    Returns (T, H) in x's dtype. Differentiable in x, topk_weights, w13, w2 and the biases.
+    H and I must be multiples of 32.
+    """
+    _check(x, topk_idx, topk_weights, w13, w2, bias13, bias2)
+    act, lay = _activation(activation), _layout(layout)
+    path = _path(recipe, x.device, backend)
+    if path == "composed":
+        return _composed(x, topk_idx.contiguous(), topk_weights.contiguous(), w13, w2, bias13, bias2, recipe,
+                         grouped_mm_backend, act, lay)
+    mode = 0 if recipe is None else get_recipe(recipe).mode
+    return _FUNCTIONS[path].apply(x.contiguous(), topk_idx.contiguous(), topk_weights.contiguous(), w13, w2, bias13,
+                                  bias2, mode, act, lay)

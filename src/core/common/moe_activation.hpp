@@ -1,0 +1,131 @@
+// Scalar math of the MoE kernel family shared by the CPU reference (cpu/moe.cpp), the CUDA kernels
+// (cuda/moe.cu) and the fused quantizers that compute SwiGLU on the fly (cuda/quantize.cu): one
+// definition, so every backend evaluates the same fp32 operations in the same order.
+//
+//  - SwiGLU (mxmoe_swiglu): every multiply/add/divide is a separately rounded IEEE fp32 operation
+//    (__fmul_rn / __fadd_rn / __fdiv_rn on the device, -ffp-contract=off on the host), so nothing can
+//    be contracted into an FMA. The one exception is expf: host libm and CUDA's expf may differ by
+//    an ulp of fp32 for some inputs, so CPU and CUDA SwiGLU outputs can differ (rarely) by one ulp of
+//    the output dtype (bf16: one bf16 ulp at most). Two CUDA kernels including this header give
+//    identical bits.
+//  - The fixed reduction orders of mxmoe_moe_combine_weight_grad and mxmoe_moe_group_sum (below), so
+//    that the CPU reference and the CUDA kernels are bit-identical.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "mxmoe/mx_format.hpp"  // MXMOE_HD, mul_rn
+
+#ifndef MXMOE_HD
+#if defined(__CUDACC__)
+#define MXMOE_HD __host__ __device__ inline
+#else
+#define MXMOE_HD inline
+#endif
+#endif
+
+namespace mxmoe {
+
+// Layouts of the gate and up halves in h (N, 2I).
+constexpr int kSwigluConcat = 0;       // h = [gate | up] along the last dim (gate_up_proj + .chunk(2, -1))
+constexpr int kSwigluInterleaved = 1;  // gate = h[..., 0::2], up = h[..., 1::2] (gpt-oss)
+
+struct SwigluParams {
+  int layout;       // kSwigluConcat or kSwigluInterleaved
+  float alpha;      // sigmoid slope: 1 for SiLU, 1.702 for gpt-oss
+  float limit;      // clamp bound (+inf = no clamp); gpt-oss: 7
+  float up_offset;  // added to the clamped up value: 0, gpt-oss: 1
+};
+
+// ---- separately rounded fp32 operations (no contraction on either side) ------------------------
+MXMOE_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+MXMOE_HD float sub_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+MXMOE_HD float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+MXMOE_HD float exp_f32(float x) {
+#if defined(__CUDA_ARCH__)
+  return expf(x);
+#else
+  return std::exp(x);
+#endif
+}
+
+// Outputs of the MoE kernels write any NaN as the canonical quiet NaN (0x7FC00000; 0x7FC0 in bf16),
+// as the rest of the core does: host and device arithmetic propagate different NaN payloads.
+MXMOE_HD float canon_nan(float f) { return f32_is_nan(f32_bits(f)) ? bits_f32(0x7FC00000u) : f; }
+
+// sigmoid(z) = 1 / (1 + exp(-z)).
+// 1 / d is the correctly rounded reciprocal: __frcp_rn on the device (the same bits as __fdiv_rn(1, d),
+// without the division's slow path), a plain division on the host.
+MXMOE_HD float rcp_rn(float d) {
+#if defined(__CUDA_ARCH__)
+  return __frcp_rn(d);
+#else
+  return 1.0f / d;
+#endif
+}
+MXMOE_HD float sigmoid_f32(float z) { return rcp_rn(add_rn(1.0f, exp_f32(-z))); }
+
+// Clamps written with comparisons that keep NaN (fminf/fmaxf would turn a NaN into the bound):
+// gc = min(g, limit), uc = min(max(u, -limit), limit), as torch.clamp.
+MXMOE_HD float swiglu_clamp_gate(float g, float limit) { return g > limit ? limit : g; }
+MXMOE_HD float swiglu_clamp_up(float u, float limit) { return u > limit ? limit : (u < -limit ? -limit : u); }
+
+// y = gc * sigmoid(alpha * gc) * (uc + up_offset), evaluated as (gc * s) * (uc + up_offset).
+MXMOE_HD float swiglu_value(float g, float u, const SwigluParams& p) {
+  const float gc = swiglu_clamp_gate(g, p.limit);
+  const float uc = swiglu_clamp_up(u, p.limit);
+  const float s = sigmoid_f32(mul_rn(p.alpha, gc));
+  return mul_rn(mul_rn(gc, s), add_rn(uc, p.up_offset));
+}
+
+// Gradients of swiglu_value at (g, u) for the incoming gradient dy:
+//   z = alpha * gc, s = sigmoid(z)
+//   dg = dy * (uc + up_offset) * (s + z * s * (1 - s))   where the gate clamp passes (g <= limit)
+//   du = dy * (gc * s)                                   where the up clamp passes (-limit <= u <= limit)
+// The clamps pass the gradient at their bounds (torch.clamp's inclusive rule) and wherever the
+// comparison is false, i.e. also for NaN inputs: a NaN stays visible in the gradient (torch would
+// mask it to 0 under a finite clamp; with limit = +inf, plain silu(g) * u, it propagates too).
+MXMOE_HD void swiglu_grad(float g, float u, float dy, const SwigluParams& p, float* dg, float* du) {
+  const float gc = swiglu_clamp_gate(g, p.limit);
+  const float uc = swiglu_clamp_up(u, p.limit);
+  const float z = mul_rn(p.alpha, gc);
+  const float s = sigmoid_f32(z);
+  const float uo = add_rn(uc, p.up_offset);
+  const float dsig = add_rn(s, mul_rn(mul_rn(z, s), sub_rn(1.0f, s)));  // d(gc * s) / d gc
+  const float dgc = mul_rn(mul_rn(dy, uo), dsig);
+  *dg = g > p.limit ? 0.0f : dgc;
+  *du = (u > p.limit || u < -p.limit) ? 0.0f : mul_rn(dy, mul_rn(gc, s));
+}
+
+// ---- fixed reduction orders (CPU reference == CUDA, bit for bit) -------------------------------
+// mxmoe_moe_combine_weight_grad: dw[t, j] = sum_h dout[t, h] * y[inv[t, j], h]. Element h belongs to
+// lane (h / kDotChunk) % kDotLanes; each lane sums its elements in increasing h from +0 as
+// acc = fl(acc + fl(dout * y)); then the lanes are added pairwise in a fixed tree:
+// for off = 16, 8, 4, 2, 1: v[l] = fl(v[l] + v[l + off]) for l < off; dw = v[0].
+constexpr int kDotLanes = 32;
+constexpr int kDotChunk = 8;
+// mxmoe_moe_group_sum: out[g, c] = sum of x[r, c] over the rows [s, e) of group g. Row r belongs to
+// lane (r - s) % kSumLanes; each lane sums its rows in increasing r from +0; then the lanes are added
+// in the tree for off = 8, 4, 2, 1: v[i] = fl(v[i] + v[i + off]) for i < off; out = v[0].
+constexpr int kSumLanes = 16;
+
+}  // namespace mxmoe

@@ -1,0 +1,120 @@
+// torch.ops.mxmoe.* of the MoE kernel family: routing metadata, gather (dispatch), combine and its
+// weight gradient, per-group row sums (bias gradients), SwiGLU forward/backward. Each op allocates
+// its outputs with torch (shapes from the inputs' shapes only, the rules of the fakes in mxmoe/ops.py),
+// lets the core validate every argument and launches on torch's current stream.
+#include <cstdint>
+#include <string>
+#include <tuple>
+
+#include "ops_core.hpp"
+
+namespace mxmoe {
+namespace ops {
+namespace {
+
+// Sizes for the allocation from possibly malformed operands (the core then rejects them by name).
+int64_t size_or0(const Tensor& t, int64_t d) { return t.dim() > d ? t.size(d) : 0; }
+
+float to_float(double v) { return static_cast<float>(v); }
+
+}  // namespace
+
+std::tuple<Tensor, Tensor, Tensor> moe_routing(Tensor topk_idx, int64_t num_experts) {
+  const char* op = "moe_routing";
+  require_dims(topk_idx, "topk_idx", 2, 2, op);
+  Launch L(topk_idx);
+  const Tensor idx = dense(topk_idx);
+  const int64_t T = idx.size(0), k = idx.size(1);
+  if (k != 0 && T > INT32_MAX / k)
+    fail(op, MXMOE_ERR_INVALID_ARGUMENT,
+         "topk_idx: expected T*k < 2^31 entries (int32 indices), got T = " + std::to_string(T) + ", k = " +
+             std::to_string(k));
+  // The workspace query validates num_experts (and the device) before anything is allocated.
+  const int64_t bytes = mxmoe_moe_routing_workspace_size(T * k, num_experts, L.device);
+  if (bytes < 0)
+    fail(op, num_experts >= 1 && num_experts <= (int64_t(1) << 20) ? MXMOE_ERR_UNSUPPORTED : MXMOE_ERR_INVALID_ARGUMENT,
+         mxmoe_last_error());
+  Tensor offs = empty({num_experts}, ScalarType::Int, L.device);
+  Tensor perm = empty({T * k}, ScalarType::Int, L.device);
+  Tensor inv = empty({T, k}, ScalarType::Int, L.device);
+  OptTensor ws;
+  if (bytes > 0) ws = empty({cdiv(bytes, 4)}, ScalarType::Int, L.device);  // uninitialized scratch
+  mxmoe_tensor iv = view(idx, "topk_idx", op), ov = view(offs, "offs", op), pv = view(perm, "perm", op),
+               invv = view(inv, "inv", op);
+  OptView wv(ws, "workspace", op);
+  check(mxmoe_moe_routing(&iv, num_experts, &ov, &pv, &invv, wv.get(), L.stream), op);
+  return {offs, perm, inv};
+}
+
+Tensor moe_gather(Tensor x, Tensor perm, int64_t k, OptTensor row_scale, ScalarType out_dtype) {
+  const char* op = "moe_gather";
+  Launch L(x);
+  const Tensor xd = dense(x), pd = dense(perm);
+  OptTensor sd;
+  if (row_scale) sd = dense(*row_scale);
+  Tensor out = empty({size_or0(pd, 0), size_or0(xd, 1)}, out_dtype, L.device);
+  mxmoe_tensor xv = view(xd, "x", op), pv = view(pd, "perm", op), outv = view(out, "out", op);
+  OptView sv(sd, "row_scale", op);
+  check(mxmoe_moe_gather(&xv, &pv, k, sv.get(), &outv, L.stream), op);
+  return out;
+}
+
+Tensor moe_combine(Tensor y, Tensor inv, OptTensor weights, ScalarType out_dtype) {
+  const char* op = "moe_combine";
+  Launch L(y);
+  const Tensor yd = dense(y), id = dense(inv);
+  OptTensor wd;
+  if (weights) wd = dense(*weights);
+  Tensor out = empty({size_or0(id, 0), size_or0(yd, 1)}, out_dtype, L.device);
+  mxmoe_tensor yv = view(yd, "y", op), iv = view(id, "inv", op), outv = view(out, "out", op);
+  OptView wv(wd, "weights", op);
+  check(mxmoe_moe_combine(&yv, &iv, wv.get(), &outv, L.stream), op);
+  return out;
+}
+
+Tensor moe_combine_weight_grad(Tensor dout, Tensor y, Tensor inv) {
+  const char* op = "moe_combine_weight_grad";
+  Launch L(dout);
+  const Tensor dd = dense(dout), yd = dense(y), id = dense(inv);
+  Tensor dw = empty({size_or0(id, 0), size_or0(id, 1)}, ScalarType::Float, L.device);
+  mxmoe_tensor dv = view(dd, "dout", op), yv = view(yd, "y", op), iv = view(id, "inv", op), wv = view(dw, "dw", op);
+  check(mxmoe_moe_combine_weight_grad(&dv, &yv, &iv, &wv, L.stream), op);
+  return dw;
+}
+
+Tensor moe_group_sum(Tensor x, Tensor offs) {
+  const char* op = "moe_group_sum";
+  Launch L(x);
+  const Tensor xd = dense(x), od = dense(offs);
+  Tensor out = empty({size_or0(od, 0), size_or0(xd, 1)}, ScalarType::Float, L.device);
+  mxmoe_tensor xv = view(xd, "x", op), ov = view(od, "offs", op), outv = view(out, "out", op);
+  check(mxmoe_moe_group_sum(&xv, &ov, &outv, L.stream), op);
+  return out;
+}
+
+Tensor swiglu(Tensor h, int64_t layout, double alpha, double limit, double up_offset) {
+  const char* op = "swiglu";
+  Launch L(h);
+  const Tensor hd = dense(h);
+  Tensor y = empty({size_or0(hd, 0), size_or0(hd, 1) / 2}, hd.scalar_type(), L.device);
+  mxmoe_tensor hv = view(hd, "h", op), yv = view(y, "y", op);
+  check(mxmoe_swiglu(&hv, to_i32(layout, "layout", op), to_float(alpha), to_float(limit), to_float(up_offset), &yv,
+                     L.stream),
+        op);
+  return y;
+}
+
+Tensor swiglu_backward(Tensor dy, Tensor h, int64_t layout, double alpha, double limit, double up_offset) {
+  const char* op = "swiglu_backward";
+  Launch L(dy);
+  const Tensor dd = dense(dy), hd = dense(h);
+  Tensor dh = empty(shape_of(hd), hd.scalar_type(), L.device);
+  mxmoe_tensor dv = view(dd, "dy", op), hv = view(hd, "h", op), dhv = view(dh, "dh", op);
+  check(mxmoe_swiglu_backward(&dv, &hv, to_i32(layout, "layout", op), to_float(alpha), to_float(limit),
+                              to_float(up_offset), &dhv, L.stream),
+        op);
+  return dh;
+}
+
+}  // namespace ops
+}  // namespace mxmoe

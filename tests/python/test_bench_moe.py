@@ -1,0 +1,132 @@
+"""Smoke test of bench/bench_moe.py (the MoE layer benchmark): a CPU run of its plumbing on tiny configs
+writes JSON rows with every field, and its transformers baseline is transformers' grouped_mm experts math.
+Asserts the script works, never a time."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH_MOE = Path(__file__).resolve().parents[2] / "bench" / "bench_moe.py"
+ROW_FIELDS = ["config", "tokens", "impl", "mode", "fwd_bwd_us", "fwd_us", "peak_mib", "ratio_vs_transformers",
+              "ratio_vs_mxmoe_bf16", "date", "commit", "device", "error"]
+TOP_FIELDS = ["rows", "breakdown", "date", "commit", "device", "torch", "transformers", "gpt_oss", "settings"]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("bench_moe", BENCH_MOE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _need_moe_experts():
+    import mxmoe
+
+    if not hasattr(mxmoe, "moe_experts"):
+        pytest.skip("mxmoe.moe_experts is not there yet")
+
+
+def test_bench_moe_cpu_tiny(tmp_path, capsys):
+    _need_moe_experts()
+    bench_moe = _load()
+    out = tmp_path / "moe_layer.json"
+    doc = bench_moe.run(configs="tiny,tiny-bias", modes="eager,graph", reps=1, warmup=1, profile=True, device="cpu",
+                        out=str(out), budget_s=0)
+    d = json.loads(out.read_text())
+    for f in TOP_FIELDS:
+        assert f in d, f"missing top-level field {f}"
+    assert d["device"] == "cpu" and d["torch"] == torch.__version__
+    assert d["transformers"]["source"] in ("transformers", "local")
+    assert d["gpt_oss"]["activation"] in ("swiglu", "gpt_oss")
+    rows = d["rows"]
+    assert len(rows) == len(doc["rows"]) == 2 * len(bench_moe.IMPLS)  # graph mode is skipped on CPU
+    assert [r["impl"] for r in rows[:4]] == bench_moe.IMPLS
+    for r in rows:
+        for f in ROW_FIELDS:
+            assert f in r, f"missing field {f} in {r}"
+        assert r["mode"] == "eager" and r["tokens"] == 64
+        assert r["error"] is None, r
+        assert r["fwd_bwd_us"] > 0 and r["fwd_us"] > 0 and r["peak_mib"] is None  # no CUDA memory stats on CPU
+        assert r["ratio_vs_transformers"] > 0
+        if r["impl"] == bench_moe.BASELINE:
+            assert r["ratio_vs_transformers"] == 1.0 and r["ratio_vs_mxmoe_bf16"] is None
+        else:
+            assert r["ratio_vs_mxmoe_bf16"] > 0
+    assert {r["config"] for r in rows} == {"tiny", "tiny-bias"}
+    assert all(r["bias"] for r in rows if r["config"] == "tiny-bias")
+    assert len(d["breakdown"]) == len(rows)
+    for b in d["breakdown"]:
+        assert "error" not in b, b
+        assert b["total_us"] > 0 and b["top"] and set(b["categories_us"]) <= {c for c, _ in bench_moe.CATEGORIES} | {"other"}
+    table = capsys.readouterr().out
+    assert "vs transformers" in table and "vs mxmoe_bf16" in table
+
+
+def test_bench_moe_configs():
+    bench_moe = _load()
+    c = bench_moe.CONFIGS
+    # BENCH.md "MoE layer configs": (hidden, expert intermediate, local experts, top-k)
+    assert tuple(c["qwen3-30b-a3b"][1:5]) == (2048, 768, 128, 8)
+    assert tuple(c["deepseek-v3-ep8"][1:5]) == (7168, 2048, 32, 8)
+    assert tuple(c["llama4-scout"][1:5]) == (5120, 8192, 16, 1)
+    assert tuple(c["mixtral-8x7b"][1:5]) == (4096, 14336, 8, 2)
+    assert tuple(c["gpt-oss-120b"][1:5]) == (2880, 2880, 128, 4) and c["gpt-oss-120b"].bias
+    runs = bench_moe.runs_for(bench_moe.parse_configs("default"), "")
+    assert len(runs) == 6 and ("qwen3-30b-a3b", 4096) in runs and all(t == 16384 for n, t in runs if n != "qwen3-30b-a3b")
+    assert bench_moe.parse_configs("Qwen3-30B-A3B,mixtral") == ["qwen3-30b-a3b", "mixtral-8x7b"]
+    assert bench_moe.runs_for(["tiny"], "32,64") == [("tiny", 32), ("tiny", 64)]
+    with pytest.raises(SystemExit):
+        bench_moe.parse_configs("nope")
+
+
+def test_bench_moe_kernel_categories():
+    bench_moe = _load()
+    cases = {
+        "_ZN7cutlass13device_kernelINS_4gemm6kernel13GemmUniversalINS1_17Gro": "gemm",
+        "nvjet_tst_128x256_64x4_2x1_v_bz_TNN": "gemm",
+        "void at::cuda::detail::prepare_grouped_gemm_data<cutlass::bfloat16_t>": "setup",
+        "void mxmoe::cuda::(anonymous namespace)::quant_tile_kernel<unsigned": "quantize",
+        "mxmoe::cuda::(anonymous namespace)::fwd_sfa_kernel(mxmoe::cuda::til": "quantize",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::silu_kernel": "swiglu",
+        "void at::native::index_elementwise_kernel<128, 4>": "gather_scatter",
+        "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float>>": "combine",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::AUnaryFunctor<mul>>": "other",
+    }
+    for name, cat in cases.items():
+        assert bench_moe.classify(name) == cat, name
+
+
+def _experts_loop(ex, x, idx, w):
+    """transformers' eager Experts.forward (the per-expert loop its integrations/moe.py documents)."""
+    out = torch.zeros_like(x, dtype=torch.float32)
+    for e in range(ex.num_experts):
+        tok, pos = torch.where(idx == e)
+        if tok.numel() == 0:
+            continue
+        h = x[tok] @ ex.gate_up_proj[e].T
+        if ex.has_bias:
+            h = h + ex.gate_up_proj_bias[e]
+        y = ex._apply_gate(h) @ ex.down_proj[e].T
+        if ex.has_bias:
+            y = y + ex.down_proj_bias[e]
+        out.index_add_(0, tok, (y * w[tok, pos, None]).float())
+    return out
+
+
+@pytest.mark.parametrize("key,layout", [("tiny", None), ("tiny-bias", "interleaved"), ("tiny-bias", "concatenated")])
+def test_bench_moe_baseline_math(key, layout):
+    """The baseline (transformers' function where it imports, else the local copy of its op sequence)
+    computes the MoE experts layer; and where transformers imports, the local copy equals it bit for bit."""
+    bench_moe = _load()
+    case = bench_moe.Case(bench_moe.CONFIGS[key], 64, torch.device("cpu"))
+    fn, info = bench_moe.transformers_experts_forward()
+    ex = bench_moe.HFExperts(case.w13, case.w2, case.b13, case.b2, gpt_oss_layout=layout)
+    with torch.no_grad():
+        ref = _experts_loop(ex, case.x, case.topk_idx, case.topk_weights)
+        got = fn(ex, case.x, case.topk_idx, case.topk_weights)
+        local = bench_moe.local_grouped_mm_experts_forward(ex, case.x, case.topk_idx, case.topk_weights)
+    torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=2e-2)
+    if info["source"] == "transformers":
+        assert torch.equal(got, local)

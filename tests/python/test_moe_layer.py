@@ -1,0 +1,351 @@
+"""The fused MoE expert layer (mxmoe.moe_experts, mxmoe.nn.MoEExperts).
+
+Every path (tile128, exact, bf16, composed) against an fp32 composition of plain torch ops written
+here (a loop over experts: index, matmul, SwiGLU, weighted index_add), at SQNR bars; the fused exact
+and tile128 paths bit-identical to the same layer built from mxmoe.grouped_mm (the composed path on the
+sm90 backend); routing edge cases; bad input; determinism; torch.compile and CUDA graphs. The phase
+ops run on CPU too (the core's reference kernels), so CI covers the fused logic; the GPU runs the
+same tests on the H200 kernels."""
+import math
+
+import pytest
+import torch
+
+import mxmoe
+from mxmoe.moe import Swiglu
+from mx_testutils import sqnr
+
+BF16 = torch.bfloat16
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+TILE, EXACT = "mxfp8_rceil_tile128", "mxfp8_rceil"
+# SQNR bars (dB: output, input grads, weight grads) for the whole layer against fp32: two chained
+# GEMMs with four quantized operands each way (MX_SPEC's per-GEMM bars are 27 / 25 / 24). Measured
+# on these inputs: 23.3-24.9 dB for rceil and tile128 (FLOOR about 1.4 dB less); a wrong scale or
+# a misrouted row costs far more.
+BARS = {TILE: (22, 21.5, 21.5), EXACT: (22, 21.5, 21.5), "mxfp8_floor": (21, 20.5, 20.5),
+        "mxfp8_rceil_wgrad_with_hp": (22, 21.5, 21.5)}
+
+
+def _fused_ok(device):
+    if device == "cpu":
+        return True
+    return torch.cuda.get_device_capability() == (9, 0) and mxmoe.build_info()["tile128_gemm"]
+
+
+def _inputs(device, T=77, H=64, I=96, E=5, k=2, dtype=BF16, bias=False, seed=0, idx=None):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=g).to(dtype)
+    logits = torch.randn(T, E, generator=g)
+    tw, ti = torch.softmax(logits, -1).topk(k, -1)
+    tw = (tw / tw.sum(-1, keepdim=True)).to(dtype)
+    if idx is not None:
+        ti = idx
+    w13 = (torch.randn(E, 2 * I, H, generator=g) / math.sqrt(H)).to(dtype)
+    w2 = (torch.randn(E, H, I, generator=g) / math.sqrt(I)).to(dtype)
+    b13 = (torch.randn(E, 2 * I, generator=g) * 0.1).to(dtype) if bias else None
+    b2 = (torch.randn(E, H, generator=g) * 0.1).to(dtype) if bias else None
+    dout = torch.randn(T, H, generator=g).to(dtype)
+    mv = lambda t: None if t is None else t.to(device)  # noqa: E731
+    return dict(x=mv(x), topk_idx=mv(ti), topk_weights=mv(tw), w13=mv(w13), w2=mv(w2), bias13=mv(b13),
+                bias2=mv(b2)), mv(dout)
+
+
+GRAD_NAMES = ("x", "topk_weights", "w13", "w2", "bias13", "bias2")
+
+
+def _leaves(inp):
+    out = dict(inp)
+    for n in GRAD_NAMES:
+        if out.get(n) is not None:
+            out[n] = out[n].detach().clone().requires_grad_(True)
+    return out
+
+
+def _run(inp, dout, **kw):
+    """Output and grads of moe_experts on fresh leaves."""
+    leaves = _leaves(inp)
+    out = mxmoe.moe_experts(**leaves, **kw)
+    out.backward(dout)
+    return out.detach(), {n: leaves[n].grad for n in GRAD_NAMES if leaves.get(n) is not None}
+
+
+def _reference(inp, dout, act=Swiglu(), layout="concatenated"):
+    """fp32 plain-torch composition: per expert, the tokens routed to it (ids outside [0, E) dropped)."""
+    leaves = {n: (None if t is None else t.detach().float().cpu()) for n, t in inp.items()}
+    leaves["topk_idx"] = inp["topk_idx"].cpu()
+    for n in GRAD_NAMES:
+        if leaves.get(n) is not None:
+            leaves[n].requires_grad_(True)
+    x, idx, tw, w13, w2 = (leaves[n] for n in ("x", "topk_idx", "topk_weights", "w13", "w2"))
+    b13, b2 = leaves["bias13"], leaves["bias2"]
+    E, I = w13.shape[0], w13.shape[1] // 2
+    # Every leaf in the graph (0 * ...): with no routed token at all (T = 0) the grads are zeros.
+    out = x * 0 + 0 * sum(t.sum() for t in (tw, w13, w2, b13, b2) if t is not None)
+    for e in range(E):
+        t_i, j_i = (idx == e).nonzero(as_tuple=True)
+        if t_i.numel() == 0:
+            continue
+        h = x[t_i] @ w13[e].t() + (0 if b13 is None else b13[e])
+        g, u = (h[:, 0::2], h[:, 1::2]) if layout == "interleaved" else (h[:, :I], h[:, I:])
+        if math.isfinite(act.limit):
+            g, u = g.clamp(max=act.limit), u.clamp(-act.limit, act.limit)
+        y = g * torch.sigmoid(act.alpha * g) * (u + act.up_offset)
+        o = y @ w2[e].t() + (0 if b2 is None else b2[e])
+        out = out.index_add(0, t_i, o * tw[t_i, j_i, None])
+    out.backward(dout.float().cpu())
+    return out.detach(), {n: leaves[n].grad for n in GRAD_NAMES if leaves.get(n) is not None}
+
+
+def _assert_bars(out, grads, ref_out, ref_grads, bars):
+    fwd, dgrad, wgrad = bars
+    assert sqnr(out.float().cpu(), ref_out) >= fwd, f"out: {sqnr(out.float().cpu(), ref_out):.1f} dB"
+    for n, g in grads.items():
+        bar = wgrad if n in ("w13", "w2", "bias13", "bias2") else dgrad
+        s = sqnr(g.float().cpu(), ref_grads[n])
+        assert s >= bar, f"grad of {n}: {s:.1f} dB < {bar}"
+
+
+def _same(a, b, what):
+    assert a.dtype == b.dtype and a.shape == b.shape, what
+    assert torch.equal(a, b), f"{what}: max |diff| {(a.float() - b.float()).abs().max().item()}"
+
+
+# ---- accuracy against fp32 ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", [TILE, EXACT, "mxfp8_floor", "mxfp8_rceil_wgrad_with_hp"])
+def test_recipes_against_fp32(device, recipe):
+    inp, dout = _inputs(device, bias=True)
+    out, grads = _run(inp, dout, recipe=recipe)
+    assert out.dtype == BF16 and out.shape == inp["x"].shape
+    _assert_bars(out, grads, *_reference(inp, dout), BARS[recipe])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bf16_equals_fp32_up_to_bf16_rounding(device):
+    inp, dout = _inputs(device, bias=True)
+    out, grads = _run(inp, dout, recipe=None)
+    ref_out, ref_grads = _reference(inp, dout)
+    # Operands and the intermediates (h, act(h), o, dO, dY, dH) rounded to bf16, fp32 accumulation.
+    assert sqnr(out.float().cpu(), ref_out) >= 38
+    for n, g in grads.items():
+        assert sqnr(g.float().cpu(), ref_grads[n]) >= 35, n
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", [TILE, EXACT, None])
+@pytest.mark.parametrize("layout,activation", [("interleaved", "gpt_oss"), ("concatenated", Swiglu(1.5, 3.0, 0.5))])
+def test_layouts_and_activations(device, recipe, layout, activation):
+    inp, dout = _inputs(device, bias=True, seed=3)
+    out, grads = _run(inp, dout, recipe=recipe, layout=layout, activation=activation)
+    act = mxmoe.moe.ACTIVATIONS[activation] if isinstance(activation, str) else activation
+    bars = (38, 35, 35) if recipe is None else BARS[recipe]
+    _assert_bars(out, grads, *_reference(inp, dout, act, layout), bars)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp32_inputs(device):
+    inp, dout = _inputs(device, dtype=torch.float32)
+    out, grads = _run(inp, dout, recipe=TILE)
+    assert out.dtype == torch.float32 and grads["x"].dtype == torch.float32 and grads["w13"].dtype == torch.float32
+    _assert_bars(out, grads, *_reference(inp, dout), BARS[TILE])
+
+
+# ---- the fused paths == the same layer built from mxmoe.grouped_mm ----------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", [TILE, EXACT])
+@pytest.mark.parametrize("layout", ["concatenated", "interleaved"])
+def test_fused_bit_identical_to_grouped_mm_layer(device, recipe, layout):
+    if not _fused_ok(device):
+        pytest.skip("needs a Hopper GPU and the tile128 GEMMs")
+    inp, dout = _inputs(device, T=150, H=128, I=128, E=6, k=3, seed=5)
+    out_f, g_f = _run(inp, dout, recipe=recipe, layout=layout, backend="fused")
+    out_c, g_c = _run(inp, dout, recipe=recipe, layout=layout, backend="composed", grouped_mm_backend="sm90")
+    _same(out_f, out_c, "out")
+    for n in g_f:
+        _same(g_f[n], g_c[n], f"grad of {n}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", [TILE, EXACT])
+def test_fused_biases_match_grouped_mm_layer(device, recipe):
+    if not _fused_ok(device):
+        pytest.skip("needs a Hopper GPU and the tile128 GEMMs")
+    inp, dout = _inputs(device, T=150, H=128, I=128, E=6, k=3, seed=6, bias=True)
+    out_f, g_f = _run(inp, dout, recipe=recipe, backend="fused")
+    out_c, g_c = _run(inp, dout, recipe=recipe, backend="composed", grouped_mm_backend="sm90")
+    _same(out_f, out_c, "out")
+    for n in ("x", "topk_weights", "w13", "w2"):
+        _same(g_f[n], g_c[n], f"grad of {n}")
+    for n in ("bias13", "bias2"):
+        # Per-group sums of the same rows: grouped_mm sums the bf16-rounded dO, the fused layer its fp32
+        # values (w * dout), in other orders.
+        d = (g_f[n].float() - g_c[n].float()).abs().max()
+        assert d <= 0.01 * g_c[n].float().abs().max(), f"grad of {n}: max |diff| {d.item()}"
+
+
+# ---- routing ---------------------------------------------------------------------------------------
+
+
+def _idx(rows, device):
+    return torch.tensor(rows, dtype=torch.int64, device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", [TILE, EXACT, None])
+@pytest.mark.parametrize("case", ["empty_experts", "one_expert", "k1", "k8", "dropped_ids", "t0", "t33"])
+def test_routing_cases(device, recipe, case):
+    E = 5
+    kw = dict(T=40, E=E, k=2)
+    if case == "empty_experts":
+        kw["idx"] = _idx([[0, 3]] * 20 + [[3, 0]] * 20, "cpu")
+    elif case == "one_expert":
+        kw.update(k=1, idx=_idx([[2]] * 40, "cpu"))
+    elif case == "k1":
+        kw["k"] = 1
+    elif case == "k8":
+        kw.update(E=9, k=8)
+    elif case == "dropped_ids":
+        kw["idx"] = torch.tensor([[-1, 7]] * 5 + [[1, 5]] * 5 + [[4, 0]] * 30, dtype=torch.int32)  # E = 5
+    elif case == "t0":
+        kw["T"] = 0
+    elif case == "t33":
+        kw["T"] = 33
+    inp, dout = _inputs(device, **kw)
+    out, grads = _run(inp, dout, recipe=recipe)
+    ref_out, ref_grads = _reference(inp, dout)
+    assert out.shape == ref_out.shape
+    if kw["T"] == 0:
+        assert out.numel() == 0 and grads["w13"].abs().sum() == 0
+        return
+    bars = (38, 35, 35) if recipe is None else BARS[recipe]
+    _assert_bars(out, grads, ref_out, ref_grads, bars)
+    if case == "dropped_ids":
+        # entries with ids outside [0, E) contribute nothing and get zero weight grads
+        assert torch.all(grads["topk_weights"][:5] == 0)
+        assert torch.equal(out[:5].float().cpu(), torch.zeros(5, out.shape[1]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", [TILE, None])
+def test_deterministic(device, recipe):
+    inp, dout = _inputs(device, T=200, E=4, k=3, seed=9)
+    a = _run(inp, dout, recipe=recipe)
+    b = _run(inp, dout, recipe=recipe)
+    _same(a[0], b[0], "out")
+    for n in a[1]:
+        _same(a[1][n], b[1][n], n)
+
+
+# ---- bad input -------------------------------------------------------------------------------------
+
+
+def test_bad_inputs():
+    inp, _ = _inputs("cpu")
+    cases = [
+        (dict(x=inp["x"][0]), "x: expected a (T, H)"),
+        (dict(x=inp["x"].to(torch.float16)), "x: expected"),
+        (dict(topk_idx=inp["topk_idx"].float()), "topk_idx: expected"),
+        (dict(topk_idx=inp["topk_idx"][:5]), "topk_idx: expected a (T=77"),
+        (dict(topk_weights=inp["topk_weights"][:, :1]), "topk_weights: expected"),
+        (dict(w13=inp["w13"][:, :-1]), "w13: expected"),
+        (dict(w2=inp["w2"][:-1]), "w2: expected an (E=5"),
+        (dict(bias13=torch.zeros(5, 3)), "bias13: expected an (E=5, 192)"),
+        (dict(recipe="nope"), "recipe: expected one of"),
+        (dict(layout="nope"), "layout: expected one of"),
+        (dict(activation="relu"), "activation: expected one of"),
+        (dict(backend="nope"), "backend: expected"),
+    ]
+    for change, msg in cases:
+        args = {**inp, **{k: v for k, v in change.items() if k in inp}}
+        kw = {k: v for k, v in change.items() if k not in inp}
+        with pytest.raises(ValueError, match=msg.replace("(", r"\(").replace(")", r"\)")):
+            mxmoe.moe_experts(**args, **kw)
+
+
+@pytest.mark.gpu
+def test_wrong_device():
+    inp, _ = _inputs("cuda")
+    with pytest.raises(ValueError, match="w2: expected device cuda"):
+        mxmoe.moe_experts(**{**inp, "w2": inp["w2"].cpu()})
+
+
+# ---- the module ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_module(device):
+    torch.manual_seed(0)
+    m = mxmoe.nn.MoEExperts(4, 64, 32, recipe=TILE, bias=True, dtype=BF16, device=device)
+    assert set(m.state_dict()) == {"w13", "w2", "bias13", "bias2"}
+    assert m.w13.shape == (4, 64, 64) and m.w2.shape == (4, 64, 32)
+    x = torch.randn(2, 9, 64, dtype=BF16, device=device, requires_grad=True)
+    tw, ti = torch.softmax(torch.randn(2, 9, 4, device=device), -1).topk(2, -1)
+    out = m(x, ti, tw)
+    assert out.shape == x.shape
+    out.float().square().sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters())
+    ref = mxmoe.moe_experts(x.detach().reshape(-1, 64), ti.reshape(-1, 2), tw.reshape(-1, 2), m.w13, m.w2,
+                            recipe=TILE, bias13=m.bias13, bias2=m.bias2)
+    _same(out.detach().reshape(-1, 64), ref.detach(), "module == functional")
+
+
+# ---- torch.compile and CUDA graphs -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", [TILE, None])
+def test_compile_fullgraph_dynamic(device, recipe):
+    torch._dynamo.reset()
+    inp, dout = _inputs(device, T=64, seed=11)
+    eager = _run(inp, dout, recipe=recipe)
+
+    def step(x, topk_idx, topk_weights, w13, w2):
+        return mxmoe.moe_experts(x, topk_idx, topk_weights, w13, w2, recipe=recipe)
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=True)
+    leaves = _leaves({k: v for k, v in inp.items() if k not in ("bias13", "bias2")})
+    out = compiled(**leaves)
+    out.backward(dout)
+    _same(out.detach(), eager[0], "compiled out")
+    for n in ("x", "topk_weights", "w13", "w2"):
+        _same(leaves[n].grad, eager[1][n], f"compiled grad of {n}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", [TILE, EXACT, None])
+def test_cuda_graph_equals_eager(recipe):
+    mxmoe.set_weight_cache(False)
+    try:
+        inp, dout = _inputs("cuda", T=128, H=128, I=128, E=4, k=2, seed=12)
+        eager = _run(inp, dout, recipe=recipe)
+        leaves = _leaves({k: v for k, v in inp.items() if k not in ("bias13", "bias2")})
+
+        def step():
+            for n in ("x", "topk_weights", "w13", "w2"):
+                leaves[n].grad = None
+            out = mxmoe.moe_experts(**leaves, recipe=recipe)
+            out.backward(dout)
+            return out
+
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            step()  # warm up outside the capture
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        for n in ("x", "topk_weights", "w13", "w2"):
+            leaves[n].grad = None
+        with torch.cuda.graph(g):
+            out = mxmoe.moe_experts(**leaves, recipe=recipe)
+            out.backward(dout)
+        g.replay()
+        torch.cuda.synchronize()
+        _same(out.detach(), eager[0], "graph out")
+        for n in ("x", "topk_weights", "w13", "w2"):
+            _same(leaves[n].grad, eager[1][n], f"graph grad of {n}")
+    finally:
+        mxmoe.set_weight_cache(True)

@@ -1,0 +1,115 @@
+"""quantize_fused_source: the fused quantizer reading a computed input (the MoE layer's dispatch gather,
+SwiGLU and SwiGLU backward) gives the bytes of materializing that input with the MoE ops
+(moe_gather / swiglu / swiglu_backward) and quantizing it with quantize_fused. On CPU (the core's
+reference composes exactly that) and on the GPU (one pass in the tile kernel, nothing materialized),
+for the tile128 blocks (1x128 rowwise + 128x1 per token group) and the exact recipe's (1x32 round trip
++ 32x1 codes), with groups of any size; and the bad-input messages."""
+import pytest
+import torch
+
+from mxmoe import ops
+
+BF16, F32 = torch.bfloat16, torch.float32
+Q, QT, S, DQ = ops.FUSED_Q, ops.FUSED_QT, ops.FUSED_SCALE, ops.FUSED_DQ
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+# (row_block, col_block, row outputs, col outputs): the tile128 recipe's A / dY pass, the exact one's.
+BLOCKINGS = {"tile128": (128, 128, Q | S, QT | S), "exact": (32, 32, DQ, Q | S), "exact_dy": (32, 32, DQ | Q | S, DQ)}
+
+
+def _u8(t):
+    return t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, torch.float8_e8m0fnu) else t
+
+
+def _same_outputs(a, b):
+    assert len(a) == len(b)
+    for i, (x, y) in enumerate(zip(a, b)):
+        assert x.shape == y.shape and x.dtype == y.dtype, i
+        assert torch.equal(_u8(x), _u8(y)), f"output {i} differs"
+
+
+def _offs(sizes, device):
+    return torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
+
+
+def _routing(T, k, E, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(-1, E + 1, (T, k), generator=g)  # some ids out of range: dropped
+    return ops.moe_routing(idx.to(device), E)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("blocking", list(BLOCKINGS))
+@pytest.mark.parametrize("dtype", [BF16, F32])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_gather_source(device, blocking, dtype, scaled):
+    T, k, E, H = 97, 3, 5, 256
+    offs, perm, inv = _routing(T, k, E, device)
+    x = torch.randn(T, H, dtype=dtype).to(device)
+    rs = torch.rand(T, k).to(device) if scaled else None
+    rb, cb, ro, co = BLOCKINGS[blocking]
+    got = ops.quantize_fused_source(ops.SOURCE_GATHER, x, None, perm, rs, k, 0, 1.0, 0.0, 0.0, offs, rb, cb, False,
+                                    0, ro, co, BF16)
+    xs = ops.moe_gather(x, perm, k, rs, dtype)
+    want = ops.quantize_fused(xs, offs, rb, cb, False, 0, ro, co, BF16)
+    _same_outputs(got, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("blocking", list(BLOCKINGS))
+@pytest.mark.parametrize("layout", [0, 1])
+@pytest.mark.parametrize("act", [(1.0, float("inf"), 0.0), (1.702, 7.0, 1.0)])
+@pytest.mark.parametrize("backward", [False, True])
+def test_swiglu_sources(device, blocking, layout, act, backward):
+    R, I = 300, 256
+    offs = _offs([100, 0, 37, 150], device)  # rows 287..299 past the groups
+    h = (torch.randn(R, 2 * I) * 3).to(BF16).to(device)
+    rb, cb, ro, co = BLOCKINGS[blocking]
+    if backward:
+        dy = torch.randn(R, I).to(BF16).to(device)
+        got = ops.quantize_fused_source(ops.SOURCE_SWIGLU_BACKWARD, h, dy, None, None, 1, layout, *act, offs, rb, cb,
+                                        False, 0, ro, co, BF16)
+        x = ops.swiglu_backward(dy, h, layout, *act)
+    else:
+        got = ops.quantize_fused_source(ops.SOURCE_SWIGLU, h, None, None, None, 1, layout, *act, offs, rb, cb, False,
+                                        0, ro, co, BF16)
+        x = ops.swiglu(h, layout, *act)
+    _same_outputs(got, ops.quantize_fused(x, offs, rb, cb, False, 0, ro, co, BF16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scaled", [False, True])
+def test_gather_source_cuda_equals_cpu(scaled):
+    T, k, E, H = 129, 2, 7, 384
+    offs, perm, inv = _routing(T, k, E, "cpu", seed=4)
+    x = torch.randn(T, H, dtype=BF16)
+    rs = torch.rand(T, k) if scaled else None
+    args = lambda d: (ops.SOURCE_GATHER, x.to(d), None, perm.to(d), None if rs is None else rs.to(d), k, 0, 1.0, 0.0,  # noqa: E731
+                      0.0, offs.to(d), 128, 128, False, 0, Q | S, QT | S, BF16)
+    _same_outputs([t.cpu() for t in ops.quantize_fused_source(*args("cuda"))], ops.quantize_fused_source(*args("cpu")))
+
+
+def test_source_errors():
+    x = torch.randn(8, 64, dtype=BF16)
+    perm = torch.arange(16, dtype=torch.int32)
+    base = dict(src_kind=ops.SOURCE_GATHER, src_a=x, src_b=None, perm=perm, row_scale=None, k=2, layout=0, alpha=1.0,
+                limit=0.0, up_offset=0.0, offs=None, row_block=32, col_block=32, tile128=False, mode=0,
+                row_outputs=Q | S, col_outputs=0, dq_dtype=BF16)
+
+    def call(**kw):
+        a = {**base, **kw}
+        return ops.quantize_fused_source(*a.values())
+
+    call()  # valid
+    for kw, msg in [
+        (dict(src_kind=9), "src_kind: expected GATHER"),
+        (dict(perm=perm[:10]), r"src.perm: expected shape \(16,\)"),
+        (dict(perm=perm.long()), "src.perm"),
+        (dict(k=0), "src.k: expected 1 <= k"),
+        (dict(row_scale=torch.ones(8, 3)), "src.row_scale"),
+        (dict(src_kind=ops.SOURCE_SWIGLU, perm=None, src_a=x[:, :63]), "src.a"),
+        (dict(src_kind=ops.SOURCE_SWIGLU, perm=None, layout=2), "src.layout: expected 0"),
+        (dict(src_kind=ops.SOURCE_SWIGLU_BACKWARD, perm=None), "src.b"),
+        (dict(src_kind=ops.SOURCE_SWIGLU, perm=None, src_a=x.float()), "src.a"),
+    ]:
+        with pytest.raises(ValueError, match=msg):
+            call(**kw)
