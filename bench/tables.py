@@ -87,11 +87,21 @@ def moe(path: str) -> str:
         t_e, t_g = g.get(("transformers_bf16", "eager"), {}), g.get(("transformers_bf16", "graph"), {})
         t = f"{t_e['fwd_bwd_us']:.0f}" if t_e.get("fwd_bwd_us") else "-"
         t += f" ({t_g['fwd_bwd_us']:.0f})" if t_g.get("fwd_bwd_us") else ""
+        cached = g.get(("mxmoe_tile128_cached", "eager"), {})
+        peak_t = t_e.get("peak_mib")
+        peaks = [f"{g[(i, 'eager')]['peak_mib'] / peak_t:.2f}x"
+                 if peak_t and g.get((i, "eager"), {}).get("peak_mib") else "-" for i in impls]
         summary.append([cfg, tokens, t] + [cell(g, i, "ratio_vs_transformers") for i in impls]
-                       + [cell(g, i, "ratio_vs_mxmoe_bf16") for i in impls[1:]])
+                       + [cell(g, i, "ratio_vs_mxmoe_bf16") for i in impls[1:]]
+                       + [_x(cached.get("ratio_vs_transformers")), _x(cached.get("ratio_vs_mxmoe_bf16"))] + peaks)
     text.append(_md(["config", "tokens", "transformers bf16 us", "mxmoe bf16", "mxmoe tile128", "mxmoe exact",
-                     "tile128 vs mxmoe bf16", "exact vs mxmoe bf16"], summary))
-    text.append("\nfwd+bwd ratios vs transformers' bf16 in the same run (eager; graph in brackets); > 1 is faster.\n")
+                     "tile128 vs mxmoe bf16", "exact vs mxmoe bf16", "tile128 cached W", "cached W vs mxmoe bf16",
+                     "peak bf16", "peak tile128", "peak exact"], summary))
+    text.append("\nfwd+bwd ratios vs transformers' bf16 in the same run (eager; graph in brackets); > 1 is faster. "
+                "Every step writes the weights first (one micro-batch per optimizer step: the weights are "
+                "re-quantized every step), except 'tile128 cached W' (eager): micro-batches 2..N of a "
+                "gradient-accumulation step, weights' FP8 forms from the weight cache. Peak: the step's peak "
+                "allocation over transformers'.\n")
     full = []
     for r in rows:
         f = lambda k, fmt="{:.0f}": fmt.format(r[k]) if r.get(k) is not None else "-"

@@ -47,6 +47,7 @@ import torch
 from torch import Tensor
 
 from . import ops, weight_cache
+from ._lib import build_info
 from .backends import row_groups
 from .recipes import get_recipe
 
@@ -88,11 +89,6 @@ def _layout(layout) -> int:
 
 
 # ---- the pieces every path shares ------------------------------------------------------------------
-
-
-def _no_source():
-    """The source arguments of a phase op whose input needs none (GATHER without scale fills its own)."""
-    return 1, 0, 1.0, 0.0, 0.0  # k, layout, alpha, limit, up_offset
 
 
 def _act_args(act: Swiglu, layout: int):
@@ -385,9 +381,8 @@ def _path(recipe, device: torch.device, backend: str) -> str:
         raise ValueError(f"backend: expected 'auto', 'fused' or 'composed', got {backend!r}")
     if device.type == "cuda":
         from .sm90 import is_sm90
-        from ._lib import build_info
 
-        fused_ok = is_sm90(device) and (not r.w_tile128 or build_info()["tile128_gemm"])
+        fused_ok = is_sm90(device) and (not r.w_tile128 or _TILE128_GEMM)
         if not fused_ok:
             if backend == "fused":
                 raise NotImplementedError(f"backend='fused': the fused {r.name} layer needs a Hopper GPU (sm_90) "
@@ -401,6 +396,8 @@ def _path(recipe, device: torch.device, backend: str) -> str:
 
 
 _FUNCTIONS = {"tile128": _Tile128, "exact": _Exact, "bf16": _Bf16}
+# Read once at import (an op returning a str cannot be traced by torch.compile).
+_TILE128_GEMM = bool(build_info()["tile128_gemm"])
 
 
 def moe_experts(
