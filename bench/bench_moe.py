@@ -122,13 +122,14 @@ def runs_for(configs: List[str], tokens_spec: str) -> List[Tuple[str, int]]:
 # ---- environment --------------------------------------------------------------------------------
 
 def env_info(device: torch.device) -> dict:
-    commit = ""
+    # MXMOE_COMMIT first: the device machine's copy of the tree may carry an older .git than the commit
+    # it was copied from.
+    commit = os.environ.get("MXMOE_COMMIT", "")
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10).stdout.strip()
+        commit = commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                          cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
-    commit = commit or os.environ.get("MXMOE_COMMIT", "")  # set by the caller where the tree has no .git
     clocks = ""
     if device.type == "cuda":
         try:
