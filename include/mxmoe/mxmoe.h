@@ -258,9 +258,11 @@ MXMOE_API mxmoe_status mxmoe_quantize_fused(const mxmoe_tensor* x, const mxmoe_t
  * `src` as the quantizer reads it, so no intermediate copy is written:
  *   MXMOE_SOURCE_GATHER           x[r, :] = a[perm[r] / k, :], times row_scale.flat[perm[r]] when
  *                                 given (fp32 product rounded once to a's dtype, RNE).
- *                                 a (T, C) bf16|f32; perm (R,) int32, values clamped into [0, T*k);
- *                                 row_scale optional (T, k) f32. The MoE dispatch (x -> expert order)
- *                                 and, with the routing weights, the combine's transpose for dY.
+ *                                 a (T, C) bf16|f32; perm (R,) int32, values clamped into [0, T*k)
+ *                                 except negative ones: a row of zeros (padding rows of routed
+ *                                 groups); row_scale optional (T, k) f32. The MoE dispatch (x ->
+ *                                 expert order) and, with the routing weights, the combine's
+ *                                 transpose for dY.
  *   MXMOE_SOURCE_SWIGLU           x = swiglu(a), a = h (R, 2C) bf16 (layout/alpha/limit/up_offset as
  *                                 mxmoe_swiglu), each value rounded once to bf16.
  *   MXMOE_SOURCE_SWIGLU_BACKWARD  x = dh = swiglu_backward(dy = b (R, C/2), h = a (R, C)) bf16.
@@ -378,9 +380,10 @@ MXMOE_API mxmoe_status mxmoe_grouped_mm_tile128_kgroups(const mxmoe_tensor* a,
  *   32-bit keys of ceil(log2(E+1)) bits. It returns -1 on error (message in mxmoe_last_error()).
  *
  * mxmoe_moe_gather: out[r, :] = x[perm[r] / k, :]   (times row_scale.flat[perm[r]] when given)
- *   x (T, H) bf16|f32; perm (T*k,) int32, values clamped into [0, T*k); row_scale optional (T, k)
- *   f32|bf16; out (T*k, H) bf16|f32. The product is one fp32 multiply, rounded once (RNE) to out's
- *   dtype; without row_scale the values are converted (exact copy for equal dtypes).
+ *   x (T, H) bf16|f32; perm (R,) int32 (R = T*k, or more for padded routing), values clamped into
+ *   [0, T*k) except negative ones, which give a row of zeros (padding rows); row_scale optional
+ *   (T, k) f32|bf16; out (R, H) bf16|f32. The product is one fp32 multiply, rounded once (RNE) to
+ *   out's dtype; without row_scale the values are converted (exact copy for equal dtypes).
  *
  * mxmoe_moe_combine: out[t, :] = sum_{j = 0..k-1, in this order} w[t, j] * y[inv[t, j], :]
  *   y (N, H) bf16|f32 (N >= 1 when T*k > 0); inv (T, k) int32, values clamped into [0, N); weights

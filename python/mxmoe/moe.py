@@ -7,6 +7,8 @@ nothing waits on the host):
   routing   moe_routing(topk_idx, E): offs (E,) expert end rows, perm (N,) sorted row -> entry t*k+j,
             inv (T, k) entry -> row. Ids outside [0, E) are dropped: their rows sit after offs[-1],
             the GEMMs write them as 0, so they add nothing and get no grad.
+  (tile128: align_routing pads each expert's rows to a multiple of 16 with zero rows, so that the
+            wgrad GEMM reads every group in place)
   GEMM1     h = dispatch(x) @ w13[e]^T (+ bias13)   dispatch = the gather of x's rows, quantized by the
                                                     GEMM's quantizer as it reads them (no copy of x)
   GEMM2     o = act(h) @ w2[e]^T (+ bias2)          act (SwiGLU) computed by GEMM2's quantizer as it
@@ -95,6 +97,27 @@ def _act_args(act: Swiglu, layout: int):
     return 1, layout, act.alpha, act.limit, act.up_offset
 
 
+WGRAD_ALIGN = 16  # the tile128 wgrad GEMM reads a token group in place when it starts at a multiple of 16
+
+
+def align_routing(offs: Tensor, perm: Tensor, inv: Tensor, align: int):
+    """moe_routing's layout with every expert's rows padded to a multiple of `align`: group e keeps its
+    rows in order at the start of its padded range, padding rows (perm -1) follow and are read as
+    zeros, the dropped entries come after the last group. Returns (offs, perm, inv) of the padded
+    layout: perm has a static T*k + (align-1)*E rows rounded up to `align` (no host sync). The tile128
+    wgrad GEMM then reads every group in place instead of copying it to an aligned start."""
+    n, E = perm.shape[0], offs.shape[0]
+    cap = (n + (align - 1) * E + align - 1) // align * align
+    counts = torch.diff(offs, prepend=offs.new_zeros(1))
+    ends = torch.cumsum((counts + (align - 1)) // align * align, 0, dtype=torch.int32)
+    # Each group's rows move by (padded start - start); the dropped ones by the total padding.
+    shift = torch.cat([ends - (counts + (align - 1)) // align * align - (offs - counts), ends[-1:] - offs[-1:]])
+    rows = torch.arange(n, device=perm.device, dtype=torch.int32)
+    pos = rows + shift[torch.searchsorted(offs, rows, right=True)]
+    perm_al = torch.full((cap,), -1, dtype=torch.int32, device=perm.device).scatter_(0, pos.long(), perm)
+    return ends, perm_al, pos[inv.long()]
+
+
 def _add_bias(out: Tensor, bias: Optional[Tensor], offs: Tensor) -> Tensor:
     """out + bias[g] on group g's rows (fp32, then out's dtype); rows past the groups stay 0."""
     if bias is None:
@@ -122,7 +145,7 @@ class _Tile128(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, topk_idx, topk_w, w13, w2, b13, b2, mode: int, act: Swiglu, layout: int):
         k, E = topk_idx.shape[1], w13.shape[0]
-        offs, perm, inv = ops.moe_routing(topk_idx, E)
+        offs, perm, inv = align_routing(*ops.moe_routing(topk_idx, E), WGRAD_ALIGN)
         need_w13, need_w2 = ctx.needs_input_grad[3], ctx.needs_input_grad[4]
         form = lambda t: ops.sm90_tile128_weight(t, mode)  # noqa: E731
         w13_q, w13_s, w13_qt, w13_st = weight_cache.quantized(w13, ("sm90_tile128", mode), form)

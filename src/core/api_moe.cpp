@@ -191,7 +191,11 @@ mxmoe_status mxmoe_moe_gather(const mxmoe_tensor* x_, const mxmoe_tensor* perm_,
   check_backend(x.device, "x");
   const int64_t T = x.shape[0], H = x.shape[1];
   if (k < 0) fail("k: expected >= 0, got ", k);
-  const int64_t N = entries(T, k, "k");
+  entries(T, k, "k");  // T * k in range
+  const mxmoe_tensor& perm_any = require(perm_, "perm");
+  check_ndim(perm_any, "perm", {1});
+  const int64_t N = perm_any.shape[0];  // any number of rows (padded routing: more than T * k)
+  if (N > kMaxIndex) fail("perm: expected fewer than 2^31 rows, got ", N);
   const mxmoe_tensor& perm = index_tensor(perm_, "perm", {N}, x.device);
   check_factor(row_scale_, "row_scale", T, k, x.device);
   const mxmoe_tensor& out = output(out_, "out", {MXMOE_DTYPE_BF16, MXMOE_DTYPE_F32}, {N, H}, x.device);

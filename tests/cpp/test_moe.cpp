@@ -298,20 +298,23 @@ TEST(MoeGather, MatchesScalarLoop) {
           SCOPED_TRACE("H=" + std::to_string(H) + " x=" + std::to_string(xd) + " out=" + std::to_string(od) +
                        " scale=" + std::to_string(sk));
           Buffer x = randn({T, H}, xd, 1, 3.f);
-          // A permutation with a few out-of-range entries (clamped into [0, N)).
-          std::vector<int32_t> pv(N);
-          std::iota(pv.begin(), pv.end(), 0);
+          // A permutation with padding rows (negative: zeros) and an out-of-range entry (clamped into
+          // [0, N)), longer than T*k as the tile128 layer's 16-aligned routing is.
+          const int64_t R = N + 5;
+          std::vector<int32_t> pv(R, -1);
+          std::iota(pv.begin(), pv.begin() + N, 0);
           std::shuffle(pv.begin(), pv.end(), std::mt19937(5));
           pv[2] = -7;
-          pv[N - 1] = 1000;
-          Buffer perm = i32_vec(pv, {N});
+          pv[R - 1] = 1000;
+          Buffer perm = i32_vec(pv, {R});
           Buffer scale = sk < 0 ? Buffer() : randn({T, K}, static_cast<mxmoe_dtype>(sk), 2);
-          Buffer out = poisoned({N, H}, od);
+          Buffer out = poisoned({R, H}, od);
           mxmoe_tensor xv = x.view(), permv = perm.view(), sv = scale.view(), outv = out.view();
           ASSERT_EQ(mxmoe_moe_gather(&xv, &permv, K, sk < 0 ? nullptr : &sv, &outv, nullptr), MXMOE_OK)
               << mxmoe_last_error();
-          std::vector<float> want(N * H);
-          for (int64_t r = 0; r < N; ++r) {
+          std::vector<float> want(R * H, 0.0f);
+          for (int64_t r = 0; r < R; ++r) {
+            if (pv[r] < 0) continue;  // a padding row: zeros
             const int64_t src = clampi(pv[r], N);
             for (int64_t h = 0; h < H; ++h) {
               float v = x.get((src / K) * H + h);
@@ -364,8 +367,11 @@ TEST(MoeGather, EmptyAndBadInput) {
   ASSERT_EQ(call([](auto&...) {})(), MXMOE_OK) << mxmoe_last_error();
   expect_rejected(call([](mxmoe_tensor& x, auto&...) { x.dtype = MXMOE_DTYPE_I32; }), "x", outs, "x dtype");
   expect_rejected(call([](mxmoe_tensor& x, auto&...) { x.strides[0] = 9; x.shape[0] = 3; }), "x", outs, "x strided");
-  expect_rejected(call([](mxmoe_tensor&, mxmoe_tensor& p, auto&...) { p.shape[0] = 6; }), "perm", outs, "perm shape");
-  expect_rejected(call([](mxmoe_tensor&, mxmoe_tensor&, int64_t& k, auto&...) { k = 3; }), "perm", outs, "k = 3");
+  expect_rejected(call([](mxmoe_tensor&, mxmoe_tensor& p, auto&...) { p.dtype = MXMOE_DTYPE_F32; }), "perm", outs,
+                  "perm dtype");
+  // perm may have any number of rows (padded routing); out must have as many.
+  expect_rejected(call([](mxmoe_tensor&, mxmoe_tensor& p, auto&...) { p.shape[0] = 6; }), "out", outs,
+                  "out rows != perm rows");
   expect_rejected(call([](mxmoe_tensor&, mxmoe_tensor&, int64_t& k, auto&...) { k = -1; }), "k", outs, "k < 0");
   expect_rejected(call([](mxmoe_tensor&, mxmoe_tensor&, int64_t& k, auto&...) { k = int64_t(1) << 40; }), "k", outs,
                   "T*k overflow");

@@ -33,10 +33,12 @@ def ref_routing(topk_idx, e):
 
 
 def ref_gather(x, perm, k, row_scale, out_dtype):
-    src = perm.long().clamp(0, perm.numel() - 1)
+    """Negative entries: padding rows of zeros; others clamped into [0, T*k)."""
+    src = perm.long().clamp(0, x.shape[0] * k - 1)
     v = x[src // k].float()
     if row_scale is not None:
         v = v * row_scale.reshape(-1)[src].float()[:, None]
+    v[perm < 0] = 0
     return v.to(out_dtype)
 
 
@@ -122,7 +124,7 @@ def test_gather_matches_indexing(h, x_dtype, out_dtype, scale_dtype):
     t, k = 9, 3
     x = torch.randn(t, h, dtype=x_dtype)
     perm = torch.randperm(t * k, dtype=torch.int32)
-    perm[1], perm[-1] = -4, 10 ** 6  # clamped into [0, T*k)
+    perm[1], perm[-1] = -4, 10 ** 6  # a padding row (zeros); clamped into [0, T*k)
     scale = None if scale_dtype is None else torch.rand(t, k, dtype=scale_dtype)
     out = ops.moe_gather(x, perm, k, scale, out_dtype)
     assert out.dtype == out_dtype and out.shape == (t * k, h)
@@ -140,6 +142,16 @@ def test_combine_matches_fp32_loop(h, y_dtype, out_dtype, w_dtype):
     w = None if w_dtype is None else torch.rand(t, k, dtype=w_dtype)
     out = ops.moe_combine(y, inv, w, out_dtype)
     assert torch.equal(out, ref_combine(y, inv, w, out_dtype))
+
+
+def test_gather_padded_rows():
+    # perm longer than T*k with -1 padding rows (the tile128 layer's 16-aligned groups).
+    x = torch.randn(5, 16)
+    perm = torch.tensor([3, -1, -1, 0, 9, -1, 2, 1], dtype=torch.int32)
+    out = ops.moe_gather(x, perm, 2, None, F32)
+    assert out.shape == (8, 16)
+    for r, p in enumerate(perm.tolist()):
+        assert torch.equal(out[r], torch.zeros(16) if p < 0 else x[p // 2])
 
 
 def test_round_trip_through_routing():
@@ -217,7 +229,8 @@ def test_swiglu_backward_matches_autograd(params, dtype):
         (lambda: ops.moe_routing(torch.zeros(4, 2), 4), "topk_idx"),
         (lambda: ops.moe_routing(torch.zeros(4, 2, dtype=torch.int32), 0), "num_experts"),
         (lambda: ops.moe_routing(torch.zeros(8, dtype=torch.int32), 4), "topk_idx"),
-        (lambda: ops.moe_gather(torch.randn(4, 8), torch.arange(6, dtype=torch.int32), 2, None, F32), "perm"),
+        (lambda: ops.moe_gather(torch.randn(4, 8), torch.arange(6, dtype=torch.int32).view(2, 3), 2, None, F32),
+         "perm"),
         (lambda: ops.moe_gather(torch.randn(4, 8), torch.arange(8), 2, None, F32), "perm"),
         (lambda: ops.moe_gather(torch.randn(4, 8), torch.arange(8, dtype=torch.int32), 2, torch.ones(4, 3), F32),
          "row_scale"),

@@ -130,7 +130,8 @@ std::vector<uint8_t> materialize(const FusedSource& s, int64_t R, int64_t C) {
     const float* rs = s.row_scale.present ? static_cast<const float*>(s.row_scale.t.data) : nullptr;
     const int64_t n = s.a.shape[0] * s.k;
     for (int64_t r = 0; r < R; ++r) {
-      const int64_t e = std::min<int64_t>(std::max<int64_t>(perm[r], 0), n - 1);  // clamped, never OOB
+      if (perm[r] < 0 || n == 0) continue;  // a padding row: zeros (buf starts zeroed)
+      const int64_t e = std::min<int64_t>(perm[r], n - 1);  // clamped, never OOB
       const int64_t src = e / s.k;
       for (int64_t c = 0; c < C; ++c) {
         const float v = get(s.a, src * C + c);

@@ -77,7 +77,7 @@ void moe_routing(const MoeRoutingArgs& a) {
 }
 
 void moe_gather(const MoeGatherArgs& a) {
-  const int64_t H = a.x.shape[1], n = a.perm.shape[0], K = a.k;
+  const int64_t H = a.x.shape[1], n = a.perm.shape[0], K = a.k, nk = a.x.shape[0] * a.k;
   if (n == 0 || H == 0) return;
   const auto* perm = static_cast<const int32_t*>(a.perm.data);
   const bool copy = !a.row_scale.present && a.x.dtype == a.out.dtype;
@@ -86,9 +86,13 @@ void moe_gather(const MoeGatherArgs& a) {
     with_output(a.out, [&](auto out) {
       parallel_for(n, row_grain(H), [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
-          const int64_t src = clamp_index(perm[r], n);
-          const auto* xr = x + (src / K) * H;
           auto* o = out + r * H;
+          if (perm[r] < 0 || nk == 0) {  // a padding row: zeros
+            std::memset(o, 0, static_cast<size_t>(H * dtype_size(a.out.dtype)));
+            continue;
+          }
+          const int64_t src = clamp_index(perm[r], nk);
+          const auto* xr = x + (src / K) * H;
           if (copy) {
             std::memcpy(o, xr, static_cast<size_t>(row_bytes));  // the same bits, NaN payloads included
           } else if (a.row_scale.present) {

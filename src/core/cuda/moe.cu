@@ -204,15 +204,23 @@ unsigned grid_1d(int64_t n, int device) {
 // ==== gather ==========================================================================================
 
 template <bool kVec, class TX, class TO, class TS>
-__global__ void gather_kernel(const TX* __restrict__ x, const int32_t* __restrict__ perm, int64_t n, int64_t k,
-                              const TS* __restrict__ scale, TO* __restrict__ out, int64_t H) {
+__global__ void gather_kernel(const TX* __restrict__ x, const int32_t* __restrict__ perm, int64_t n, int64_t nk,
+                              int64_t k, const TS* __restrict__ scale, TO* __restrict__ out, int64_t H) {
   constexpr bool kScale = !std::is_same<TS, NoFactor>::value;
   constexpr bool kCopy = !kScale && std::is_same<TX, TO>::value;
   const int64_t units = kVec ? H / 8 : H;
   MXMOE_ROWS_LOOP(n) {
-    const int64_t src = clamp_index(__ldg(perm + r), n);
-    const TX* xr = x + (src / k) * H;
+    const int32_t pr = __ldg(perm + r);
     TO* o = out + r * H;
+    if (pr < 0 || nk == 0) {  // a padding row: zeros (uniform over the row's threads)
+      MXMOE_UNITS_LOOP(u, kVec ? H * static_cast<int64_t>(sizeof(TO)) / 16 : H) {
+        if constexpr (kVec) reinterpret_cast<uint4*>(o)[u] = make_uint4(0, 0, 0, 0);
+        else o[u] = TO(0);
+      }
+      continue;
+    }
+    const int64_t src = clamp_index(pr, nk);
+    const TX* xr = x + (src / k) * H;
     float s = 1.0f;
     if constexpr (kScale) s = factor(scale, src);
     MXMOE_UNITS_LOOP(u, units) {
@@ -501,8 +509,9 @@ void moe_gather(const MoeGatherArgs& a) {
         using TX = std::remove_const_t<std::remove_pointer_t<decltype(x)>>;
         using TO = std::remove_pointer_t<decltype(out)>;
         using TS = std::remove_const_t<std::remove_pointer_t<decltype(scale)>>;
-        if (vec) gather_kernel<true, TX, TO, TS><<<t.grid, t.block, 0, s>>>(x, perm, n, a.k, scale, out, H);
-        else gather_kernel<false, TX, TO, TS><<<t.grid, t.block, 0, s>>>(x, perm, n, a.k, scale, out, H);
+        const int64_t nk = a.x.shape[0] * a.k;
+        if (vec) gather_kernel<true, TX, TO, TS><<<t.grid, t.block, 0, s>>>(x, perm, n, nk, a.k, scale, out, H);
+        else gather_kernel<false, TX, TO, TS><<<t.grid, t.block, 0, s>>>(x, perm, n, nk, a.k, scale, out, H);
       });
     });
   });

@@ -77,7 +77,7 @@ struct Params {
   const uint16_t* src_dy = nullptr;  // SWIGLU_BACKWARD: dy (R, C/2) bf16
   const int32_t* perm = nullptr;   // GATHER
   const float* row_scale = nullptr;
-  long long k = 1, perm_n = 1;     // GATHER: entries per row of x; rows of x * k
+  long long k = 1, perm_n = 1;     // GATHER: entries per row of x; rows of x * k (0: all rows zero)
   SwigluParams act{};
 };
 
@@ -493,7 +493,9 @@ template <typename In>
 __device__ __forceinline__ void load_source_row(const Params& P, Frag<In>& f, int i, long long r, long long c,
                                                 int cvalid) {
   if (P.src == MXMOE_SOURCE_GATHER) {
-    const long long e = min(max(static_cast<long long>(__ldg(P.perm + r)), 0LL), P.perm_n - 1);  // clamped
+    const int32_t pr = __ldg(P.perm + r);
+    if (pr < 0 || P.perm_n == 0) return;  // a padding row (or nothing to gather): f's row stays zero
+    const long long e = min(static_cast<long long>(pr), P.perm_n - 1);  // clamped
     f.load(i, static_cast<const In*>(P.x) + (e / P.k) * P.C + c, cvalid, P.x_vec);
     if (P.row_scale != nullptr) {
       const float sc = __ldg(P.row_scale + e);
@@ -2077,7 +2079,7 @@ void quantize_fused(const FusedArgs& a) {
   p.perm = s.perm.present ? static_cast<const int32_t*>(s.perm.t.data) : nullptr;
   p.row_scale = s.row_scale.present ? static_cast<const float*>(s.row_scale.t.data) : nullptr;
   p.k = s.k;
-  p.perm_n = s.kind == MXMOE_SOURCE_GATHER ? std::max<int64_t>(1, s.a.shape[0] * s.k) : 1;
+  p.perm_n = s.kind == MXMOE_SOURCE_GATHER ? s.a.shape[0] * s.k : 1;
   p.act = SwigluParams{s.layout, s.alpha, s.limit, s.up_offset};
   mxmoe_tensor x = a.x;
   x.data = s.a.data;  // launch() reads the pointer, dtype and (logical) shape
