@@ -41,7 +41,6 @@ A benchmark, not a test: nothing here asserts a time.
 from __future__ import annotations
 
 import argparse
-import datetime
 import inspect
 import json
 import os
@@ -121,30 +120,9 @@ def runs_for(configs: List[str], tokens_spec: str) -> List[Tuple[str, int]]:
 
 # ---- environment --------------------------------------------------------------------------------
 
-def env_info(device: torch.device) -> dict:
-    # MXMOE_COMMIT first: the device machine's copy of the tree may carry an older .git than the commit
-    # it was copied from.
-    commit = os.environ.get("MXMOE_COMMIT", "")
-    try:
-        commit = commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                          cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    clocks = ""
-    if device.type == "cuda":
-        try:
-            clocks = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.mem", "--format=csv,noheader",
-                                     f"--id={device.index or 0}"], capture_output=True, text=True,
-                                    timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": commit,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "clocks": clocks,
-        "torch": torch.__version__,
-    }
+# date, commit (MXMOE_COMMIT first), device, clocks, torch: the host benchmark's definition.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_host import env_info  # noqa: E402
 
 
 # ---- the transformers baseline ------------------------------------------------------------------

@@ -21,16 +21,17 @@ Saved for backward: h (bf16: SwiGLU's inputs), o (bf16: the routing weights' gra
 operands of dispatch(x) and act(h), and the routing; the weights' FP8 forms live in the weight cache
 (mxmoe/weight_cache.py: once per optimizer step).
 
-One autograd Function per path, chosen once per call (_path):
+Paths, chosen once per call (_path); tile128 and exact are one autograd Function (_FusedMX) over
+their recipe family's phase ops:
   tile128  recipe mxfp8_rceil_tile128 on Hopper (FP8 tensor cores) or CPU (the exact reference GEMMs):
-           the moe_tile128_* phase ops;
-  exact    mxfp8_rceil / mxfp8_floor on Hopper (on CPU with backend='fused'): the moe_exact_* phase
-           ops (MX round trips + bf16 GEMMs, as the sm90 backend's exact recipes);
+           _Tile128Phases, the moe_tile128_* phase ops;
+  exact    mxfp8_rceil / mxfp8_floor on Hopper (on CPU with backend='fused'): _ExactPhases, the
+           moe_exact_* phase ops (MX round trips + bf16 GEMMs, as the sm90 backend's exact recipes);
   bf16     recipe=None: the same fused data flow unquantized (torch._grouped_mm), the apples-to-apples
            baseline;
   composed everything else (other GPUs, exact recipes on CPU, mxfp8_rceil_wgrad_with_hp, backend
-           overrides): mxmoe.grouped_mm
-           between differentiable gather / SwiGLU / combine ops (materializes the bf16 intermediates).
+           overrides): mxmoe.grouped_mm between differentiable gather / SwiGLU / combine ops
+           (materializes the bf16 intermediates).
 
 Layouts: w13 (E, 2I, H) and w2 (E, H, I), the layouts of transformers 5's gate_up_proj / down_proj.
 layout="concatenated": w13[:, :I] is the gate and w13[:, I:] the up projection (transformers'
@@ -138,33 +139,80 @@ def _cast(t: Optional[Tensor], dtype) -> Optional[Tensor]:
     return t if t is None or t.dtype == dtype else t.to(dtype)
 
 
-# ---- tile128 on FP8 tensor cores (Hopper) or the CPU reference --------------------------------------
+# ---- the fused MX paths: one data flow, the recipe family's phase ops ----------------------------
 
 
-class _Tile128(torch.autograd.Function):
+class _Tile128Phases:
+    """tile128 on FP8 tensor cores (Hopper) or the CPU reference: the moe_tile128_* phase ops."""
+
     @staticmethod
-    def forward(ctx, x, topk_idx, topk_w, w13, w2, b13, b2, mode: int, act: Swiglu, layout: int):
+    def routing(topk_idx, E):
+        return align_routing(*ops.moe_routing(topk_idx, E), WGRAD_ALIGN)
+
+    @staticmethod
+    def weights(w, mode):
+        q, s, qt, st = weight_cache.quantized(w, ("sm90_tile128", mode), lambda t: ops.sm90_tile128_weight(t, mode))
+        return (q, s), (qt, st)  # forward (along K), dgrad (along N)
+
+    @staticmethod
+    def forward(src, fwd, offs, bias, mode, want_col):
+        return ops.moe_tile128_forward(*src, *fwd, offs, bias, mode, BF16, want_col)
+
+    @staticmethod
+    def backward(src, bwd, a_q, a_s, offs, mode, need_da, need_dw, w_dtype):
+        return ops.moe_tile128_backward(*src, *bwd, a_q, a_s, offs, mode, need_da, need_dw, BF16, w_dtype)
+
+
+class _ExactPhases:
+    """Exact recipes (MX round trips + bf16 GEMMs, as the sm90 backend): the moe_exact_* phase ops."""
+
+    @staticmethod
+    def routing(topk_idx, E):
+        return ops.moe_routing(topk_idx, E)  # the bf16 GEMMs read groups at any row
+
+    @staticmethod
+    def weights(w, mode):
+        dq, q, s = weight_cache.quantized(w, ("sm90_exact", mode), lambda t: ops.sm90_exact_weight(t, mode))
+        return (dq,), (q, s)
+
+    @staticmethod
+    def forward(src, fwd, offs, bias, mode, want_col):
+        out, a_q, a_s = ops.moe_exact_forward(*src, *fwd, offs, mode, want_col)
+        return _add_bias(out, bias, offs), a_q, a_s
+
+    @staticmethod
+    def backward(src, bwd, a_q, a_s, offs, mode, need_da, need_dw, w_dtype):
+        da, dw = ops.moe_exact_backward(*src, *bwd, a_q, a_s, offs, mode, need_da, need_dw)
+        return da, _cast(dw, w_dtype)
+
+
+def _gather_src(x, perm, k, row_scale=None):
+    return (GATHER, x, None, perm, row_scale, k, 0, 1.0, 0.0, 0.0)
+
+
+class _FusedMX(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, topk_idx, topk_w, w13, w2, b13, b2, mode: int, act: Swiglu, layout: int, phases):
         k, E = topk_idx.shape[1], w13.shape[0]
-        offs, perm, inv = align_routing(*ops.moe_routing(topk_idx, E), WGRAD_ALIGN)
+        offs, perm, inv = phases.routing(topk_idx, E)
         need_w13, need_w2 = ctx.needs_input_grad[3], ctx.needs_input_grad[4]
-        form = lambda t: ops.sm90_tile128_weight(t, mode)  # noqa: E731
-        w13_q, w13_s, w13_qt, w13_st = weight_cache.quantized(w13, ("sm90_tile128", mode), form)
-        w2_q, w2_s, w2_qt, w2_st = weight_cache.quantized(w2, ("sm90_tile128", mode), form)
+        w13_f, w13_b = phases.weights(w13, mode)
+        w2_f, w2_b = phases.weights(w2, mode)
         # GEMM1 on the dispatched rows of x (gathered and quantized in one pass).
-        h, x_qt, x_st = ops.moe_tile128_forward(GATHER, x, None, perm, None, k, 0, 1.0, 0.0, 0.0, w13_q, w13_s,
-                                                offs, b13, mode, BF16, need_w13)
+        h, x_q, x_s = phases.forward(_gather_src(x, perm, k), w13_f, offs, b13, mode, need_w13)
         # GEMM2 on act(h), computed by its quantizer.
-        o, y_qt, y_st = ops.moe_tile128_forward(SWIGLU, h, None, None, None, *_act_args(act, layout), w2_q, w2_s,
-                                                offs, b2, mode, BF16, need_w2)
+        swiglu_src = (SWIGLU, h, None, None, None, *_act_args(act, layout))
+        o, y_q, y_s = phases.forward(swiglu_src, w2_f, offs, b2, mode, need_w2)
         out = ops.moe_combine(o, inv, topk_w, x.dtype)
-        ctx.save_for_backward(h, o, x_qt, x_st, y_qt, y_st, w13_qt, w13_st, w2_qt, w2_st, offs, perm, inv, topk_w)
-        ctx.cfg = (k, mode, act, layout, x.dtype, w13.dtype, w2.dtype, _dtype(b13), _dtype(b2))
+        ctx.save_for_backward(h, o, x_q, x_s, y_q, y_s, *w13_b, *w2_b, offs, perm, inv, topk_w)
+        ctx.cfg = (k, mode, act, layout, x.dtype, w13.dtype, w2.dtype, _dtype(b13), _dtype(b2), phases, len(w13_b))
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        h, o, x_qt, x_st, y_qt, y_st, w13_qt, w13_st, w2_qt, w2_st, offs, perm, inv, topk_w = ctx.saved_tensors
-        k, mode, act, layout, x_dtype, w13_dtype, w2_dtype, b13, b2 = ctx.cfg
+        k, mode, act, layout, x_dtype, w13_dtype, w2_dtype, b13, b2, phases, nb = ctx.cfg
+        h, o, x_q, x_s, y_q, y_s, *rest = ctx.saved_tensors
+        w13_b, w2_b, (offs, perm, inv, topk_w) = rest[:nb], rest[nb:2 * nb], rest[2 * nb:]
         need_x, _, need_tw, need_w13, need_w2, need_b13, need_b2 = ctx.needs_input_grad[:7]
         dout = dout.contiguous()
         rs = topk_w.float().contiguous()
@@ -173,72 +221,21 @@ class _Tile128(torch.autograd.Function):
         dx = dw13 = dw2 = db13 = db2 = None
         if need_h or need_w2:
             # dO = w * gather(dout), quantized as read: dY = dO @ w2 (dgrad) and dW2 = dO^T act(h) (wgrad).
-            d_y, dw2 = ops.moe_tile128_backward(GATHER, dout, None, perm, rs, k, 0, 1.0, 0.0, 0.0, w2_qt, w2_st,
-                                                y_qt if need_w2 else None, y_st if need_w2 else None, offs, mode,
-                                                need_h, need_w2, BF16, w2_dtype)
+            d_y, dw2 = phases.backward(_gather_src(dout, perm, k, rs), w2_b, y_q if need_w2 else None,
+                                       y_s if need_w2 else None, offs, mode, need_h, need_w2, w2_dtype)
         if need_b2:
             db2 = _bias_grad(ops.moe_gather(dout, perm, k, rs, F32), offs, b2)
         if need_h:
             # dH = act'(h, dY), quantized as read: dXs = dH @ w13 and dW13 = dH^T dispatch(x).
-            dxs, dw13 = ops.moe_tile128_backward(SWIGLU_BACKWARD, h, d_y, None, None, *_act_args(act, layout), w13_qt,
-                                                 w13_st, x_qt if need_w13 else None, x_st if need_w13 else None,
-                                                 offs, mode, need_x, need_w13, BF16, w13_dtype)
+            dswiglu_src = (SWIGLU_BACKWARD, h, d_y, None, None, *_act_args(act, layout))
+            dxs, dw13 = phases.backward(dswiglu_src, w13_b, x_q if need_w13 else None, x_s if need_w13 else None,
+                                        offs, mode, need_x, need_w13, w13_dtype)
             if need_b13:
                 db13 = _bias_grad(ops.swiglu_backward(d_y, h, layout, act.alpha, act.limit, act.up_offset), offs, b13)
             if need_x:
                 dx = ops.moe_combine(dxs, inv, None, x_dtype)
-        return (dx, None, d_tw, dw13 if need_w13 else None, dw2 if need_w2 else None, db13, db2, None, None, None)
-
-
-# ---- exact recipes (MX round trips + bf16 GEMMs, as the sm90 backend) ------------------------------
-
-
-class _Exact(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, topk_idx, topk_w, w13, w2, b13, b2, mode: int, act: Swiglu, layout: int):
-        k, E = topk_idx.shape[1], w13.shape[0]
-        offs, perm, inv = ops.moe_routing(topk_idx, E)
-        need_w13, need_w2 = ctx.needs_input_grad[3], ctx.needs_input_grad[4]
-        form = lambda t: ops.sm90_exact_weight(t, mode)  # noqa: E731
-        w13_dq, w13_q, w13_s = weight_cache.quantized(w13, ("sm90_exact", mode), form)
-        w2_dq, w2_q, w2_s = weight_cache.quantized(w2, ("sm90_exact", mode), form)
-        h, x_q, x_s = ops.moe_exact_forward(GATHER, x, None, perm, None, k, 0, 1.0, 0.0, 0.0, w13_dq, offs, mode,
-                                            need_w13)
-        h = _add_bias(h, b13, offs)
-        o, y_q, y_s = ops.moe_exact_forward(SWIGLU, h, None, None, None, *_act_args(act, layout), w2_dq, offs, mode,
-                                            need_w2)
-        o = _add_bias(o, b2, offs)
-        out = ops.moe_combine(o, inv, topk_w, x.dtype)
-        ctx.save_for_backward(h, o, x_q, x_s, y_q, y_s, w13_q, w13_s, w2_q, w2_s, offs, perm, inv, topk_w)
-        ctx.cfg = (k, mode, act, layout, x.dtype, w13.dtype, w2.dtype, _dtype(b13), _dtype(b2))
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        h, o, x_q, x_s, y_q, y_s, w13_q, w13_s, w2_q, w2_s, offs, perm, inv, topk_w = ctx.saved_tensors
-        k, mode, act, layout, x_dtype, w13_dtype, w2_dtype, b13, b2 = ctx.cfg
-        need_x, _, need_tw, need_w13, need_w2, need_b13, need_b2 = ctx.needs_input_grad[:7]
-        dout = dout.contiguous()
-        rs = topk_w.float().contiguous()
-        d_tw = ops.moe_combine_weight_grad(dout, o, inv).to(topk_w.dtype) if need_tw else None
-        need_h = need_x or need_w13 or need_b13
-        dx = dw13 = dw2 = db13 = db2 = None
-        if need_h or need_w2:
-            d_y, dw2 = ops.moe_exact_backward(GATHER, dout, None, perm, rs, k, 0, 1.0, 0.0, 0.0, w2_q, w2_s,
-                                              y_q if need_w2 else None, y_s if need_w2 else None, offs, mode, need_h,
-                                              need_w2)
-        if need_b2:
-            db2 = _bias_grad(ops.moe_gather(dout, perm, k, rs, F32), offs, b2)
-        if need_h:
-            dxs, dw13 = ops.moe_exact_backward(SWIGLU_BACKWARD, h, d_y, None, None, *_act_args(act, layout), w13_q,
-                                               w13_s, x_q if need_w13 else None, x_s if need_w13 else None, offs,
-                                               mode, need_x, need_w13)
-            if need_b13:
-                db13 = _bias_grad(ops.swiglu_backward(d_y, h, layout, act.alpha, act.limit, act.up_offset), offs, b13)
-            if need_x:
-                dx = ops.moe_combine(dxs, inv, None, x_dtype)
-        return (dx, None, d_tw, _cast(dw13, w13_dtype) if need_w13 else None,
-                _cast(dw2, w2_dtype) if need_w2 else None, db13, db2, None, None, None)
+        return (dx, None, d_tw, dw13 if need_w13 else None, dw2 if need_w2 else None, db13, db2, None, None, None,
+                None)
 
 
 # ---- bf16: the same fused data flow, unquantized --------------------------------------------------
@@ -418,7 +415,7 @@ def _path(recipe, device: torch.device, backend: str) -> str:
     return "tile128" if r.w_tile128 else "exact"
 
 
-_FUNCTIONS = {"tile128": _Tile128, "exact": _Exact, "bf16": _Bf16}
+_PHASES = {"tile128": _Tile128Phases, "exact": _ExactPhases}
 # Read once at import (an op returning a str cannot be traced by torch.compile).
 _TILE128_GEMM = bool(build_info()["tile128_gemm"])
 
@@ -464,6 +461,7 @@ def moe_experts(
     if path == "composed":
         return _composed(x, topk_idx.contiguous(), topk_weights.contiguous(), w13, w2, bias13, bias2, recipe,
                          grouped_mm_backend, act, lay)
-    mode = 0 if recipe is None else get_recipe(recipe).mode
-    return _FUNCTIONS[path].apply(x.contiguous(), topk_idx.contiguous(), topk_weights.contiguous(), w13, w2, bias13,
-                                  bias2, mode, act, lay)
+    args = (x.contiguous(), topk_idx.contiguous(), topk_weights.contiguous(), w13, w2, bias13, bias2)
+    if path == "bf16":
+        return _Bf16.apply(*args, 0, act, lay)
+    return _FusedMX.apply(*args, get_recipe(recipe).mode, act, lay, _PHASES[path])
