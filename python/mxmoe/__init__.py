@@ -7,7 +7,10 @@ Public API:
   mxmoe.moe_experts(x, topk_idx, topk_weights, w13, w2, *, recipe, activation, layout, bias13, bias2)
       the fused MoE expert layer (dispatch -> experts with SwiGLU -> combine, FP8 data flow; mxmoe/moe.py)
   mxmoe.nn.MoEExperts(E, H, I, recipe=...)   a module owning w13 (E, 2I, H) and w2 (E, H, I)
-  mxmoe.convert(model, recipe, filter_fn, backend) / mxmoe.unconvert(model)
+  mxmoe.convert(model, recipe, filter_fn, backend) / mxmoe.unconvert(model)   switch a model's experts
+      over (transformers experts, TorchTitan MoE, or a redirect of torch._grouped_mm; conversion.py)
+  experts_implementation="mxmoe"        transformers 5 models (registered at import; integrations/)
+  mxmoe.configure(recipe, backend)      defaults of that implementation
   mxmoe.check_offsets(offs, m)          checked mode (also: env MXMOE_CHECK_OFFSETS=1)
   torch.ops.mxmoe.*                     the core's operations as custom ops (mxmoe.ops)
 
@@ -26,13 +29,16 @@ from . import sm90  # registers the Hopper backend
 from . import sm100  # registers the Blackwell backend (gated by compute capability)
 from ._lib import build_info, has_cuda, library_path, version as core_version
 from .backends import BACKENDS, register_backend
-from .conversion import convert, is_converted, unconvert
+from .conversion import conversion_mechanism, convert, is_converted, unconvert
+from .integrations.transformers import configure, register_when_available as _register_with_transformers
 from .grouped import check_offsets, grouped_mm
 from .moe import moe_experts
 from .mx_tensor import MXTensor, quantize
 from . import nn
 from .recipes import RECIPES, Recipe
 from .weight_cache import refresh_weights, set_weight_cache, weight_cache_info
+
+_register_with_transformers()
 
 __version__ = "0.1.0"
 
@@ -45,6 +51,8 @@ __all__ = [
     "convert",
     "unconvert",
     "is_converted",
+    "conversion_mechanism",
+    "configure",
     "check_offsets",
     "RECIPES",
     "Recipe",

@@ -1,28 +1,34 @@
-"""mxmoe.convert: run an existing MoE model's expert GEMMs through mxmoe without editing its code.
+"""mxmoe.convert: run an existing MoE model's experts through mxmoe without editing its code.
 
-Target pattern (TorchTitan's GroupedExperts and similar): experts hold 3D weight parameters and call
-``torch._grouped_mm(x, self.w1.transpose(-2, -1), offs=offs)``. convert() adds a forward pre-hook and
-a forward hook (always called, also on exceptions) to each matched module; between them a
-TorchFunctionMode is active that redirects every ``torch._grouped_mm`` call whose B operand is 3D (and
-A is 2D with offs given) to ``mxmoe.grouped_mm``. Everything else passes through untouched.
+convert() picks, per module it selects (default: modules that directly own a 3D parameter, i.e. the
+expert weights), the best of three mechanisms:
 
-Parameters stay ordinary nn.Parameters holding plain tensors, so optimizers, state_dict, model.to(),
-FSDP wrapping etc. are unchanged; unconvert() removes the hooks.
+  transformers  an experts module of a transformers 5 model (``@use_experts_implementation``): its
+                forward becomes mxmoe's registered experts implementation (mxmoe/integrations/
+                transformers.py), the whole fused expert layer on the module's own parameters.
+                (For the whole model in one line, without convert: ``experts_implementation="mxmoe"``.)
+  torchtitan    GroupedExperts-shaped weights (3D w1, w2, w3) inside TorchTitan's MoE, or the demo
+                model's MoE: the MoE's routed part runs on the fused layer (mxmoe/integrations/
+                torchtitan.py); router, load-balancing counts and shared experts as before.
+  redirect      anything else whose forward calls ``torch._grouped_mm`` (or ``F.grouped_mm``) on a
+                3D weight: a copy of the module's forward function whose globals see an mxmoe
+                ``torch._grouped_mm`` (2D A, 3D B, offs given -> mxmoe.grouped_mm; other calls go to
+                torch's), so only those calls change and no other torch call pays for an intercept.
+                torch.compile traces the copy like the original.
 
-torch.compile: Dynamo only routes calls through a TorchFunctionMode for functions it considers
-"overridable", a set built from torch.overrides that leaves out private names such as
-torch._grouped_mm. convert() therefore adds torch._grouped_mm to Dynamo's set (a private cache,
-torch._dynamo.variables.torch.get_overridable_functions; present in torch 2.11-2.13), so a compiled
-model redirects exactly like an eager one (tested, fullgraph=True, forward and backward).
+Nothing is added to the parameters or buffers: optimizers, state_dict, model.to(), deepcopy (the
+copy is converted too) see the model as before. Each mechanism is an instance attribute of the
+module it changes; unconvert() removes them. Calling convert() again replaces recipe and backend.
 """
 from __future__ import annotations
 
-import warnings
+import sys
+import types
 from typing import Callable, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from .recipes import get_recipe
 
@@ -33,77 +39,134 @@ def _owns_3d_parameter(module: nn.Module, fqn: str) -> bool:
     return any(p.dim() == 3 for p in module.parameters(recurse=False))
 
 
-class GroupedMMRedirect(TorchFunctionMode):
-    """Redirects torch._grouped_mm(A 2D, B 3D, offs=...) to mxmoe.grouped_mm with a fixed recipe/backend."""
+# ---- redirect: the module's forward with an mxmoe torch._grouped_mm in its globals ---------------
 
-    def __init__(self, recipe: str, backend: str):
-        super().__init__()
-        self.recipe = recipe
-        self.backend = backend
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch._grouped_mm:
-            redirected = self._redirect(*args, **kwargs)
-            if redirected is not None:
-                return redirected
-        return func(*args, **kwargs)
+def _redirecting_grouped_mm(recipe: str, backend: str):
+    real = torch._grouped_mm
 
-    def _redirect(self, mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
         if offs is None or mat_a.dim() != 2 or mat_b.dim() != 3:
-            return None  # not the MoE expert pattern: leave it to torch
-        from .grouped import grouped_mm
+            return real(mat_a, mat_b, offs=offs, bias=bias, out_dtype=out_dtype)  # not the expert pattern
+        from .grouped import grouped_mm as mx_grouped_mm
 
-        return grouped_mm(
-            mat_a,
-            mat_b,
-            offs,
-            recipe=self.recipe,
-            backend=self.backend,
-            bias=bias,
-            out_dtype=out_dtype if out_dtype is not None else mat_a.dtype,
-        )
+        return mx_grouped_mm(mat_a, mat_b, offs, recipe=recipe, backend=backend, bias=bias,
+                             out_dtype=out_dtype if out_dtype is not None else mat_a.dtype)
+
+    return grouped_mm
 
 
-def _enable_dynamo_dispatch() -> None:
-    """Let Dynamo trace torch._grouped_mm through TorchFunctionModes (see the module docstring)."""
-    try:
-        from torch._dynamo.variables import torch as dynamo_torch
+def _module_with(real: types.ModuleType, name: str, fn) -> types.ModuleType:
+    """A module object like ``real`` with ``name`` bound to ``fn`` (real is not modified)."""
+    # Its own name: Dynamo resolves a module called "torch" to torch itself.
+    twin = types.ModuleType(f"mxmoe_redirect.{real.__name__}", real.__doc__)
+    twin.__dict__.update({k: v for k, v in real.__dict__.items() if k not in ("__name__", "__doc__")})
+    setattr(twin, name, fn)
+    return twin
 
-        dynamo_torch.get_overridable_functions().add(torch._grouped_mm)
-        if torch._grouped_mm not in dynamo_torch.get_overridable_functions():
-            raise RuntimeError("the set is not cached in this torch version")
-    except Exception as e:  # pragma: no cover - depends on torch internals
-        warnings.warn(
-            f"mxmoe.convert: could not register torch._grouped_mm with torch._dynamo ({e!r}); converted "
-            "modules work in eager mode, but torch.compile may bypass the redirect",
-            stacklevel=3,
-        )
+
+def _redirected_forward(module: nn.Module, recipe: str, backend: str):
+    """type(module).forward with torch._grouped_mm / F.grouped_mm redirected, or None when its code
+    reaches neither through a global name."""
+    f = type(module).forward
+    f = getattr(f, "__func__", f)
+    code = getattr(f, "__code__", None)
+    if code is None:
+        return None
+    key = (code, recipe, backend)
+    fn = _REDIRECTED.get(key)
+    if fn is None:
+        fn = _REDIRECTED[key] = _redirected_function(f, recipe, backend)
+    return None if fn is None else types.MethodType(fn, module)
+
+
+_REDIRECTED: dict = {}  # (forward's code, recipe, backend) -> its redirected copy (or None)
+
+
+def _redirected_function(f, recipe: str, backend: str):
+    mm = _redirecting_grouped_mm(recipe, backend)
+    # The copy's globals are a registered module of their own (a snapshot of f's module globals):
+    # torch.compile resolves an inlined function's globals through its module's name.
+    home = types.ModuleType(f"mxmoe_redirect_{len(_REDIRECTED)}_{f.__globals__.get('__name__', 'module')}")
+    globs = home.__dict__
+    globs.update({k: v for k, v in f.__globals__.items() if k not in ("__name__", "__spec__", "__loader__")})
+    changed = False
+    for name, value in f.__globals__.items():
+        if name not in f.__code__.co_names:
+            continue
+        if value is torch:
+            globs[name] = _module_with(torch, "_grouped_mm", mm)
+            changed = True
+        elif value is F and hasattr(F, "grouped_mm"):
+            globs[name] = _module_with(F, "grouped_mm", mm)
+            changed = True
+    if not changed:
+        return None
+    sys.modules[home.__name__] = home
+    fn = types.FunctionType(f.__code__, globs, f.__name__, f.__defaults__, f.__closure__)
+    fn.__kwdefaults__ = f.__kwdefaults__
+    fn.__qualname__ = f.__qualname__
+    return fn
+
+
+# ---- per-module state ----------------------------------------------------------------------------
 
 
 class _Conversion:
-    """Per-module state: the mode instances pushed by the pre-hook (a stack, for re-entrant calls)."""
+    """What convert() changed on one selected module, so that unconvert() can undo it."""
 
-    def __init__(self, module: nn.Module, recipe: str, backend: str):
-        self.recipe = recipe
-        self.backend = backend
-        self.active = []
-        self.handles = [
-            module.register_forward_pre_hook(self._enter),
-            module.register_forward_hook(self._exit, always_call=True),
-        ]
-
-    def _enter(self, module, args):
-        mode = GroupedMMRedirect(self.recipe, self.backend)
-        mode.__enter__()
-        self.active.append(mode)
-
-    def _exit(self, module, args, output):
-        self.active.pop().__exit__(None, None, None)
+    def __init__(self, mechanism: str, target: nn.Module, attrs: dict):
+        self.mechanism = mechanism  # "transformers" | "torchtitan" | "demo" | "redirect"
+        self.target = target  # the module whose attributes changed (the experts or their MoE)
+        self.attrs = attrs  # attribute -> previous value (_MISSING: there was none)
 
     def remove(self):
-        for h in self.handles:
-            h.remove()
+        for name, old in self.attrs.items():
+            if old is _MISSING:
+                self.target.__dict__.pop(name, None)
+            else:
+                setattr(self.target, name, old)
+
+    def __deepcopy__(self, memo):
+        # The module copies carry the changed attributes themselves; the record follows its target.
+        import copy
+
+        return _Conversion(self.mechanism, copy.deepcopy(self.target, memo), dict(self.attrs))
+
+
+_MISSING = object()
+
+
+def _set(target: nn.Module, values: dict) -> dict:
+    old = {k: target.__dict__.get(k, _MISSING) for k in values}
+    for k, v in values.items():
+        object.__setattr__(target, k, v)
+    return old
+
+
+def _convert_one(module: nn.Module, parent: Optional[nn.Module], recipe: str, backend: str) -> _Conversion:
+    from .integrations import torchtitan as tt
+    from .integrations import transformers as hf
+
+    if hf.is_transformers_experts(module):
+        hf.experts_spec(module)  # unsupported experts fail here, with the reason
+        attrs = {"forward": types.MethodType(hf.experts_forward, module), "_mxmoe_recipe": recipe,
+                 "_mxmoe_backend": backend}
+        return _Conversion("transformers", module, _set(module, attrs))
+    if parent is not None and getattr(parent, "experts", None) is module and tt.grouped_experts_weights(module):
+        if hasattr(parent, "experts_fn"):  # the demo model's hook
+            fn = tt.demo_experts_fn(recipe, backend)
+            return _Conversion("demo", parent, _set(parent, {"experts_fn": fn}))
+        if tt.is_torchtitan_moe(parent):
+            attrs = {"forward": types.MethodType(tt.moe_forward, parent), "_mxmoe_recipe": recipe,
+                     "_mxmoe_backend": backend}
+            return _Conversion("torchtitan", parent, _set(parent, attrs))
+    fwd = _redirected_forward(module, recipe, backend)
+    if fwd is None:
+        raise ValueError(f"mxmoe.convert: module {type(module).__name__} owns 3D weights but is neither a transformers "
+                         "experts module, nor TorchTitan-shaped (w1, w2, w3), nor calls torch._grouped_mm from its "
+                         "forward; pass filter_fn to leave it out")
+    return _Conversion("redirect", module, _set(module, {"forward": fwd}))
 
 
 def convert(
@@ -112,17 +175,17 @@ def convert(
     filter_fn: Optional[Callable[[nn.Module, str], bool]] = None,
     backend: str = "auto",
 ) -> nn.Module:
-    """Make the model's MoE expert GEMMs (torch._grouped_mm on 3D weights) run through mxmoe.grouped_mm.
+    """Switch the model's MoE experts over to mxmoe (the mechanism per module: the module docstring).
 
     Args:
-      model: any nn.Module; it is modified in place (hooks only) and returned.
+      model: any nn.Module; it is modified in place (instance attributes only) and returned.
       recipe: an mxmoe recipe name (see mxmoe.recipes.RECIPES).
       filter_fn: ``filter_fn(module, fqn) -> bool`` picks the modules to convert; default: modules that
         directly own a 3D parameter (the expert weights).
-      backend: mxmoe backend for the redirected calls ('auto', 'reference', 'emulated').
-    Calls converting an already converted module replace its recipe/backend. Undo with unconvert().
-    Only calls made while a converted module's forward runs are redirected, and only those with a 2D A,
-    a 3D B and offs; the redirected call gets out_dtype = A's dtype unless the call passes one.
+      backend: 'auto', or an mxmoe.grouped_mm backend ('reference', 'emulated', 'sm90', ...): the
+        redirected calls use it, and the fused layer then runs composed on it.
+    Raises ValueError naming the module when a selected module fits no mechanism, or when its experts
+    are not a computation the fused layer implements (transformers experts without a SwiGLU gate).
     """
     get_recipe(recipe)  # validate early
     from .backends import BACKENDS
@@ -132,14 +195,18 @@ def convert(
     if not isinstance(model, nn.Module):
         raise ValueError(f"model: expected an nn.Module, got {type(model).__name__}")
     filter_fn = filter_fn or _owns_3d_parameter
-    _enable_dynamo_dispatch()
-    for fqn, module in model.named_modules():
-        if not filter_fn(module, fqn):
-            continue
-        old = getattr(module, _ATTR, None)
+    recipe_name = get_recipe(recipe).name
+    parents = {}
+    for _, m in model.named_modules():
+        for child in m.children():
+            parents.setdefault(id(child), m)
+    selected = [(fqn, m) for fqn, m in model.named_modules() if filter_fn(m, fqn)]
+    for fqn, module in selected:
+        old = module.__dict__.get(_ATTR)
         if old is not None:
             old.remove()
-        setattr(module, _ATTR, _Conversion(module, get_recipe(recipe).name, backend))
+        conv = _convert_one(module, parents.get(id(module)), recipe_name, backend)
+        object.__setattr__(module, _ATTR, conv)
     return model
 
 
@@ -149,9 +216,15 @@ def unconvert(model: nn.Module) -> nn.Module:
         conv = getattr(module, _ATTR, None)
         if conv is not None:
             conv.remove()
-            delattr(module, _ATTR)
+            module.__dict__.pop(_ATTR, None)
     return model
 
 
 def is_converted(module: nn.Module) -> bool:
-    return getattr(module, _ATTR, None) is not None
+    return module.__dict__.get(_ATTR) is not None
+
+
+def conversion_mechanism(module: nn.Module) -> Optional[str]:
+    """How convert() switched this module over ("transformers", "torchtitan", "demo", "redirect"), or None."""
+    conv = module.__dict__.get(_ATTR)
+    return None if conv is None else conv.mechanism

@@ -151,7 +151,8 @@ class _Tile128Phases:
 
     @staticmethod
     def weights(w, mode):
-        q, s, qt, st = weight_cache.quantized(w, ("sm90_tile128", mode), lambda t: ops.sm90_tile128_weight(t, mode))
+        q, s, qt, st = weight_cache.quantized(w, ("sm90_tile128", mode),
+                                              lambda t: ops.sm90_tile128_weight(_joined(t), mode))
         return (q, s), (qt, st)  # forward (along K), dgrad (along N)
 
     @staticmethod
@@ -172,7 +173,7 @@ class _ExactPhases:
 
     @staticmethod
     def weights(w, mode):
-        dq, q, s = weight_cache.quantized(w, ("sm90_exact", mode), lambda t: ops.sm90_exact_weight(t, mode))
+        dq, q, s = weight_cache.quantized(w, ("sm90_exact", mode), lambda t: ops.sm90_exact_weight(_joined(t), mode))
         return (dq,), (q, s)
 
     @staticmethod
@@ -186,17 +187,32 @@ class _ExactPhases:
         return da, _cast(dw, w_dtype)
 
 
+def _joined(w):
+    """w13 itself, or the (E, 2I, H) concatenation of a (gate, up) pair (TorchTitan's w1, w3)."""
+    return torch.cat(w, dim=1) if isinstance(w, tuple) else w
+
+
+def _split_grad(dw13: Optional[Tensor], w_up: Optional[Tensor]):
+    """dw13, or (d gate, d up) for a pair."""
+    if w_up is None or dw13 is None:
+        return dw13, None
+    i = w_up.shape[1]
+    return dw13[:, :i], dw13[:, i:]
+
+
 def _gather_src(x, perm, k, row_scale=None):
     return (GATHER, x, None, perm, row_scale, k, 0, 1.0, 0.0, 0.0)
 
 
 class _FusedMX(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, topk_idx, topk_w, w13, w2, b13, b2, mode: int, act: Swiglu, layout: int, phases):
+    def forward(ctx, x, topk_idx, topk_w, w13, w2, b13, b2, mode: int, act: Swiglu, layout: int, phases,
+                w_up=None):
+        # w_up: given, w13 is the gate half and w_up the up half (E, I, H) each.
         k, E = topk_idx.shape[1], w13.shape[0]
         offs, perm, inv = phases.routing(topk_idx, E)
-        need_w13, need_w2 = ctx.needs_input_grad[3], ctx.needs_input_grad[4]
-        w13_f, w13_b = phases.weights(w13, mode)
+        need_w13, need_w2 = ctx.needs_input_grad[3] or ctx.needs_input_grad[11], ctx.needs_input_grad[4]
+        w13_f, w13_b = phases.weights(w13 if w_up is None else (w13, w_up), mode)
         w2_f, w2_b = phases.weights(w2, mode)
         # GEMM1 on the dispatched rows of x (gathered and quantized in one pass).
         h, x_q, x_s = phases.forward(_gather_src(x, perm, k), w13_f, offs, b13, mode, need_w13)
@@ -206,6 +222,7 @@ class _FusedMX(torch.autograd.Function):
         out = ops.moe_combine(o, inv, topk_w, x.dtype)
         ctx.save_for_backward(h, o, x_q, x_s, y_q, y_s, *w13_b, *w2_b, offs, perm, inv, topk_w)
         ctx.cfg = (k, mode, act, layout, x.dtype, w13.dtype, w2.dtype, _dtype(b13), _dtype(b2), phases, len(w13_b))
+        ctx.w_up = None if w_up is None else w_up.detach()  # its shape only (for the grad split)
         return out
 
     @staticmethod
@@ -214,6 +231,7 @@ class _FusedMX(torch.autograd.Function):
         h, o, x_q, x_s, y_q, y_s, *rest = ctx.saved_tensors
         w13_b, w2_b, (offs, perm, inv, topk_w) = rest[:nb], rest[nb:2 * nb], rest[2 * nb:]
         need_x, _, need_tw, need_w13, need_w2, need_b13, need_b2 = ctx.needs_input_grad[:7]
+        need_w13 = need_w13 or ctx.needs_input_grad[11]
         dout = dout.contiguous()
         rs = topk_w.float().contiguous()
         d_tw = ops.moe_combine_weight_grad(dout, o, inv).to(topk_w.dtype) if need_tw else None
@@ -234,8 +252,8 @@ class _FusedMX(torch.autograd.Function):
                 db13 = _bias_grad(ops.swiglu_backward(d_y, h, layout, act.alpha, act.limit, act.up_offset), offs, b13)
             if need_x:
                 dx = ops.moe_combine(dxs, inv, None, x_dtype)
-        return (dx, None, d_tw, dw13 if need_w13 else None, dw2 if need_w2 else None, db13, db2, None, None, None,
-                None)
+        dw13, dw_up = _split_grad(dw13 if need_w13 else None, ctx.w_up)
+        return (dx, None, d_tw, dw13, dw2 if need_w2 else None, db13, db2, None, None, None, None, dw_up)
 
 
 # ---- bf16: the same fused data flow, unquantized --------------------------------------------------
@@ -248,10 +266,10 @@ def _mm(a: Tensor, b: Tensor, offs: Tensor) -> Tensor:
 
 class _Bf16(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, topk_idx, topk_w, w13, w2, b13, b2, mode: int, act: Swiglu, layout: int):
+    def forward(ctx, x, topk_idx, topk_w, w13, w2, b13, b2, mode: int, act: Swiglu, layout: int, w_up=None):
         k, E = topk_idx.shape[1], w13.shape[0]
         offs, perm, inv = ops.moe_routing(topk_idx, E)
-        w13b, w2b = _cast(w13, BF16), _cast(w2, BF16)
+        w13b, w2b = _cast(w13 if w_up is None else _joined((w13, w_up)), BF16), _cast(w2, BF16)
         xs = ops.moe_gather(x, perm, k, None, BF16)
         h = _add_bias(_mm(xs, w13b.transpose(-2, -1), offs), b13, offs)
         y = ops.swiglu(h, layout, act.alpha, act.limit, act.up_offset)
@@ -259,6 +277,7 @@ class _Bf16(torch.autograd.Function):
         out = ops.moe_combine(o, inv, topk_w, x.dtype)
         ctx.save_for_backward(xs, h, y, o, w13b, w2b, offs, perm, inv, topk_w)
         ctx.cfg = (k, act, layout, x.dtype, w13.dtype, w2.dtype, _dtype(b13), _dtype(b2))
+        ctx.w_up = None if w_up is None else w_up.detach()
         return out
 
     @staticmethod
@@ -266,6 +285,7 @@ class _Bf16(torch.autograd.Function):
         xs, h, y, o, w13b, w2b, offs, perm, inv, topk_w = ctx.saved_tensors
         k, act, layout, x_dtype, w13_dtype, w2_dtype, b13, b2 = ctx.cfg
         need_x, _, need_tw, need_w13, need_w2, need_b13, need_b2 = ctx.needs_input_grad[:7]
+        need_w13 = need_w13 or ctx.needs_input_grad[10]
         dout = dout.contiguous()
         rs = topk_w.float().contiguous()
         d_tw = ops.moe_combine_weight_grad(dout, o, inv).to(topk_w.dtype) if need_tw else None
@@ -285,7 +305,8 @@ class _Bf16(torch.autograd.Function):
                 db13 = _bias_grad(dh, offs, b13)
             if need_x:
                 dx = ops.moe_combine(_mm(dh, w13b, offs), inv, None, x_dtype)
-        return (dx, None, d_tw, dw13, dw2, db13, db2, None, None, None)
+        dw13, dw_up = _split_grad(dw13, ctx.w_up)
+        return (dx, None, d_tw, dw13, dw2, db13, db2, None, None, None, dw_up)
 
 
 # ---- composed: mxmoe.grouped_mm between differentiable gather / SwiGLU / combine --------------------
@@ -359,7 +380,23 @@ def _desc(t) -> str:
     return f"{str(t.dtype).replace('torch.', '')} tensor of shape {tuple(t.shape)} on {t.device}"
 
 
+def _check_pair(w13):
+    """A (gate, up) pair for w13: two (E, I, H) tensors of one dtype and device."""
+    if len(w13) != 2 or not all(isinstance(t, Tensor) for t in w13):
+        raise ValueError(f"w13: expected a tensor or a (gate, up) pair of tensors, got {len(w13)} items "
+                         f"({', '.join(_desc(t) for t in w13)})")
+    g, u = w13
+    if g.dim() != 3 or u.shape != g.shape or u.dtype != g.dtype or u.device != g.device:
+        raise ValueError(f"w13: expected gate and up weights of one (E, I, H) shape, dtype and device, got a "
+                         f"{_desc(g)} and a {_desc(u)}")
+
+
 def _check(x, topk_idx, topk_w, w13, w2, b13, b2):
+    if isinstance(w13, (tuple, list)):
+        _check_pair(w13)
+        g = w13[0]
+        # The pair's checks below run on the shape it stands for: (E, 2I, H).
+        w13 = g.new_empty((1, 1, 1)).expand(g.shape[0], 2 * g.shape[1], g.shape[2])
     for name, t in (("x", x), ("topk_idx", topk_idx), ("topk_weights", topk_w), ("w13", w13), ("w2", w2)):
         if not isinstance(t, Tensor):
             raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -415,6 +452,14 @@ def _path(recipe, device: torch.device, backend: str) -> str:
     return "tile128" if r.w_tile128 else "exact"
 
 
+def layer_backend_kwargs(backend: str) -> dict:
+    """moe_experts' backend arguments for a backend name that may also be an mxmoe.grouped_mm backend
+    ('reference', 'sm90', ...: the composed layer on it), as convert() and the integrations take it."""
+    if backend in ("auto", "fused", "composed"):
+        return {"backend": backend}
+    return {"backend": "composed", "grouped_mm_backend": backend}
+
+
 _PHASES = {"tile128": _Tile128Phases, "exact": _ExactPhases}
 # Read once at import (an op returning a str cannot be traced by torch.compile).
 _TILE128_GEMM = bool(build_info()["tile128_gemm"])
@@ -445,7 +490,9 @@ def moe_experts(
       topk_idx: (T, k) int32 or int64 expert ids; ids outside [0, E) are dropped (contribute 0, never
         read out of bounds).
       topk_weights: (T, k) bfloat16 or float32 routing weights (used as given: no normalization).
-      w13: (E, 2I, H) gate and up projections; w2: (E, H, I) down projections (bfloat16 or float32).
+      w13: (E, 2I, H) gate and up projections, or a (gate, up) pair of (E, I, H) tensors (TorchTitan's
+        w1, w3: joined for the GEMM, once per optimizer step where the weight cache holds it; each gets
+        its own grad); w2: (E, H, I) down projections (bfloat16 or float32).
       recipe: 'mxfp8_rceil_tile128' (default: FP8 tensor cores on Hopper), 'mxfp8_rceil', 'mxfp8_floor',
         'mxfp8_rceil_wgrad_with_hp' (see mxmoe.recipes), or None for the same fused layer in bf16.
       bias13: optional (E, 2I); bias2: optional (E, H) expert biases.
@@ -458,10 +505,16 @@ def moe_experts(
     _check(x, topk_idx, topk_weights, w13, w2, bias13, bias2)
     act, lay = _activation(activation), _layout(layout)
     path = _path(recipe, x.device, backend)
+    w_up = None
+    if isinstance(w13, (tuple, list)):
+        if path == "composed":
+            w13 = torch.cat(tuple(w13), dim=1)
+        else:
+            w13, w_up = w13
     if path == "composed":
         return _composed(x, topk_idx.contiguous(), topk_weights.contiguous(), w13, w2, bias13, bias2, recipe,
                          grouped_mm_backend, act, lay)
     args = (x.contiguous(), topk_idx.contiguous(), topk_weights.contiguous(), w13, w2, bias13, bias2)
     if path == "bf16":
-        return _Bf16.apply(*args, 0, act, lay)
-    return _FusedMX.apply(*args, get_recipe(recipe).mode, act, lay, _PHASES[path])
+        return _Bf16.apply(*args, 0, act, lay, w_up)
+    return _FusedMX.apply(*args, get_recipe(recipe).mode, act, lay, _PHASES[path], w_up)

@@ -1,6 +1,12 @@
-"""`python -m mxmoe train`: train the demo MoE language model twice -- bf16 expert GEMMs, then MXFP8
-experts through mxmoe's fused expert layer -- from the same init and data order, and compare the loss
-curves.
+"""`python -m mxmoe train`: train an MoE language model twice -- bf16 expert GEMMs, then MXFP8 experts
+through mxmoe's fused expert layer -- from the same init and data order, and compare the loss curves.
+
+Models (--model):
+  demo      the project's TorchTitan-style MoE transformer (mxmoe/demo/model.py); its MoE layers are
+            switched over by mxmoe.convert (the fused layer on the experts' own w1 / w3 / w2)
+  hf-qwen3  a transformers Qwen3-MoE (Qwen3MoeForCausalLM) from a config, random init
+            (mxmoe/demo/hf_qwen3.py): the bf16 run uses transformers' own experts
+            (experts_implementation="grouped_mm"), the MXFP8 run experts_implementation="mxmoe"
 
 What differs between the two runs is only the expert GEMMs:
   bf16   the model's `torch._grouped_mm` calls take bf16 operands (fp32 accumulation) and give bf16
@@ -11,7 +17,9 @@ What differs between the two runs is only the expert GEMMs:
   mxfp8  each MoE layer's experts run as `mxmoe.moe_experts(..., recipe=...)`: the fused layer
          (dispatch + quantize, FP8 GEMMs with SwiGLU + quantize between them, combine; forward, dgrad
          and wgrad on MXFP8 operands) on the experts' own weights.
-The rest of the model runs in fp32 on CPU and under bf16 autocast on CUDA, identically in both runs.
+The rest of the model runs in fp32 on CPU and, on CUDA, under bf16 autocast (demo) or in bf16
+(hf-qwen3: its parameters are bf16, as transformers' grouped_mm experts compute in the weights'
+dtype), identically in both runs.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from torch.overrides import TorchFunctionMode
 
 from . import _lib
 from .backends import BACKENDS
-from .moe import moe_experts
+from .conversion import convert
 from .demo.data import SyntheticLanguage, make_batches
 from .demo.model import MoEModelArgs, MoETransformer
 from .recipes import RECIPES
@@ -61,6 +69,10 @@ class TrainConfig:
     device: str = "auto"
     eval_batches: int = 8
     tolerance: float = 0.02  # MX_SPEC.md: MXFP8 training loss within 1-2% of bf16
+    model: str = "demo"  # "demo" | "hf-qwen3"
+    kv_heads: int = 0  # hf-qwen3: key/value heads (0: heads // 4)
+    compile: bool = False  # torch.compile the model (both runs)
+    timing_warmup: int = 2  # steps left out of tokens/s (allocator warm-up, lazy init, compilation)
 
     def model_args(self, vocab_size: int) -> MoEModelArgs:
         return MoEModelArgs(
@@ -79,6 +91,8 @@ class RunResult:
     tokens_per_s: float = float("nan")
     wall_s: float = float("nan")
     expert_load: list[list[float]] = field(default_factory=list)  # per layer, fraction per expert
+    peak_mem_bytes: float = float("nan")  # CUDA: peak allocated during training
+    params: int = 0
 
 
 # -- precision of the expert GEMMs ----------------------------------------------------------------------
@@ -159,20 +173,57 @@ def _lr_lambda(cfg: TrainConfig):
 
 def _loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
     logits = model(batch[:, :-1])
-    return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+    return F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
 
 
-def fused_experts(recipe: str, backend: str = "auto"):
-    """The demo's GroupedExperts (w1 gate, w3 up, w2 down: TorchTitan's layout) run by mxmoe's fused
-    expert layer: dispatch + quantize, GEMM1, SwiGLU + quantize, GEMM2, combine (mxmoe/moe.py). A
-    backend other than 'auto' composes the layer from mxmoe.grouped_mm on that backend."""
-    kw = {"backend": "auto"} if backend == "auto" else {"backend": "composed", "grouped_mm_backend": backend}
+MODELS = ("demo", "hf-qwen3")
 
-    def run(x, topk_idx, topk_weights, experts):
-        w13 = torch.cat([experts.w1, experts.w3], dim=1)  # (E, 2I, H): gate | up ("concatenated")
-        return moe_experts(x, topk_idx, topk_weights, w13, experts.w2, recipe=recipe, **kw)
 
-    return run
+def build_model(name: str, cfg: TrainConfig, vocab_size: int, device: torch.device):
+    """(model, precision, gemm_ctx, amp) of one run: name is BASELINE or an MXFP8 recipe."""
+    torch.manual_seed(cfg.seed)
+    if cfg.device != "cpu" and device.type == "cuda":
+        amp = lambda: torch.autocast("cuda", dtype=torch.bfloat16)  # noqa: E731
+    else:
+        amp = contextlib.nullcontext
+    if cfg.model == "hf-qwen3":
+        from .demo.hf_qwen3 import HFQwen3MoE, qwen3_moe_config
+
+        impl = "grouped_mm" if name == BASELINE else "mxmoe"
+        conf = qwen3_moe_config(vocab_size=vocab_size, dim=cfg.dim, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
+                                num_experts=cfg.num_experts, top_k=cfg.top_k, moe_hidden=cfg.moe_hidden,
+                                max_seq_len=cfg.seq_len, kv_heads=cfg.kv_heads or None,
+                                experts_implementation=impl, mxmoe_recipe=None if name == BASELINE else name)
+        model = HFQwen3MoE(conf)
+        if device.type == "cuda":
+            model = model.to(device, torch.bfloat16)
+            amp = contextlib.nullcontext
+        else:
+            model = model.to(device)
+        model.start_load_counters()
+        if name == BASELINE:
+            if device.type == "cuda":
+                precision = ("transformers' grouped_mm experts (bf16 torch._grouped_mm); model parameters and "
+                             "activations bf16")
+                gemm_ctx = contextlib.nullcontext
+            else:
+                precision = baseline_description(device) + " (transformers' grouped_mm experts)"
+                gemm_ctx = lambda: Bf16GroupedMM(emulate=True)  # noqa: E731
+        else:
+            precision = (f"experts_implementation='mxmoe' (fused layer, recipe {name!r}) on transformers' "
+                         f"gate_up_proj / down_proj" + ("; model bf16" if device.type == "cuda" else ""))
+            gemm_ctx = contextlib.nullcontext
+        return model, precision, gemm_ctx, amp
+    model = MoETransformer(cfg.model_args(vocab_size)).to(device)
+    if name == BASELINE:
+        precision = baseline_description(device)
+        gemm_ctx = lambda: Bf16GroupedMM(emulate=device.type != "cuda")  # noqa: E731
+    else:
+        precision = (f"MXFP8 fused expert layer: mxmoe.convert(model, recipe={name!r}) -> mxmoe.moe_experts on "
+                     f"the experts' own w1/w3/w2 ({_backend_description(cfg.backend, device)})")
+        convert(model, recipe=name, backend=cfg.backend)
+        gemm_ctx = contextlib.nullcontext
+    return model, precision, gemm_ctx, amp
 
 
 def _sync(device: torch.device) -> None:
@@ -190,21 +241,8 @@ def train_one(
     progress: bool = True,
 ) -> RunResult:
     """One training run. name is BASELINE or an MXFP8 recipe; the init depends only on cfg.seed."""
-    torch.manual_seed(cfg.seed)
-    model = MoETransformer(cfg.model_args(vocab_size)).to(device)
-    if name == BASELINE:
-        precision = baseline_description(device)
-        gemm_ctx = lambda: Bf16GroupedMM(emulate=device.type != "cuda")  # noqa: E731
-    else:
-        precision = (f"MXFP8 fused expert layer: mxmoe.moe_experts(recipe={name!r}) on the experts' own "
-                     f"w1/w3/w2 ({_backend_description(cfg.backend, device)})")
-        for moe in model.moe_layers():
-            moe.experts_fn = fused_experts(name, cfg.backend)
-        gemm_ctx = contextlib.nullcontext
-    if device.type == "cuda":
-        amp = lambda: torch.autocast("cuda", dtype=torch.bfloat16)  # noqa: E731
-    else:
-        amp = contextlib.nullcontext
+    model, precision, gemm_ctx, amp = build_model(name, cfg, vocab_size, device)
+    step_model = torch.compile(model) if cfg.compile else model
 
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
                             betas=(0.9, 0.95))
@@ -213,8 +251,11 @@ def train_one(
     load = [torch.zeros(cfg.num_experts, device=device) for _ in model.moe_layers()]
     batches = batches.to(device)
 
-    # Throughput excludes the first steps (allocator warm-up, lazy init).
-    timed_from = min(2, cfg.steps - 1)
+    # Throughput excludes the first steps (allocator warm-up, lazy init, compilation).
+    timed_from = min(cfg.timing_warmup, cfg.steps - 1)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    aux = getattr(model, "aux_loss", None)
     bar = _progress(cfg.steps, name, progress)
     t_start = t_timed = time.perf_counter()
     model.train()
@@ -223,10 +264,11 @@ def train_one(
             _sync(device)
             t_timed = time.perf_counter()
         with gemm_ctx(), amp():
-            loss = _loss(model, batches[step])
+            loss = _loss(step_model, batches[step])
+            total = loss if aux is None else loss + aux()
         # Backward outside the mode: autograd replays the recorded (already rounded) graph.
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         sched.step()
@@ -240,12 +282,13 @@ def train_one(
                 bar.set_postfix(loss=f"{loss.item():.3f}")
     _sync(device)
     t_end = time.perf_counter()
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else float("nan")
     if bar is not None:
         bar.close()
 
     model.eval()
     with torch.no_grad(), gemm_ctx(), amp():
-        eval_loss = torch.stack([_loss(model, b) for b in eval_batches.to(device)]).mean().item()
+        eval_loss = torch.stack([_loss(step_model, b) for b in eval_batches.to(device)]).mean().item()
 
     timed_steps = cfg.steps - timed_from
     tokens = timed_steps * cfg.batch_size * cfg.seq_len
@@ -257,6 +300,8 @@ def train_one(
         tokens_per_s=tokens / max(t_end - t_timed, 1e-9),
         wall_s=t_end - t_start,
         expert_load=[(acc / acc.sum()).cpu().tolist() for acc in load],
+        peak_mem_bytes=peak,
+        params=sum(p.numel() for p in model.parameters()),
     )
 
 
@@ -291,16 +336,34 @@ def run_comparison(cfg: TrainConfig, progress: bool = True, log=print) -> dict:
 def _header(cfg: TrainConfig, device: torch.device, vocab: int, entropy: float) -> str:
     return "\n".join([
         "mxmoe train demo: bf16 vs MXFP8 expert GEMMs, same model init and data order",
-        f"  model   MoE transformer: {cfg.n_layers} layer{'s' * (cfg.n_layers != 1)}, dim {cfg.dim}, "
+        f"  model   {_model_name(cfg)}: {cfg.n_layers} layer{'s' * (cfg.n_layers != 1)}, dim {cfg.dim}, "
         f"{cfg.n_heads} heads, "
         f"{cfg.num_experts} experts (top-{cfg.top_k}, SwiGLU hidden {cfg.moe_hidden}) per layer, vocab {vocab}",
         f"  data    synthetic grammar language, {cfg.steps} steps x {cfg.batch_size} x {cfg.seq_len} "
         f"tokens, seed {cfg.seed}; source entropy {entropy:.3f} nats/token (best reachable loss)",
         f"  device  {_device_name(device)}, torch {torch.__version__}",
-        f"  {BASELINE:<7} {baseline_description(device)}",
-        f"  {'mxfp8':<7} fused expert layer mxmoe.moe_experts(recipe={cfg.recipe!r}), backend={cfg.backend!r}: "
-        f"{_backend_description(cfg.backend, device)}",
+        *_run_lines(cfg, device),
     ])
+
+
+def _model_name(cfg: TrainConfig) -> str:
+    if cfg.model == "hf-qwen3":
+        return "transformers Qwen3-MoE (Qwen3MoeForCausalLM, random init)"
+    return "demo MoE transformer (TorchTitan-style)"
+
+
+def _run_lines(cfg: TrainConfig, device: torch.device) -> list[str]:
+    compiled = " (torch.compile)" if cfg.compile else ""
+    if cfg.model == "hf-qwen3":
+        base = ("transformers' experts_implementation='grouped_mm' " +
+                ("(bf16 torch._grouped_mm), model in bf16" if device.type == "cuda" else
+                 "with bf16 GEMM numerics emulated in fp32 (see mxmoe/train.py)"))
+        mx = f"experts_implementation='mxmoe', config mxmoe_recipe={cfg.recipe!r} (the fused expert layer)"
+    else:
+        base = baseline_description(device)
+        mx = (f"mxmoe.convert(model, recipe={cfg.recipe!r}): the fused expert layer, backend={cfg.backend!r}: "
+              f"{_backend_description(cfg.backend, device)}")
+    return [f"  {BASELINE:<7} {base}{compiled}", f"  {'mxfp8':<7} {mx}{compiled}"]
 
 
 def _device_name(device: torch.device) -> str:
@@ -361,6 +424,8 @@ def _summarize(cfg, device, vocab, entropy, runs: list[RunResult]) -> dict:
                 "tokens_per_s": r.tokens_per_s,
                 "wall_s": r.wall_s,
                 "expert_load": r.expert_load,
+                "peak_mem_bytes": r.peak_mem_bytes,
+                "params": r.params,
             }
             for r in runs
         },
@@ -407,6 +472,9 @@ def format_report(rep: dict) -> str:
         row("tokens/s", f"{rb['tokens_per_s']:,.0f}", f"{rm['tokens_per_s']:,.0f}",
             f"{rm['tokens_per_s'] / rb['tokens_per_s']:>8.2f}x"),
         row("wall time (s)", f"{rb['wall_s']:.1f}", f"{rm['wall_s']:.1f}"),
+        *([row("peak memory (GiB)", f"{rb['peak_mem_bytes'] / 2**30:.2f}", f"{rm['peak_mem_bytes'] / 2**30:.2f}",
+               f"{rm['peak_mem_bytes'] / rb['peak_mem_bytes']:>8.2f}x")]
+          if rb.get("peak_mem_bytes", float("nan")) == rb.get("peak_mem_bytes") else []),
         row("expert load min/max", _load_range(rb), _load_range(rm),
             f"(share of routed tokens, all steps, worst layer; ideal {100 / len(rb['expert_load'][0]):.1f}%)"),
         "",
@@ -480,6 +548,9 @@ def plot_curves(rep: dict, path: str) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = TrainConfig()
+    p.add_argument("--model", default=d.model, choices=MODELS,
+                   help="demo: the project's TorchTitan-style model; hf-qwen3: a transformers Qwen3-MoE from a "
+                        "config (needs transformers) (default %(default)s)")
     p.add_argument("--steps", type=int, default=d.steps, help="training steps per run (default %(default)s)")
     p.add_argument("--recipe", default=d.recipe, choices=sorted(RECIPES),
                    help="MXFP8 recipe of the second run (default %(default)s)")
@@ -499,6 +570,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=d.top_k)
     p.add_argument("--hidden", dest="moe_hidden", type=int, default=d.moe_hidden,
                    help="expert SwiGLU hidden size (multiple of 32)")
+    p.add_argument("--kv-heads", type=int, default=d.kv_heads, help="hf-qwen3: key/value heads (0: heads // 4)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model in both runs")
+    p.add_argument("--timing-warmup", type=int, default=d.timing_warmup,
+                   help="steps left out of tokens/s (default %(default)s; raise it with --compile)")
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--eval-batches", type=int, default=d.eval_batches)
     p.add_argument("--tolerance", type=float, default=d.tolerance,
@@ -522,6 +597,14 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit("--dim must be a multiple of 2 x --heads (even head size for rotary embeddings)")
     if cfg.steps < 1 or cfg.eval_batches < 1 or not 1 <= cfg.top_k <= cfg.num_experts:
         raise SystemExit("need --steps >= 1, --eval-batches >= 1 and 1 <= --top-k <= --experts")
+    if cfg.model == "hf-qwen3":
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            raise SystemExit("--model hf-qwen3 needs transformers (pip install 'transformers>=5.17')")
+        kv = cfg.kv_heads or max(1, cfg.n_heads // 4)
+        if cfg.n_heads % kv:
+            raise SystemExit(f"--heads ({cfg.n_heads}) must be a multiple of --kv-heads ({kv})")
     try:  # fail now rather than after the bf16 run when the op library is missing or stale
         _lib.build_info()
     except (OSError, RuntimeError, AttributeError) as e:

@@ -45,7 +45,7 @@ _stats = {"hits": 0, "misses": 0}
 class _Entry:
     __slots__ = ("root", "state", "forms")
 
-    def __init__(self, root: weakref.ref, state: tuple, forms: Tuple[Tensor, ...]):
+    def __init__(self, root: Tuple[weakref.ref, ...], state: tuple, forms: Tuple[Tensor, ...]):
         self.root = root
         self.state = state
         self.forms = forms
@@ -71,26 +71,35 @@ def _drop(key):
     return callback
 
 
-def quantized(w: Tensor, form: tuple, compute: Callable[[Tensor], Tuple[Tensor, ...]]) -> Tuple[Tensor, ...]:
+def _root(w: Tensor) -> Tensor:
+    return w._base if w._base is not None else w
+
+
+def quantized(w, form: tuple, compute: Callable) -> Tuple[Tensor, ...]:
     """The quantized forms of weight ``w`` for ``form`` (a hashable description, e.g. the op and its
-    scale mode): cached while ``w`` is unchanged, else ``compute(w)`` (and stored)."""
-    if not _usable(w):
+    scale mode): cached while ``w`` is unchanged, else ``compute(w)`` (and stored).
+
+    ``w`` may also be a tuple of tensors that together make one operand (TorchTitan's separate gate
+    and up weights w1, w3, concatenated by ``compute``): the entry is then valid while every one of
+    them is unchanged, and is freed with the first of them."""
+    parts = w if isinstance(w, tuple) else (w,)
+    if not all(_usable(t) for t in parts):
         return compute(w)
-    root = w._base if w._base is not None else w
-    key = (id(root), form, tuple(w.shape), w.stride(), w.storage_offset())
-    state = _state(w)
+    roots = tuple(_root(t) for t in parts)
+    key = (tuple(id(r) for r in roots), form, tuple((tuple(t.shape), t.stride(), t.storage_offset()) for t in parts))
+    state = tuple(_state(t) for t in parts)
     with _lock:
         entry = _entries.get(key)
-        if entry is not None and entry.root() is root and entry.state == state:
+        if entry is not None and all(ref() is r for ref, r in zip(entry.root, roots)) and entry.state == state:
             _stats["hits"] += 1
             return entry.forms
     forms = compute(w)
     # The state is read again: the version must be the one the forms were computed from (compute
     # reads w and writes nothing to it, so it is unchanged unless another thread wrote w).
-    if _state(w) == state:
+    if tuple(_state(t) for t in parts) == state:
         with _lock:
             _stats["misses"] += 1
-            _entries[key] = _Entry(weakref.ref(root, _drop(key)), state, tuple(forms))
+            _entries[key] = _Entry(tuple(weakref.ref(r, _drop(key)) for r in roots), state, tuple(forms))
     return forms
 
 
@@ -104,10 +113,10 @@ def refresh_weights(module_or_tensor=None) -> int:
             _entries.clear()
             return n
         if isinstance(module_or_tensor, Tensor):
-            roots = {id(module_or_tensor._base if module_or_tensor._base is not None else module_or_tensor)}
+            roots = {id(_root(module_or_tensor))}
         else:
             roots = {id(p) for p in module_or_tensor.parameters()}
-        drop = [k for k in _entries if k[0] in roots]
+        drop = [k for k in _entries if roots.intersection(k[0])]
         for k in drop:
             del _entries[k]
         return len(drop)
@@ -124,6 +133,6 @@ def set_weight_cache(enabled: bool) -> None:
 def weight_cache_info() -> dict:
     """``enabled``, ``entries``, ``bytes`` held by the cached forms, ``hits`` and ``misses`` so far."""
     with _lock:
-        live = [e for e in _entries.values() if e.root() is not None]
+        live = [e for e in _entries.values() if all(ref() is not None for ref in e.root)]
         nbytes = sum(t.numel() * t.element_size() for e in live for t in e.forms)
         return {"enabled": _enabled, "entries": len(live), "bytes": nbytes, **_stats}

@@ -82,12 +82,15 @@ def test_convert_filter_and_other_calls_pass_through():
     mxmoe.convert(model, filter_fn=lambda m, fqn: False)
     assert torch.equal(model(x), ref)
     # inside a converted module, a 2D x 2D torch._grouped_mm is not the expert pattern: untouched
-    mode = mxmoe.conversion.GroupedMMRedirect("mxfp8_rceil", "auto")
+    redirect = mxmoe.conversion._redirecting_grouped_mm("mxfp8_rceil", "auto")
     a, b = torch.randn(96, 64), torch.randn(96, 32)  # k-grouped: (64, 96) x (96, 32)
     offs = torch.tensor([40, 96], dtype=torch.int32)
-    with mode:
-        got = torch._grouped_mm(a.t(), b, offs=offs)
-    assert torch.equal(got, torch._grouped_mm(a.t(), b, offs=offs))
+    assert torch.equal(redirect(a.t(), b, offs=offs), torch._grouped_mm(a.t(), b, offs=offs))
+    # the converted forward is a copy whose globals see the redirect; torch itself is untouched
+    mxmoe.convert(model)
+    assert mxmoe.conversion_mechanism(model.experts) == "redirect"
+    assert torch._grouped_mm is mxmoe.conversion._redirecting_grouped_mm.__globals__["torch"]._grouped_mm
+    assert model.experts.forward.__func__.__globals__["torch"]._grouped_mm is not torch._grouped_mm
     with pytest.raises(ValueError, match="recipe"):
         mxmoe.convert(model, recipe="nope")
 

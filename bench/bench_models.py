@@ -1,0 +1,309 @@
+#!/usr/bin/env python3
+"""Proof on a real model: a transformers Qwen3-MoE trained with bf16 experts and with mxmoe's, to a plateau.
+
+The model is transformers' own Qwen3MoeForCausalLM built from a config with random init (no
+downloads; mxmoe/demo/hf_qwen3.py), trained on the project's synthetic language (mxmoe/demo/data.py)
+by the training demo's loop (mxmoe/train.py: AdamW, warm-up + cosine, grad clip, Qwen3's router
+aux loss). What differs between the runs is one line: experts_implementation="grouped_mm"
+(transformers' bf16 torch._grouped_mm experts, the baseline) or "mxmoe" with config.mxmoe_recipe.
+On CUDA the model is bf16 in every run (transformers' grouped_mm experts compute in the weights'
+dtype, so fp32 master weights would give the baseline fp32 GEMMs).
+
+For each recipe and seed (the seed sets the init and the data sample) one eager run of --steps
+steps gives the loss curve, final train loss (mean of the last 10% of steps), held-out loss (the same
+held-out batches for every run), tokens/s and peak memory; then one compiled run per recipe
+(torch.compile of the whole model, --compile-steps steps, the first --compile-warmup not timed)
+gives compiled tokens/s. --profile adds a per-kernel breakdown (torch.profiler, CUDA time by kernel
+class) of a few eager steps per recipe.
+
+Verdicts (printed and in the JSON): loss parity, each MXFP8 recipe's mean held-out loss within 1% of
+bf16's mean and inside the bf16 seeds' [min, max]; speed, tokens/s >= 1.3x bf16 eager and compiled.
+
+  python bench/bench_models.py                      # the full proof (H200: about 10 minutes)
+  python bench/bench_models.py --recipes bf16 mxfp8_rceil_tile128 --seeds 0 --steps 100   # a part
+  python bench/bench_models.py --merge a.json b.json --out bench/results/models.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, replace
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+
+BASELINE = "bf16"
+DEFAULT_RECIPES = [BASELINE, "mxfp8_rceil_tile128", "mxfp8_rceil"]
+SPEED_TARGET, LOSS_TOL = 1.3, 0.01
+
+# ~0.62B parameters: Qwen3-MoE's shape family (head_dim 64, GQA 4:1, fine-grained experts of width
+# 768 as Qwen3-30B-A3B, 64 experts top-8), 4 layers; 16 x 1024 tokens per step.
+MODEL = dict(dim=1024, n_layers=4, n_heads=16, kv_heads=4, num_experts=64, top_k=8, moe_hidden=768,
+             seq_len=1024, batch_size=16)
+# For the CPU test of this script (tests/python/test_bench_models.py).
+TINY = dict(dim=64, n_layers=1, n_heads=4, kv_heads=2, num_experts=4, top_k=2, moe_hidden=64, seq_len=32,
+            batch_size=2)
+
+
+def _config(args, seed: int, recipe_for_mx: str):
+    from mxmoe.train import TrainConfig
+
+    return TrainConfig(model="hf-qwen3", device=args.device, steps=args.steps, seed=seed, lr=args.lr,
+                       warmup_steps=args.warmup, recipe=recipe_for_mx, eval_batches=args.eval_batches,
+                       **{**args.shape, **({"batch_size": args.batch_size} if args.batch_size else {})})
+
+
+def _batches(args, seeds):
+    from mxmoe.demo.data import SyntheticLanguage, make_batches
+
+    lang = SyntheticLanguage()
+    out = {}
+    for s in seeds:
+        t = time.perf_counter()
+        out[s] = make_batches(lang, args.steps, args.batch_size or args.shape["batch_size"], args.shape["seq_len"], seed=s)
+        print(f"data: seed {s}, {args.steps} steps in {time.perf_counter() - t:.1f} s", flush=True)
+    ev, _ = make_batches(lang, args.eval_batches, args.batch_size or args.shape["batch_size"], args.shape["seq_len"],
+                         seed=1_000_003)
+    return lang, out, ev
+
+
+_KINDS = [("fp8/bf16 GEMM", ("gemm", "cutlass", "xmma", "nvjet", "sm90_", "wgmma")),
+          ("mxmoe quantize", ("quant", "tile_kernel", "mxmoe")),
+          ("attention", ("flash", "fmha", "attention", "sdpa")),
+          ("elementwise/reduce", ("elementwise", "reduce", "vectorized", "copy", "cat", "index", "scatter", "gather",
+                                  "softmax", "norm", "sort", "radix", "cub"))]
+
+
+def _kind(name: str) -> str:
+    n = name.lower()
+    for kind, keys in _KINDS:
+        if any(k in n for k in keys):
+            return kind
+    return "other"
+
+
+def _profile(model_builder, steps: int = 4):
+    """CUDA time per kernel class and the top kernels over `steps` steps (after 3 warm-up steps)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    run = model_builder()
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            run()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None)
+        if t is None:
+            t = e.cuda_time_total
+        if t > 0:
+            rows.append((e.key, t / steps, e.count // steps))
+    rows.sort(key=lambda r: -r[1])
+    kinds = {}
+    for name, us, _ in rows:
+        kinds[_kind(name)] = kinds.get(_kind(name), 0.0) + us
+    return {"per_step_us_by_kind": kinds, "top": [{"kernel": n[:120], "us_per_step": us, "calls_per_step": c}
+                                                 for n, us, c in rows[:15]]}
+
+
+def _step_fn(cfg, name, lang, batches, device):
+    """A closure running one training step (for the profiler)."""
+    from mxmoe.train import _loss, build_model
+
+    model, _, gemm_ctx, amp = build_model(name, cfg, lang.vocab_size, device)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    b = batches[0].to(device)
+
+    def run():
+        with gemm_ctx(), amp():
+            loss = _loss(model, b) + model.aux_loss()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return run
+
+
+def run(args) -> dict:
+    from mxmoe.train import train_one
+
+    seeds = args.seeds
+    lang, data, ev = _batches(args, seeds)
+    mx_default = next((r for r in args.recipes if r != BASELINE), "mxfp8_rceil_tile128")
+    runs = []
+    for recipe in args.recipes:
+        for s in seeds:
+            cfg = _config(args, s, recipe if recipe != BASELINE else mx_default)
+            batches, entropy = data[s]
+            t = time.perf_counter()
+            r = train_one(recipe, cfg, lang.vocab_size, batches, ev, torch.device(args.device), progress=False)
+            n = len(r.losses)
+            w = max(1, n // 10)
+            rec = {"recipe": recipe, "seed": s, "mode": "eager", "steps": n, "precision": r.precision,
+                   "final_train_loss": sum(r.losses[-w:]) / w, "eval_loss": r.eval_loss,
+                   "tokens_per_s": r.tokens_per_s, "peak_mem_gib": r.peak_mem_bytes / 2**30, "params": r.params,
+                   "wall_s": r.wall_s, "source_entropy": entropy, "loss": r.losses,
+                   "expert_load_minmax": [min(min(x) for x in r.expert_load), max(max(x) for x in r.expert_load)]
+                   if r.expert_load else None}
+            # Plateau: the drop of the 10%-of-steps mean over the last 20% of the run.
+            if n >= 20:
+                prev = sum(r.losses[-2 * w:-w]) / w
+                rec["last_decile_drop"] = (prev - rec["final_train_loss"]) / prev
+            runs.append(rec)
+            print(f"{recipe:>22} seed {s} eager: train {rec['final_train_loss']:.4f} held-out {r.eval_loss:.4f} "
+                  f"{r.tokens_per_s:,.0f} tok/s peak {rec['peak_mem_gib']:.1f} GiB ({time.perf_counter() - t:.0f} s)",
+                  flush=True)
+    if args.compile_steps:
+        for recipe in args.recipes:
+            s = seeds[0]
+            cfg = replace(_config(args, s, recipe if recipe != BASELINE else mx_default), compile=True,
+                          steps=args.compile_steps, timing_warmup=args.compile_warmup, eval_batches=1)
+            t = time.perf_counter()
+            torch._dynamo.reset()
+            r = train_one(recipe, cfg, lang.vocab_size, data[s][0][:args.compile_steps], ev[:1], torch.device(args.device),
+                          progress=False)
+            runs.append({"recipe": recipe, "seed": s, "mode": "compiled", "steps": args.compile_steps,
+                         "timed_steps": args.compile_steps - args.compile_warmup, "tokens_per_s": r.tokens_per_s,
+                         "peak_mem_gib": r.peak_mem_bytes / 2**30, "wall_s": r.wall_s, "precision": r.precision})
+            print(f"{recipe:>22} compiled: {r.tokens_per_s:,.0f} tok/s ({time.perf_counter() - t:.0f} s incl. compile)",
+                  flush=True)
+    profiles = {}
+    if args.profile:
+        for recipe in args.recipes:
+            cfg = _config(args, seeds[0], recipe if recipe != BASELINE else mx_default)
+            profiles[recipe] = _profile(lambda: _step_fn(cfg, recipe, lang, data[seeds[0]][0], torch.device(args.device)))
+    return {"runs": runs, "profiles": profiles}
+
+
+# ---- summary -------------------------------------------------------------------------------------
+
+
+def summarize(rep: dict) -> dict:
+    runs = rep["runs"]
+    eager = [r for r in runs if r["mode"] == "eager"]
+    recipes = list(dict.fromkeys(r["recipe"] for r in runs))
+    out = {}
+    for rc in recipes:
+        ev = [r["eval_loss"] for r in eager if r["recipe"] == rc]
+        tr = [r["final_train_loss"] for r in eager if r["recipe"] == rc]
+        tps = [r["tokens_per_s"] for r in eager if r["recipe"] == rc]
+        comp = [r["tokens_per_s"] for r in runs if r["recipe"] == rc and r["mode"] == "compiled"]
+        mem = [r["peak_mem_gib"] for r in eager if r["recipe"] == rc]
+        out[rc] = {"seeds": len(ev), "eval_mean": _mean(ev), "eval_min": min(ev, default=math.nan),
+                   "eval_max": max(ev, default=math.nan), "eval_std": statistics.pstdev(ev) if len(ev) > 1 else 0.0,
+                   "train_mean": _mean(tr), "tokens_per_s_eager": _mean(tps),
+                   "tokens_per_s_compiled": _mean(comp), "peak_mem_gib": _mean(mem),
+                   "last_decile_drop": _mean([r.get("last_decile_drop", math.nan) for r in eager if r["recipe"] == rc])}
+    base = out.get(BASELINE)
+    if base:
+        for rc, s in out.items():
+            if rc == BASELINE:
+                continue
+            s["rel_eval_vs_bf16"] = s["eval_mean"] / base["eval_mean"] - 1
+            s["inside_bf16_spread"] = base["eval_min"] <= s["eval_mean"] <= base["eval_max"]
+            s["loss_parity"] = abs(s["rel_eval_vs_bf16"]) <= LOSS_TOL and s["inside_bf16_spread"]
+            s["speedup_eager"] = s["tokens_per_s_eager"] / base["tokens_per_s_eager"]
+            s["speedup_compiled"] = s["tokens_per_s_compiled"] / base["tokens_per_s_compiled"]
+            s["speed_target_met"] = s["speedup_eager"] >= SPEED_TARGET and s["speedup_compiled"] >= SPEED_TARGET
+            s["peak_mem_vs_bf16"] = s["peak_mem_gib"] / base["peak_mem_gib"]
+    return out
+
+
+def _mean(xs):
+    xs = [x for x in xs if x == x]
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def table(rep: dict) -> str:
+    summ = rep["summary"]
+    lines = [f"Qwen3-MoE ({rep.get('params_b', math.nan):.2f}B params, random init), {rep.get('steps')} steps x "
+             f"{rep.get('tokens_per_step', 0):,} tokens, seeds {rep.get('seeds')}; {rep.get('device', '?')}",
+             f"{'recipe':>22} {'held-out mean':>13} {'[min, max]':>17} {'vs bf16':>8} {'parity':>6} "
+             f"{'tok/s eager':>11} {'x':>5} {'tok/s compiled':>14} {'x':>5} {'peak GiB':>8} {'x':>5}"]
+    for rc, s in summ.items():
+        f = lambda k, fmt: format(s[k], fmt) if k in s and s[k] == s[k] else "-"  # noqa: E731
+        par = "-" if rc == BASELINE else ("yes" if s.get("loss_parity") else "NO")
+        spread = "[%.4f, %.4f]" % (s["eval_min"], s["eval_max"])
+        rel = ("%+.2f%%" % (100 * s["rel_eval_vs_bf16"])) if "rel_eval_vs_bf16" in s else "-"
+        lines.append(f"{rc:>22} {s['eval_mean']:>13.4f} {spread:>17} {rel:>8} "
+                     f"{par:>6} {f('tokens_per_s_eager', ',.0f'):>11} {f('speedup_eager', '.2f'):>5} "
+                     f"{f('tokens_per_s_compiled', ',.0f'):>14} {f('speedup_compiled', '.2f'):>5} "
+                     f"{f('peak_mem_gib', '.1f'):>8} {f('peak_mem_vs_bf16', '.2f'):>5}")
+    for rc, p in rep.get("profiles", {}).items():
+        kinds = ", ".join(f"{k} {v / 1000:.2f} ms" for k, v in sorted(p["per_step_us_by_kind"].items(),
+                                                                        key=lambda kv: -kv[1]))
+        lines.append(f"  profile {rc}: per step {sum(p['per_step_us_by_kind'].values()) / 1000:.2f} ms GPU: {kinds}")
+    return "\n".join(lines)
+
+
+def _env(args) -> dict:
+    try:
+        from bench_host import env_info
+
+        return env_info()
+    except Exception as e:  # pragma: no cover - informational
+        return {"error": repr(e)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--recipes", nargs="+", default=DEFAULT_RECIPES)
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup", type=int, default=50)
+    p.add_argument("--batch-size", type=int, default=0, help="default: %d" % MODEL["batch_size"])
+    p.add_argument("--eval-batches", type=int, default=8)
+    p.add_argument("--compile-steps", type=int, default=40, help="0: no compiled runs")
+    p.add_argument("--compile-warmup", type=int, default=10)
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--merge", nargs="+", help="merge these JSON outputs (runs and profiles) instead of running")
+    p.add_argument("--out", default=None)
+    p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu: the script's own test
+    p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # a tiny model (the test)
+    args = p.parse_args(argv)
+    args.shape = TINY if args.tiny else MODEL
+    if args.merge:
+        parts = [json.load(open(f)) for f in args.merge]
+        rep = {**parts[0], "runs": [r for q in parts for r in q["runs"]],
+               "profiles": {k: v for q in parts for k, v in q.get("profiles", {}).items()}}
+    else:
+        if args.device == "cuda" and not torch.cuda.is_available():
+            print("bench_models: needs a CUDA device", file=sys.stderr)
+            return 2
+        import mxmoe  # noqa: F401  (registers the experts implementation)
+        import transformers
+
+        t0 = time.perf_counter()
+        rep = run(args)
+        params = next((r["params"] for r in rep["runs"] if "params" in r), 0)
+        rep.update({"date": time.strftime("%Y-%m-%d"), "commit": os.environ.get("MXMOE_COMMIT", "?"),
+                    "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+                    "torch": torch.__version__, "transformers": transformers.__version__, "model": args.shape,
+                    "params_b": params / 1e9,
+                    "steps": args.steps, "seeds": args.seeds, "lr": args.lr,
+                    "tokens_per_step": (args.batch_size or args.shape["batch_size"]) * args.shape["seq_len"],
+                    "env": _env(args), "wall_s": time.perf_counter() - t0})
+    rep["summary"] = summarize(rep)
+    print(table(rep))
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(rep, f, indent=1)
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

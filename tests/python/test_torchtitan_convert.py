@@ -1,0 +1,196 @@
+"""mxmoe.convert on TorchTitan-shaped MoE layers (router -> (scores, ids, counts), GroupedExperts with 3D
+w1 / w2 / w3, shared experts, score_before_experts both ways) and on the demo model: the MoE's routed
+part runs on the fused layer with the (w1, w3) pair as it is; parameters, buffers and state_dict keys
+unchanged; the load-balancing counts still advance; unconvert restores the original forward."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import mxmoe
+import mxmoe.integrations.torchtitan as tt
+from mx_testutils import sqnr
+
+DIM, HID, E, K, T = 64, 96, 4, 2, 160
+
+
+class Router(nn.Module):
+    """TorchTitan's TokenChoiceTopKRouter interface: forward(x) -> (top_scores, ids, counts), counting
+    tokens_per_expert itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = nn.Linear(DIM, E, bias=False)
+        self.top_k = K
+        self.register_buffer("tokens_per_expert", torch.zeros(E), persistent=False)
+
+    def forward(self, x):
+        scores = torch.sigmoid(self.gate(x).float())
+        top, ids = torch.topk(scores, K, dim=-1)
+        counts = torch.histc(ids.view(-1).float(), bins=E, min=0, max=E)
+        with torch.no_grad():
+            self.tokens_per_expert.add_(counts)
+        return top, ids, counts
+
+
+class GroupedExperts(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.randn(E, HID, DIM) * DIM**-0.5)
+        self.w2 = nn.Parameter(torch.randn(E, DIM, HID) * HID**-0.5)
+        self.w3 = nn.Parameter(torch.randn(E, HID, DIM) * DIM**-0.5)
+
+    def forward(self, x, counts):
+        offs = torch.cumsum(counts, 0).to(torch.int32)
+        h = F.silu(torch._grouped_mm(x, self.w1.transpose(-2, -1), offs=offs))
+        h = h * torch._grouped_mm(x, self.w3.transpose(-2, -1), offs=offs)
+        return torch._grouped_mm(h, self.w2.transpose(-2, -1), offs=offs)
+
+
+class SharedExpert(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Linear(DIM, DIM, bias=False)
+
+    def forward(self, x):
+        return self.w(x)
+
+
+class MoE(nn.Module):
+    """TorchTitan's MoE.forward (torchtitan/models/common/moe/moe.py), written from its interface."""
+
+    def __init__(self, score_before_experts):
+        super().__init__()
+        self.router = Router()
+        self.experts = GroupedExperts()
+        self.shared_experts = SharedExpert()
+        self.score_before_experts = score_before_experts
+
+    def forward(self, x):
+        bs, slen, dim = x.shape
+        x = x.view(-1, dim)
+        top, ids, _ = self.router(x)
+        counts = torch.histc(ids.view(-1).float(), bins=E, min=0, max=E)
+        order = torch.argsort(ids.view(-1), stable=True)
+        scores_sorted = top.view(-1)[order]
+        routed = x[order // K]
+        if self.score_before_experts:
+            routed = (routed.float() * scores_sorted.reshape(-1, 1)).to(x.dtype)
+        out_r = self.experts(routed, counts.to(torch.int64))
+        unsorted = torch.zeros_like(out_r)
+        unsorted[order] = out_r
+        unsorted = unsorted.view(-1, K, dim)
+        if self.score_before_experts:
+            out_e = unsorted.sum(1)
+        else:
+            out_e = torch.bmm(top.reshape(-1, 1, K), unsorted.float()).to(x.dtype).squeeze(1)
+        return (self.shared_experts(x) + out_e).reshape(bs, slen, dim)
+
+
+class Model(nn.Module):
+    def __init__(self, score_before_experts):
+        super().__init__()
+        self.moe = MoE(score_before_experts)
+        self.head = nn.Linear(DIM, DIM)
+
+    def forward(self, x):
+        return self.head(x + self.moe(x))
+
+
+@pytest.mark.parametrize("score_before", [False, True])
+def test_torchtitan_moe_runs_on_the_fused_layer(score_before, monkeypatch):
+    torch.manual_seed(0)
+    model = Model(score_before)
+    ref = copy.deepcopy(model)
+    x = torch.randn(2, T // 2, DIM)
+    target = torch.randn(2, T // 2, DIM)
+    params = dict(model.named_parameters())
+    calls = []
+    real_moe, real_gmm = tt.moe_experts, mxmoe.grouped.grouped_mm
+    monkeypatch.setattr(tt, "moe_experts", lambda *a, **k: calls.append(("fused", k["recipe"])) or real_moe(*a, **k))
+    monkeypatch.setattr(mxmoe.grouped, "grouped_mm",
+                        lambda *a, **k: calls.append(("grouped_mm", k["recipe"])) or real_gmm(*a, **k))
+    mxmoe.convert(model, recipe="mxfp8_rceil_tile128")
+    assert mxmoe.conversion_mechanism(model.moe.experts) == "torchtitan"
+    assert dict(model.named_parameters()) == params and model.state_dict().keys() == ref.state_dict().keys()
+    y, y_ref = model(x), ref(x)
+    if score_before:  # composed: two mxmoe.grouped_mm calls
+        assert calls == [("grouped_mm", "mxfp8_rceil_tile128")] * 2
+    else:
+        assert calls == [("fused", "mxfp8_rceil_tile128")]
+    assert sqnr(y, y_ref) > 25 and not torch.equal(y, y_ref)
+    assert torch.equal(model.moe.router.tokens_per_expert, ref.moe.router.tokens_per_expert)
+    F.mse_loss(y, target).backward()
+    F.mse_loss(y_ref, target).backward()
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert p.grad is not None and sqnr(p.grad, q.grad) > 17, (n, sqnr(p.grad, q.grad))
+    # the bf16 layer matches TorchTitan's forward to fp32/bf16 rounding; unconvert restores it exactly
+    mxmoe.unconvert(model)
+    assert mxmoe.conversion_mechanism(model.moe.experts) is None and "forward" not in model.moe.__dict__
+    with torch.no_grad():
+        assert torch.equal(model(x), ref(x))
+
+
+def test_pair_weights_are_cached_once_per_step():
+    torch.manual_seed(1)
+    model = mxmoe.convert(Model(False), recipe="mxfp8_rceil_tile128")
+    x = torch.randn(1, T, DIM)
+    mxmoe.refresh_weights()
+    before = mxmoe.weight_cache_info()
+    model(x).sum().backward()
+    model(x).sum().backward()  # a second micro-batch: the joined (w1, w3) forms come from the cache
+    after = mxmoe.weight_cache_info()
+    assert after["misses"] - before["misses"] == 2  # (w1, w3) and w2, once
+    assert after["hits"] - before["hits"] == 2
+    with torch.no_grad():
+        model.moe.experts.w3.mul_(1.5)  # an in-place write to one half invalidates the joined entry
+    model(x)
+    assert mxmoe.weight_cache_info()["misses"] - after["misses"] == 1
+
+
+def test_demo_model_converts_through_its_hook():
+    from mxmoe.demo.model import MoEModelArgs, MoETransformer
+
+    torch.manual_seed(0)
+    model = MoETransformer(MoEModelArgs(vocab_size=64, dim=64, n_layers=1, n_heads=2, max_seq_len=16,
+                                        num_experts=4, top_k=2, moe_hidden=64))
+    ref = copy.deepcopy(model)
+    mxmoe.convert(model, recipe="mxfp8_rceil")
+    moe = next(iter(model.moe_layers()))
+    assert mxmoe.conversion_mechanism(moe.experts) == "demo" and moe.experts_fn is not None
+    tokens = torch.randint(0, 64, (2, 16))
+    y, y_ref = model(tokens), ref(tokens)
+    assert sqnr(y, y_ref) > 20 and not torch.equal(y, y_ref)
+    mxmoe.unconvert(model)
+    assert moe.experts_fn is None and torch.equal(model(tokens), y_ref)
+
+
+def test_module_that_fits_no_mechanism_is_named():
+    class Opaque(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(2, 4, 4))
+
+        def forward(self, x):
+            return x
+
+    with pytest.raises(ValueError, match="Opaque owns 3D weights"):
+        mxmoe.convert(nn.Sequential(Opaque()))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_torchtitan_moe_fused():
+    torch.manual_seed(3)
+    model = Model(False).cuda().to(torch.bfloat16)
+    ref = copy.deepcopy(model)
+    mxmoe.convert(model, recipe="mxfp8_rceil_tile128")
+    x = torch.randn(4, 256, DIM, device="cuda", dtype=torch.bfloat16)
+    y, y_ref = model(x), ref(x)
+    assert sqnr(y.float(), y_ref.float()) > 22
+    y.float().square().mean().backward()
+    y_ref.float().square().mean().backward()
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert sqnr(p.grad.float(), q.grad.float()) > 15, n
