@@ -91,7 +91,8 @@ def _kind(name: str) -> str:
 
 
 def _profile(model_builder, steps: int = 4):
-    """CUDA time per kernel class and the top kernels over `steps` steps (after 3 warm-up steps)."""
+    """CUDA time per kernel class and the top kernels over `steps` steps (after 3 warm-up steps, which
+    also compile a compiled model)."""
     from torch.profiler import ProfilerActivity, profile
 
     run = model_builder()
@@ -119,15 +120,16 @@ def _profile(model_builder, steps: int = 4):
 
 def _step_fn(cfg, name, lang, batches, device):
     """A closure running one training step (for the profiler)."""
-    from mxmoe.train import _loss, build_model
+    from mxmoe.train import _loss, build_model, make_optimizer
 
     model, _, gemm_ctx, amp = build_model(name, cfg, lang.vocab_size, device)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    opt = make_optimizer(model, cfg, device)
     b = batches[0].to(device)
+    step_model = torch.compile(model) if cfg.compile else model
 
     def run():
         with gemm_ctx(), amp():
-            loss = _loss(model, b) + model.aux_loss()
+            loss = _loss(step_model, b) + model.aux_loss()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -179,10 +181,12 @@ def run(args) -> dict:
             print(f"{recipe:>22} compiled: {r.tokens_per_s:,.0f} tok/s ({time.perf_counter() - t:.0f} s incl. compile)",
                   flush=True)
     profiles = {}
-    if args.profile:
+    for compiled in ([False] if args.profile else []) + ([True] if args.profile_compiled else []):
         for recipe in args.recipes:
-            cfg = _config(args, seeds[0], recipe if recipe != BASELINE else mx_default)
-            profiles[recipe] = _profile(lambda: _step_fn(cfg, recipe, lang, data[seeds[0]][0], torch.device(args.device)))
+            cfg = replace(_config(args, seeds[0], recipe if recipe != BASELINE else mx_default), compile=compiled)
+            torch._dynamo.reset()
+            key = recipe + (" compiled" if compiled else "")
+            profiles[key] = _profile(lambda: _step_fn(cfg, recipe, lang, data[seeds[0]][0], torch.device(args.device)))
     return {"runs": runs, "profiles": profiles}
 
 
@@ -267,7 +271,8 @@ def main(argv=None) -> int:
     p.add_argument("--eval-batches", type=int, default=8)
     p.add_argument("--compile-steps", type=int, default=40, help="0: no compiled runs")
     p.add_argument("--compile-warmup", type=int, default=10)
-    p.add_argument("--profile", action="store_true")
+    p.add_argument("--profile", action="store_true", help="per-kernel CUDA time of eager steps per recipe")
+    p.add_argument("--profile-compiled", action="store_true", help="the same of compiled steps")
     p.add_argument("--merge", nargs="+", help="merge these JSON outputs (runs and profiles) instead of running")
     p.add_argument("--out", default=None)
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu: the script's own test

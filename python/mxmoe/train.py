@@ -226,6 +226,13 @@ def build_model(name: str, cfg: TrainConfig, vocab_size: int, device: torch.devi
     return model, precision, gemm_ctx, amp
 
 
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW; on CUDA its fused kernel (as TorchTitan's default): the foreach one spends ~8 ms a step
+    over a 0.6B model in a dozen passes, the same in both runs, which only dilutes the comparison."""
+    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95),
+                             fused=device.type == "cuda")
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -244,8 +251,7 @@ def train_one(
     model, precision, gemm_ctx, amp = build_model(name, cfg, vocab_size, device)
     step_model = torch.compile(model) if cfg.compile else model
 
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
-                            betas=(0.9, 0.95))
+    opt = make_optimizer(model, cfg, device)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
     losses = torch.zeros(cfg.steps, device=device)  # kept on the device: no per-step host sync
     load = [torch.zeros(cfg.num_experts, device=device) for _ in model.moe_layers()]
