@@ -137,6 +137,13 @@ def _step_fn(cfg, name, lang, batches, device):
     return run
 
 
+def _save_partial(args, runs) -> None:
+    """The runs so far (args.out + '.partial'), for a run that the device's time limit cuts short."""
+    if args.out:
+        with open(args.out + ".partial", "w") as f:
+            json.dump({"runs": runs, "profiles": {}}, f)
+
+
 def run(args) -> dict:
     from mxmoe.train import train_one
 
@@ -144,8 +151,8 @@ def run(args) -> dict:
     lang, data, ev = _batches(args, seeds)
     mx_default = next((r for r in args.recipes if r != BASELINE), "mxfp8_rceil_tile128")
     runs = []
-    for recipe in args.recipes:
-        for s in seeds:
+    for s in seeds:  # seed-major: a run cut short still holds whole seeds
+        for recipe in args.recipes:
             cfg = _config(args, s, recipe if recipe != BASELINE else mx_default)
             batches, entropy = data[s]
             t = time.perf_counter()
@@ -163,6 +170,7 @@ def run(args) -> dict:
                 prev = sum(r.losses[-2 * w:-w]) / w
                 rec["last_decile_drop"] = (prev - rec["final_train_loss"]) / prev
             runs.append(rec)
+            _save_partial(args, runs)
             print(f"{recipe:>22} seed {s} eager: train {rec['final_train_loss']:.4f} held-out {r.eval_loss:.4f} "
                   f"{r.tokens_per_s:,.0f} tok/s peak {rec['peak_mem_gib']:.1f} GiB ({time.perf_counter() - t:.0f} s)",
                   flush=True)
@@ -178,6 +186,7 @@ def run(args) -> dict:
             runs.append({"recipe": recipe, "seed": s, "mode": "compiled", "steps": args.compile_steps,
                          "timed_steps": args.compile_steps - args.compile_warmup, "tokens_per_s": r.tokens_per_s,
                          "peak_mem_gib": r.peak_mem_bytes / 2**30, "wall_s": r.wall_s, "precision": r.precision})
+            _save_partial(args, runs)
             print(f"{recipe:>22} compiled: {r.tokens_per_s:,.0f} tok/s ({time.perf_counter() - t:.0f} s incl. compile)",
                   flush=True)
     profiles = {}

@@ -12,8 +12,12 @@ torch bumps that counter: optimizer steps (``torch.optim`` updates parameters in
 no_grad), ``load_state_dict`` (``param.copy_``), ``with torch.no_grad(): W.mul_(2)``, writes through
 views or ``.detach()`` aliases. ``module.to(...)`` / ``.cuda()`` / ``.half()`` replace the data (new
 pointer, dtype or device). Any difference means a miss, so a changed weight is never served stale.
-The one write torch does not count is through ``.data`` (``W.data.add_(...)``, old-style
-optimizers): ``.data`` has its own version counter by design. After such writes call
+Optimizers: torch's fused AdamW/Adam/SGD kernels (``fused=True``, TorchTitan's default) write the
+parameters without bumping their version counters, so the counter alone would serve a stale entry
+after such a step. Every ``torch.optim`` optimizer's ``step()`` therefore also drops the entries
+of the parameters it holds (a global optimizer step post-hook, registered at import). The one
+write torch does not count otherwise is through ``.data`` (``W.data.add_(...)``, hand-written
+updates): ``.data`` has its own version counter by design. After such writes call
 ``mxmoe.refresh_weights()``.
 
 Where it is off (the forms are computed on every call, as without a cache): inside torch.compile
@@ -120,6 +124,23 @@ def refresh_weights(module_or_tensor=None) -> int:
         for k in drop:
             del _entries[k]
         return len(drop)
+
+
+def _after_optimizer_step(optimizer, args, kwargs) -> None:
+    """Global optimizer step post-hook: the parameters a step wrote are new weights (see the module
+    docstring: fused optimizer kernels do not bump version counters)."""
+    if not _entries:
+        return
+    roots = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    with _lock:
+        drop = [k for k in _entries if roots.intersection(k[0])]
+        for k in drop:
+            del _entries[k]
+
+
+from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402
+
+register_optimizer_step_post_hook(_after_optimizer_step)
 
 
 def set_weight_cache(enabled: bool) -> None:

@@ -95,6 +95,9 @@ def test_once_per_optimizer_step_and_bitwise_equal(device, recipe, counter):
         assert torch.equal(cached.w, plain.w)
     # with the cache: one weight pass per optimizer step; without: one per micro-batch
     assert counter["n"] == 3 + 3 * 4
+    # the last step dropped the entry (the optimizer step post-hook); the next forward makes it anew
+    assert mxmoe.weight_cache_info()["entries"] == 0
+    _step(cached, *batches[0], recipe)
     info = mxmoe.weight_cache_info()
     assert info["enabled"] and info["entries"] == 1 and info["bytes"] > 0
 
@@ -127,6 +130,35 @@ def test_tracked_writes_invalidate(recipe, counter):
     assert fresh_equals_cached()
     model.bfloat16()
     assert fresh_equals_cached()
+
+
+OPTIMIZERS = {
+    "adamw_fused": lambda ps: torch.optim.AdamW(ps, lr=1e-2, fused=True),
+    "adam_fused": lambda ps: torch.optim.Adam(ps, lr=1e-2, fused=True),
+    "adamw_foreach": lambda ps: torch.optim.AdamW(ps, lr=1e-2, foreach=True),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
+def test_optimizer_steps_invalidate_even_without_version_bumps(device, opt_name, counter):
+    """torch's fused optimizer kernels write parameters without bumping their version counters; the
+    step post-hook drops the stepped parameters' entries, so the next forward never sees stale forms."""
+    recipe = "mxfp8_rceil_tile128"
+    if not _usable(device, recipe):
+        pytest.skip("needs Hopper and the tile128 GEMMs")
+    model = Experts(device=device)
+    opt = OPTIMIZERS[opt_name](model.parameters())
+    a, offs = _batch(device)
+    for _ in range(3):
+        y = _step(model, a, offs, recipe)
+        with uncached():
+            assert torch.equal(y, model(a, offs, recipe).detach())
+        before = model.w.detach().clone()
+        opt.step()
+        opt.zero_grad()
+        assert not torch.equal(model.w, before)  # the step changed the weight ...
+    assert counter["n"] == 3 + 3  # ... and every step's forward re-quantized it (cached + uncached)
 
 
 def test_untracked_data_write_needs_refresh(counter):
