@@ -23,12 +23,15 @@ if [[ ! -x .venv/bin/python ]]; then
   python3 -m venv .venv
 fi
 PY=.venv/bin/python
-stamp=.venv/.mxmoe-deps-v1
+# transformers: the integration tests (tiny random-init Qwen3-MoE / Mixtral / OLMoE / DeepSeek-V3 /
+# gpt-oss configs) and `train --model hf-qwen3`; 5.17 is the release on the GPU machine.
+stamp=.venv/.mxmoe-deps-v2
 if [[ ! -f $stamp ]]; then
-  echo "setup: installing Python dependencies (torch 2.13 CPU, build and test tools)"
+  echo "setup: installing Python dependencies (torch 2.13 CPU, transformers, build and test tools)"
   $PY -m pip install -q --upgrade pip >/dev/null
   $PY -m pip install -q "torch==2.13.0" "scikit-build-core>=0.10" "cmake>=3.24" ninja pytest numpy matplotlib tqdm \
-    "nvidia-cutlass==4.2.0.0"
+    "nvidia-cutlass==4.2.0.0" "transformers==5.17.0"
+  rm -f .venv/.mxmoe-deps-v1
   touch $stamp
 fi
 # The Python package: CPU build of libmxmoe (the CUDA kernels are compiled by the C++ build in
