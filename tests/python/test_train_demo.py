@@ -55,6 +55,24 @@ def test_mxfp8_matches_bf16_cpu(recipe):
     assert "PASS" in report
 
 
+@pytest.mark.parametrize("recipe", ["mxfp8_rceil_tile128"])
+def test_hf_qwen3_model_matches_bf16_cpu(recipe, monkeypatch):
+    """--model hf-qwen3: transformers' Qwen3-MoE, bf16 run on its grouped_mm experts, MXFP8 run on
+    experts_implementation="mxmoe" (every MoE layer's experts through the fused layer)."""
+    pytest.importorskip("transformers")
+    import mxmoe.integrations.transformers as hf
+
+    calls = []
+    real = hf.moe_experts
+    monkeypatch.setattr(hf, "moe_experts", lambda *a, **k: calls.append(k["recipe"]) or real(*a, **k))
+    cfg = TrainConfig(**{**SMALL, "n_heads": 4}, recipe=recipe, device="cpu", model="hf-qwen3")
+    rep = run_comparison(cfg, progress=False, log=lambda *_: None)
+    _check_report(rep, cfg)
+    assert "Qwen3-MoE" in rep["header"] and "experts_implementation='mxmoe'" in rep["header"]
+    # every step's forward of both layers, plus the held-out batches, ran mxmoe (the bf16 run none)
+    assert calls.count(recipe) == cfg.n_layers * (cfg.steps + cfg.eval_batches) and set(calls) == {recipe}
+
+
 def test_cli_writes_png_and_json(tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "mxmoe", "train", "--steps", "6", "--batch-size", "4", "--seq-len", "32",
