@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <cinttypes>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -116,6 +117,9 @@ struct Arg {
   // offsets contents (int32 1-D views): group ends for m rows
   bool is_offs = false;
   int64_t offs_m = 0;
+  // index contents (int32 / int64 views): mostly in [0, index_hi), some just outside, some any value
+  bool is_index = false;
+  int64_t index_hi = 0;
   // result
   int alloc = -1;
 };
@@ -282,6 +286,13 @@ class Call {
     a.offs_m = m;
     return a;
   }
+  Arg& add_index(const char* name, mxmoe_dtype dtype, const std::vector<int64_t>& shape, int64_t hi,
+                 bool given = true) {
+    Arg& a = add(name, Role::kIn, dtype, shape, false, given);
+    a.is_index = true;
+    a.index_hi = hi;
+    return a;
+  }
   static mxmoe_tensor* ptr(Arg& a) { return a.given ? &a.t : nullptr; }
 
   // Breaks arguments (chaos) and gives strided inputs their valid layout variants. Returns false
@@ -305,6 +316,7 @@ class Call {
     for (Arg* a : all)
       if (!materialize(*a)) return false;
     for (Arg* a : all) fill_offs(*a);
+    for (Arg* a : all) fill_index(*a);
     for (auto& al : allocs_) al->snap.assign(al->p.get(), al->p.get() + al->n);
     return true;
   }
@@ -671,6 +683,33 @@ class Call {
       const int32_t x = static_cast<int32_t>(std::max<int64_t>(INT32_MIN, std::min<int64_t>(INT32_MAX, v[i])));
       std::memcpy(p + i * a.t.strides[0], &x, 4);
     }
+  }
+
+  void fill_index(Arg& a) {
+    if (!a.is_index || !a.given || a.t.data == nullptr || a.alloc < 0) return;
+    const bool i64 = a.t.dtype == MXMOE_DTYPE_I64;
+    if ((!i64 && a.t.dtype != MXMOE_DTYPE_I32) || a.t.ndim < 1 || a.t.ndim > 2) return;
+    const int64_t rows = a.t.shape[0], cols = a.t.ndim == 2 ? a.t.shape[1] : 1;
+    if (rows <= 0 || cols <= 0) return;
+    const int mode = pick(0, 7);  // 0-4 in range, 5 in range or just outside, 6 any value, 7 all the same
+    const int64_t hi = std::max<int64_t>(a.index_hi, 1);
+    const int64_t same = static_cast<int64_t>(rnd() % static_cast<uint64_t>(hi));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const uint64_t x = rnd();
+        int64_t v = static_cast<int64_t>(x % static_cast<uint64_t>(hi));
+        if (mode == 5 && (x >> 40) % 4 == 0) v = (x >> 42) & 1 ? -1 - static_cast<int64_t>((x >> 43) % 3) : hi + static_cast<int64_t>((x >> 43) % 3);
+        if (mode == 6) v = i64 ? static_cast<int64_t>(x) : static_cast<int32_t>(x);
+        if (mode == 7) v = same;
+        uint8_t* base = static_cast<uint8_t*>(a.t.data);
+        const int64_t off = r * a.t.strides[0] + (a.t.ndim == 2 ? c * a.t.strides[1] : 0);
+        if (i64) {
+          std::memcpy(base + off * 8, &v, 8);
+        } else {
+          const int32_t w = static_cast<int32_t>(v);
+          std::memcpy(base + off * 4, &w, 4);
+        }
+      }
   }
 
   FuzzedDataProvider& fdp_;
@@ -1103,6 +1142,162 @@ void op_fused(FuzzedDataProvider& fdp) {
                                want_col ? &side[1] : nullptr, stream));
 }
 
+// ---- the MoE layer's entry points ------------------------------------------------------------------
+
+// The rare (edge) choices sit at the top of each pick's range: an exhausted input picks the lowest
+// value, which must stay the plain valid call (a seed's op bytes alone are one).
+int64_t small_k(Call& c) { return c.pick(0, 15) == 15 ? 0 : c.pick(1, 8); }
+
+void op_moe_routing(FuzzedDataProvider& fdp) {
+  g_op = "mxmoe_moe_routing";
+  Call c(fdp);
+  int64_t T = c.dim(), k = small_k(c);
+  Call::cap({&T, &k}, kMaxElems / 4);
+  int64_t E = c.pick(1, 70);
+  const int em = c.pick(0, 15);
+  if (em == 13) E = 0;
+  if (em == 14) E = -static_cast<int64_t>(c.pick(1, 5));
+  if (em == 15 && g_knobs.bigint) E = c.fdp().ConsumeIntegral<int64_t>();
+  const int64_t Ealloc = std::min<int64_t>(std::max<int64_t>(E, 0), 4096);
+  const mxmoe_dtype idt = c.coin() ? MXMOE_DTYPE_I32 : MXMOE_DTYPE_I64;
+  Arg& idx = c.add_index("topk_idx", idt, {T, k}, std::max<int64_t>(E, 1));
+  Arg& offs = c.add("offs", Role::kOut, MXMOE_DTYPE_I32, {Ealloc}, false);
+  Arg& perm = c.add("perm", Role::kOut, MXMOE_DTYPE_I32, {smul(T, k)}, false);
+  Arg& inv = c.add("inv", Role::kOut, MXMOE_DTYPE_I32, {T, k}, false);
+  const int64_t ws = mxmoe_moe_routing_workspace_size(smul(T, k), std::max<int64_t>(E, 1), 0);
+  Arg& work = c.add("workspace", Role::kScratch, MXMOE_DTYPE_E4M3, {std::max<int64_t>(ws, 0)}, false, ws > 0 || c.coin());
+  void* stream = c.stream();
+  if (!c.prepare()) return;
+  c.verbose_dump();
+  const mxmoe_status st = mxmoe_moe_routing(Call::ptr(idx), E, Call::ptr(offs), Call::ptr(perm), Call::ptr(inv),
+                                            Call::ptr(work), stream);
+  c.check(st);
+  if (st != MXMOE_OK) return;
+  // perm is a permutation of [0, N) and inv its inverse; offs ends are non-decreasing, <= N.
+  const mxmoe_tensor &P = perm.t, &V = inv.t, &O = offs.t;
+  const int64_t N = P.shape[0];
+  std::vector<uint8_t> seen(static_cast<size_t>(N), 0);
+  for (int64_t p = 0; p < N; ++p) {
+    int32_t f;
+    std::memcpy(&f, static_cast<const int32_t*>(P.data) + p * P.strides[0], 4);
+    FUZZ_CHECK(f >= 0 && f < N && !seen[static_cast<size_t>(f)], "perm is not a permutation of [0, T*k)",
+               "position " + std::to_string(p) + ": " + std::to_string(f));
+    seen[static_cast<size_t>(f)] = 1;
+    const int64_t t = f / std::max<int64_t>(V.shape[1], 1), j = f % std::max<int64_t>(V.shape[1], 1);
+    int32_t back;
+    std::memcpy(&back, static_cast<const int32_t*>(V.data) + t * V.strides[0] + j * V.strides[1], 4);
+    FUZZ_CHECK(back == p, "inv is not perm's inverse", "entry " + std::to_string(f));
+  }
+  int32_t prev = 0;
+  for (int64_t e = 0; e < O.shape[0]; ++e) {
+    int32_t v;
+    std::memcpy(&v, static_cast<const int32_t*>(O.data) + e * O.strides[0], 4);
+    FUZZ_CHECK(v >= prev && v <= N, "offs is not a non-decreasing list of ends <= T*k", "e " + std::to_string(e));
+    prev = v;
+  }
+}
+
+void op_moe_gather(FuzzedDataProvider& fdp) {
+  g_op = "mxmoe_moe_gather";
+  Call c(fdp);
+  int64_t T = c.dim(), H = c.dim(), k = small_k(c);
+  Call::cap({&T, &H}, kMaxElems / 2);
+  Call::cap({&T, &k}, kMaxElems / 8);
+  int64_t R = smul(T, k);
+  if (c.pick(0, 3) == 3) R = sadd(R, c.pick(0, 40));  // padded routing: more rows than T*k
+  Call::cap({&R, &H}, kMaxElems / 2);
+  Arg& x = c.add("x", Role::kIn, float_dtype(c), {T, H}, false);
+  Arg& perm = c.add_index("perm", MXMOE_DTYPE_I32, {R}, std::max<int64_t>(smul(T, k), 1));
+  Arg& rs = c.add("row_scale", Role::kIn, float_dtype(c), {T, k}, false, c.coin());
+  Arg& out = c.add("out", Role::kOut, float_dtype(c), {R, H}, false);
+  void* stream = c.stream();
+  if (!c.prepare()) return;
+  c.verbose_dump();
+  c.check(mxmoe_moe_gather(Call::ptr(x), Call::ptr(perm), k, Call::ptr(rs), Call::ptr(out), stream));
+}
+
+void op_moe_combine(FuzzedDataProvider& fdp, bool weight_grad) {
+  g_op = weight_grad ? "mxmoe_moe_combine_weight_grad" : "mxmoe_moe_combine";
+  Call c(fdp);
+  int64_t T = c.dim(), H = c.dim(), k = small_k(c);
+  Call::cap({&T, &H}, kMaxElems / 2);
+  Call::cap({&T, &k}, kMaxElems / 8);
+  int64_t N = smul(T, k);
+  if (c.pick(0, 3) == 3) N = sadd(N, c.pick(-3, 40));
+  Call::cap({&N, &H}, kMaxElems / 2);
+  if (weight_grad) {
+    Arg& dout = c.add("dout", Role::kIn, float_dtype(c), {T, H}, false);
+    Arg& y = c.add("y", Role::kIn, float_dtype(c), {N, H}, false);
+    Arg& inv = c.add_index("inv", MXMOE_DTYPE_I32, {T, k}, std::max<int64_t>(N, 1));
+    Arg& dw = c.add("dw", Role::kOut, MXMOE_DTYPE_F32, {T, k}, false);
+    void* stream = c.stream();
+    if (!c.prepare()) return;
+    c.verbose_dump();
+    c.check(mxmoe_moe_combine_weight_grad(Call::ptr(dout), Call::ptr(y), Call::ptr(inv), Call::ptr(dw), stream));
+    return;
+  }
+  Arg& y = c.add("y", Role::kIn, float_dtype(c), {N, H}, false);
+  Arg& inv = c.add_index("inv", MXMOE_DTYPE_I32, {T, k}, std::max<int64_t>(N, 1));
+  Arg& w = c.add("weights", Role::kIn, float_dtype(c), {T, k}, false, c.coin());
+  Arg& out = c.add("out", Role::kOut, float_dtype(c), {T, H}, false);
+  void* stream = c.stream();
+  if (!c.prepare()) return;
+  c.verbose_dump();
+  c.check(mxmoe_moe_combine(Call::ptr(y), Call::ptr(inv), Call::ptr(w), Call::ptr(out), stream));
+}
+
+void op_moe_group_sum(FuzzedDataProvider& fdp) {
+  g_op = "mxmoe_moe_group_sum";
+  Call c(fdp);
+  int64_t M = c.dim(), C = c.dim();
+  const int64_t G = c.groups();
+  Call::cap({&M, &C}, kMaxElems);
+  Arg& x = c.add("x", Role::kIn, float_dtype(c), {M, C}, false);
+  Arg& offs = c.add_offs("offs", G, M);
+  Arg& out = c.add("out", Role::kOut, MXMOE_DTYPE_F32, {G, C}, false);
+  void* stream = c.stream();
+  if (!c.prepare()) return;
+  c.verbose_dump();
+  c.check(mxmoe_moe_group_sum(Call::ptr(x), Call::ptr(offs), Call::ptr(out), stream));
+}
+
+float activation_param(Call& c, float usual) {
+  static const float kOdd[] = {0.0f, -1.0f, 1.702f, 7.0f, 1e30f, -0.0f};
+  switch (c.pick(0, 9)) {
+    case 9: return f32_of(static_cast<uint32_t>(c.rnd()));  // any bits: NaN, Inf
+    case 8: return kOdd[c.pick(0, 5)];
+    default: return usual;
+  }
+}
+
+void op_swiglu(FuzzedDataProvider& fdp, bool backward) {
+  g_op = backward ? "mxmoe_swiglu_backward" : "mxmoe_swiglu";
+  Call c(fdp);
+  int64_t N = c.dim(), I = c.dim();
+  Call::cap({&N, &I}, kMaxElems / 4);
+  const int32_t layout = c.pick(0, 9) == 9 ? c.fdp().ConsumeIntegral<int32_t>() : c.pick(0, 1);
+  const bool gpt = c.coin();
+  const float alpha = activation_param(c, gpt ? 1.702f : 1.0f);
+  const float limit = activation_param(c, gpt ? 7.0f : INFINITY);
+  const float up = activation_param(c, gpt ? 1.0f : 0.0f);
+  if (backward) {
+    Arg& dy = c.add("dy", Role::kIn, float_dtype(c), {N, I}, false);
+    Arg& h = c.add("h", Role::kIn, float_dtype(c), {N, smul(2, I)}, false);
+    Arg& dh = c.add("dh", Role::kOut, h.t.dtype, {N, smul(2, I)}, false);
+    void* stream = c.stream();
+    if (!c.prepare()) return;
+    c.verbose_dump();
+    c.check(mxmoe_swiglu_backward(Call::ptr(dy), Call::ptr(h), layout, alpha, limit, up, Call::ptr(dh), stream));
+    return;
+  }
+  Arg& h = c.add("h", Role::kIn, float_dtype(c), {N, smul(2, I)}, false);
+  Arg& y = c.add("y", Role::kOut, h.t.dtype, {N, I}, false);
+  void* stream = c.stream();
+  if (!c.prepare()) return;
+  c.verbose_dump();
+  c.check(mxmoe_swiglu(Call::ptr(h), layout, alpha, limit, up, Call::ptr(y), stream));
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -1121,8 +1316,16 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  const int op = g_knobs.only >= 0 ? g_knobs.only % 17 : data[0] % 17;
-  FuzzedDataProvider fdp(data + 1, size - 1);
+  // Ops 0-16 are data[0] % 17 as they always were (the corpus and tests/fuzz/regressions keep their
+  // meaning); op 16's inputs pick with data[1] between clamp_offsets and the MoE layer's entry
+  // points 17-23 (added later: no regression input has op 16).
+  int op = g_knobs.only >= 0 ? g_knobs.only % 24 : data[0] % 17;
+  size_t skip = 1;
+  if (g_knobs.only < 0 && op == 16 && size >= 2) {
+    op = 16 + data[1] % 8;
+    skip = 2;
+  }
+  FuzzedDataProvider fdp(data + skip, size - skip);
   // The CPU backend's thread count (parallel_for reads it on every call): mostly 1 (threads are
   // started per parallel_for, which would dominate the run time), sometimes 2 (chunked paths).
   static const char* kThreads[] = {"1", "1", "1", "2"};
@@ -1144,7 +1347,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 13: op_fused(fdp); break;
     case 14: op_gemm(fdp, true); break;
     case 15: op_gemm_kgroups(fdp, true); break;
-    default: op_clamp_offsets(fdp); break;
+    case 16: op_clamp_offsets(fdp); break;
+    case 17: op_moe_routing(fdp); break;
+    case 18: op_moe_gather(fdp); break;
+    case 19: op_moe_combine(fdp, false); break;
+    case 20: op_moe_combine(fdp, true); break;
+    case 21: op_moe_group_sum(fdp); break;
+    case 22: op_swiglu(fdp, false); break;
+    default: op_swiglu(fdp, true); break;
   }
   return 0;
 }
