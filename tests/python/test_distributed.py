@@ -1,6 +1,7 @@
 """torch.distributed on the CPU (gloo, spawned processes, bounded time): FSDP2's fully_shard on models whose
-experts run through mxmoe (mxmoe.nn.MoEExperts, the demo model switched over by mxmoe.convert) trains
-exactly like the single-process model on the same per-rank data, and DCP (torch.distributed.checkpoint)
+experts run through mxmoe (mxmoe.nn.MoEExperts, the demo model switched over by mxmoe.convert, a
+transformers Qwen3-MoE on experts_implementation="mxmoe") trains exactly like the single-process model
+on the same per-rank data, and DCP (torch.distributed.checkpoint)
 save / load round-trips model and optimizer. (The MX all-gather of expert weights and expert
 parallelism are later work: issue 15.)"""
 import datetime
@@ -161,6 +162,45 @@ def _demo_model_fsdp_and_dcp(rank, world, tmp):
     with torch.no_grad():
         a, b = loss_of(model, batch(4)), loss_of(fresh, batch(4))
     assert torch.equal(a, b), (a.item(), b.item())
+
+
+def _hf_qwen3_fsdp_matches_single_process(rank, world, tmp):
+    """A transformers Qwen3-MoE on experts_implementation="mxmoe", each decoder layer fully_shard-ed."""
+    from torch.distributed.fsdp import fully_shard
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    import mxmoe  # noqa: F401  (registers the implementation)
+
+    cfg = Qwen3MoeConfig(vocab_size=64, hidden_size=64, intermediate_size=128, moe_intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         num_experts=4, num_experts_per_tok=2, max_position_embeddings=32,
+                         experts_implementation="mxmoe")
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(cfg)
+    ref = Qwen3MoeForCausalLM(cfg)
+    ref.load_state_dict(model.state_dict())
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+
+    def batch(r):
+        return torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(7 + r))
+
+    loss = model(batch(rank), labels=batch(rank)).loss
+    loss.backward()
+    for r in range(world):
+        lr = ref(batch(r), labels=batch(r)).loss
+        (lr / world).backward()
+        if r == rank:
+            assert torch.equal(loss.detach(), lr.detach()), (loss.item(), lr.item())
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad.full_tensor(), q.grad, rtol=1e-5, atol=1e-7, msg=n)
+
+
+@pytest.mark.slow
+def test_fsdp2_transformers_qwen3_on_mxmoe_matches_single_process():
+    pytest.importorskip("transformers")
+    _spawn("_hf_qwen3_fsdp_matches_single_process")
 
 
 @pytest.mark.slow
