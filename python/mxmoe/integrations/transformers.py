@@ -117,7 +117,7 @@ def experts_spec(module: torch.nn.Module) -> ExpertsSpec:
     from transformers.integrations.moe import _default_apply_gate
 
     gate = getattr(type(module), "_apply_gate", None)
-    gpt_oss = None if gate is _default_apply_gate else _gpt_oss_gate()  # imported only when needed
+    gpt_oss = _gpt_oss_gate()
     if gate is _default_apply_gate:
         act_fn = getattr(module, "act_fn", None)
         if not _is_silu(act_fn):
