@@ -13,9 +13,12 @@ no_grad), ``load_state_dict`` (``param.copy_``), ``with torch.no_grad(): W.mul_(
 views or ``.detach()`` aliases. ``module.to(...)`` / ``.cuda()`` / ``.half()`` replace the data (new
 pointer, dtype or device). Any difference means a miss, so a changed weight is never served stale.
 Optimizers: torch's fused AdamW/Adam/SGD kernels (``fused=True``, TorchTitan's default) write the
-parameters without bumping their version counters, so the counter alone would serve a stale entry
-after such a step. Every ``torch.optim`` optimizer's ``step()`` therefore also drops the entries
-of the parameters it holds (a global optimizer step post-hook, registered at import). The one
+parameters without bumping their version counters, and FSDP2 runs the forward on unsharded copies
+that it refills in reused storage, so the counter alone would serve a stale entry after a step.
+Every ``torch.optim`` optimizer's ``step()`` therefore drops all entries (a global optimizer step
+post-hook, registered at import): the cache then lives exactly from one optimizer step to the next,
+its purpose. Under FSDP2, call ``mxmoe.refresh_weights()`` after loading weights into a sharded
+model (a checkpoint load is not an optimizer step). The one
 write torch does not count otherwise is through ``.data`` (``W.data.add_(...)``, hand-written
 updates): ``.data`` has its own version counter by design. After such writes call
 ``mxmoe.refresh_weights()``.
@@ -127,15 +130,14 @@ def refresh_weights(module_or_tensor=None) -> int:
 
 
 def _after_optimizer_step(optimizer, args, kwargs) -> None:
-    """Global optimizer step post-hook: the parameters a step wrote are new weights (see the module
-    docstring: fused optimizer kernels do not bump version counters)."""
-    if not _entries:
-        return
-    roots = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    with _lock:
-        drop = [k for k in _entries if roots.intersection(k[0])]
-        for k in drop:
-            del _entries[k]
+    """Global optimizer step post-hook: after any optimizer step every entry is dropped (see the
+    module docstring). Not only the stepped parameters' entries: the tensor a forward quantized is
+    not always the optimizer's parameter (FSDP2 computes on unsharded copies it refills in place, in
+    storage it reuses, without bumping their version counters), and a step is rare enough that
+    re-quantizing once after it costs what the cache saves anyway."""
+    if _entries:
+        with _lock:
+            _entries.clear()
 
 
 from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402
