@@ -53,11 +53,13 @@ TINY = dict(dim=64, n_layers=1, n_heads=4, kv_heads=2, num_experts=4, top_k=2, m
             batch_size=2)
 
 
-def _config(args, seed: int, recipe_for_mx: str):
+def _config(args, seed: int, recipe: str):
+    """The training config of one run (a bf16 run's config names the default MXFP8 recipe: unused)."""
     from mxmoe.train import TrainConfig
 
     return TrainConfig(model="hf-qwen3", device=args.device, steps=args.steps, seed=seed, lr=args.lr,
-                       warmup_steps=args.warmup, recipe=recipe_for_mx, eval_batches=args.eval_batches,
+                       warmup_steps=args.warmup, recipe=TrainConfig.recipe if recipe == BASELINE else recipe,
+                       eval_batches=args.eval_batches,
                        **{**args.shape, **({"batch_size": args.batch_size} if args.batch_size else {})})
 
 
@@ -149,11 +151,10 @@ def run(args) -> dict:
 
     seeds = args.seeds
     lang, data, ev = _batches(args, seeds)
-    mx_default = next((r for r in args.recipes if r != BASELINE), "mxfp8_rceil_tile128")
     runs = []
     for s in seeds:  # seed-major: a run cut short still holds whole seeds
         for recipe in args.recipes:
-            cfg = _config(args, s, recipe if recipe != BASELINE else mx_default)
+            cfg = _config(args, s, recipe)
             batches, entropy = data[s]
             t = time.perf_counter()
             r = train_one(recipe, cfg, lang.vocab_size, batches, ev, torch.device(args.device), progress=False)
@@ -177,7 +178,7 @@ def run(args) -> dict:
     if args.compile_steps:
         for recipe in args.recipes:
             s = seeds[0]
-            cfg = replace(_config(args, s, recipe if recipe != BASELINE else mx_default), compile=True,
+            cfg = replace(_config(args, s, recipe), compile=True,
                           steps=args.compile_steps, timing_warmup=args.compile_warmup, eval_batches=1)
             t = time.perf_counter()
             torch._dynamo.reset()
@@ -192,7 +193,7 @@ def run(args) -> dict:
     profiles = {}
     for compiled in ([False] if args.profile else []) + ([True] if args.profile_compiled else []):
         for recipe in args.recipes:
-            cfg = replace(_config(args, seeds[0], recipe if recipe != BASELINE else mx_default), compile=compiled)
+            cfg = replace(_config(args, seeds[0], recipe), compile=compiled)
             torch._dynamo.reset()
             key = recipe + (" compiled" if compiled else "")
             profiles[key] = _profile(lambda: _step_fn(cfg, recipe, lang, data[seeds[0]][0], torch.device(args.device)))

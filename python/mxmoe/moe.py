@@ -192,12 +192,11 @@ def _joined(w):
     return torch.cat(w, dim=1) if isinstance(w, tuple) else w
 
 
-def _split_grad(dw13: Optional[Tensor], w_up: Optional[Tensor]):
-    """dw13, or (d gate, d up) for a pair."""
-    if w_up is None or dw13 is None:
+def _split_grad(dw13: Optional[Tensor], up_rows: Optional[int]):
+    """dw13, or (d gate, d up) for a pair whose halves have up_rows rows each."""
+    if up_rows is None or dw13 is None:
         return dw13, None
-    i = w_up.shape[1]
-    return dw13[:, :i], dw13[:, i:]
+    return dw13[:, :up_rows], dw13[:, up_rows:]
 
 
 def _gather_src(x, perm, k, row_scale=None):
@@ -222,7 +221,7 @@ class _FusedMX(torch.autograd.Function):
         out = ops.moe_combine(o, inv, topk_w, x.dtype)
         ctx.save_for_backward(h, o, x_q, x_s, y_q, y_s, *w13_b, *w2_b, offs, perm, inv, topk_w)
         ctx.cfg = (k, mode, act, layout, x.dtype, w13.dtype, w2.dtype, _dtype(b13), _dtype(b2), phases, len(w13_b))
-        ctx.w_up = None if w_up is None else w_up.detach()  # its shape only (for the grad split)
+        ctx.up_rows = None if w_up is None else w_up.shape[1]
         return out
 
     @staticmethod
@@ -252,7 +251,7 @@ class _FusedMX(torch.autograd.Function):
                 db13 = _bias_grad(ops.swiglu_backward(d_y, h, layout, act.alpha, act.limit, act.up_offset), offs, b13)
             if need_x:
                 dx = ops.moe_combine(dxs, inv, None, x_dtype)
-        dw13, dw_up = _split_grad(dw13 if need_w13 else None, ctx.w_up)
+        dw13, dw_up = _split_grad(dw13 if need_w13 else None, ctx.up_rows)
         return (dx, None, d_tw, dw13, dw2 if need_w2 else None, db13, db2, None, None, None, None, dw_up)
 
 
@@ -277,7 +276,7 @@ class _Bf16(torch.autograd.Function):
         out = ops.moe_combine(o, inv, topk_w, x.dtype)
         ctx.save_for_backward(xs, h, y, o, w13b, w2b, offs, perm, inv, topk_w)
         ctx.cfg = (k, act, layout, x.dtype, w13.dtype, w2.dtype, _dtype(b13), _dtype(b2))
-        ctx.w_up = None if w_up is None else w_up.detach()
+        ctx.up_rows = None if w_up is None else w_up.shape[1]
         return out
 
     @staticmethod
@@ -305,7 +304,7 @@ class _Bf16(torch.autograd.Function):
                 db13 = _bias_grad(dh, offs, b13)
             if need_x:
                 dx = ops.moe_combine(_mm(dh, w13b, offs), inv, None, x_dtype)
-        dw13, dw_up = _split_grad(dw13, ctx.w_up)
+        dw13, dw_up = _split_grad(dw13, ctx.up_rows)
         return (dx, None, d_tw, dw13, dw2, db13, db2, None, None, None, dw_up)
 
 
@@ -359,15 +358,27 @@ class _Combine(torch.autograd.Function):
         return d_o, d_tw, None, None, None, None
 
 
-def _composed(x, topk_idx, topk_w, w13, w2, b13, b2, recipe, backend, act, layout):
+def _composed(x, topk_idx, topk_w, w13, w2, b13, b2, recipe, backend, act, layout, score_before=False):
+    """score_before: sum_j expert(w[t, j] * x[t]) (TorchTitan's score_before_experts) instead of
+    sum_j w[t, j] * expert(x[t]): the weights scale the gathered rows (one fp32 multiply, rounded
+    once to x's dtype, as TorchTitan) and the combine sums unweighted. recipe None: bf16 GEMMs."""
     from .grouped import grouped_mm  # the drop-in's autograd; imported here: grouped imports nothing of ours
+
+    def mm(a, w, bias):
+        if recipe is None:
+            out = torch._grouped_mm(a, w.to(a.dtype).transpose(-2, -1), offs=offs)
+            return out if bias is None else _add_bias(out, bias, offs)
+        return grouped_mm(a, w.transpose(-2, -1), offs, recipe=recipe, backend=backend, bias=bias)
 
     k, E = topk_idx.shape[1], w13.shape[0]
     offs, perm, inv = ops.moe_routing(topk_idx, E)
     xs = _Gather.apply(x, perm, inv, k)
-    h = grouped_mm(xs, w13.transpose(-2, -1), offs, recipe=recipe, backend=backend, bias=b13)
+    if score_before:
+        xs = (xs.float() * topk_w.reshape(-1).float()[perm.long()].unsqueeze(1)).to(x.dtype)
+        topk_w = torch.ones_like(topk_w, dtype=F32)
+    h = mm(xs, w13, b13)
     y = _Act.apply(h, act, layout)
-    o = grouped_mm(y, w2.transpose(-2, -1), offs, recipe=recipe, backend=backend, bias=b2)
+    o = mm(y, w2, b2)
     return _Combine.apply(o, topk_w, perm, inv, k, x.dtype)
 
 

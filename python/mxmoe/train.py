@@ -182,7 +182,7 @@ MODELS = ("demo", "hf-qwen3")
 def build_model(name: str, cfg: TrainConfig, vocab_size: int, device: torch.device):
     """(model, precision, gemm_ctx, amp) of one run: name is BASELINE or an MXFP8 recipe."""
     torch.manual_seed(cfg.seed)
-    if cfg.device != "cpu" and device.type == "cuda":
+    if device.type == "cuda":
         amp = lambda: torch.autocast("cuda", dtype=torch.bfloat16)  # noqa: E731
     else:
         amp = contextlib.nullcontext

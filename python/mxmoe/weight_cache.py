@@ -135,9 +135,7 @@ def _after_optimizer_step(optimizer, args, kwargs) -> None:
     not always the optimizer's parameter (FSDP2 computes on unsharded copies it refills in place, in
     storage it reuses, without bumping their version counters), and a step is rare enough that
     re-quantizing once after it costs what the cache saves anyway."""
-    if _entries:
-        with _lock:
-            _entries.clear()
+    refresh_weights()
 
 
 from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402

@@ -77,6 +77,3 @@ class HFQwen3MoE(nn.Module):
     def update_expert_bias(self) -> None:  # Qwen3-MoE balances with its aux loss; only reset the counts
         for c in self._counters:
             c.tokens_per_expert.zero_()
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())

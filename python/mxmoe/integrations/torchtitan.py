@@ -23,8 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .. import ops
-from ..moe import ACTIVATIONS, _Act, _Combine, _Gather, layer_backend_kwargs, moe_experts
+from ..moe import ACTIVATIONS, _composed, layer_backend_kwargs, moe_experts
 
 
 def grouped_experts_weights(experts: nn.Module):
@@ -52,30 +51,6 @@ def _local(w: Tensor) -> Tensor:
     return w
 
 
-def _score_before(x: Tensor, topk_idx: Tensor, scores: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, recipe,
-                  backend: str) -> Tensor:
-    """sum_j expert_{idx[t, j]}(score[t, j] * x[t]) (TorchTitan's score_before_experts) on mxmoe.grouped_mm."""
-    from ..grouped import grouped_mm
-
-    k, E = topk_idx.shape[1], w1.shape[0]
-    offs, perm, inv = ops.moe_routing(topk_idx.contiguous(), E)
-    xs = _Gather.apply(x, perm, inv, k)
-    # TorchTitan: (x[rows].float() * score[rows]).to(x.dtype); rows past the groups (perm -1) get 0.
-    row_scores = torch.cat([scores.reshape(-1).float(), scores.new_zeros(1, dtype=torch.float32)])
-    xs = (xs.float() * row_scores[perm.long()].unsqueeze(1)).to(x.dtype)
-    w13 = torch.cat([w1, w3], dim=1)
-    if recipe is None:  # bf16
-        h = torch._grouped_mm(xs, w13.to(xs.dtype).transpose(-2, -1), offs=offs)
-        y = _Act.apply(h, ACTIVATIONS["swiglu"], 0)
-        o = torch._grouped_mm(y, w2.to(y.dtype).transpose(-2, -1), offs=offs)
-    else:
-        h = grouped_mm(xs, w13.transpose(-2, -1), offs, recipe=recipe, backend=backend)
-        y = _Act.apply(h, ACTIVATIONS["swiglu"], 0)
-        o = grouped_mm(y, w2.transpose(-2, -1), offs, recipe=recipe, backend=backend)
-    ones = torch.ones_like(scores, dtype=torch.float32)
-    return _Combine.apply(o, ones, perm, inv, k, x.dtype)
-
-
 def moe_forward(self: nn.Module, x: Tensor) -> Tensor:
     """TorchTitan's MoE.forward with the routed experts on mxmoe (see the module docstring)."""
     recipe, backend = self.__dict__["_mxmoe_recipe"], self.__dict__.get("_mxmoe_backend", "auto")
@@ -87,8 +62,9 @@ def moe_forward(self: nn.Module, x: Tensor) -> Tensor:
     top_scores, selected, _ = self.router(x)
     w1, w2, w3 = (_local(w) for w in grouped_experts_weights(self.experts))
     if self.score_before_experts:
-        routed = _score_before(x, selected, top_scores, w1, w2, w3, recipe,
-                               layer_backend_kwargs(backend).get("grouped_mm_backend", "auto"))
+        gmm_backend = layer_backend_kwargs(backend).get("grouped_mm_backend", "auto")
+        routed = _composed(x, selected.contiguous(), top_scores.contiguous(), torch.cat([w1, w3], dim=1), w2, None,
+                           None, recipe, gmm_backend, ACTIVATIONS["swiglu"], 0, score_before=True)
     else:
         routed = moe_experts(x, selected, top_scores, (w1, w3), w2, recipe=recipe, **layer_backend_kwargs(backend))
     shared = getattr(self, "shared_experts", None)

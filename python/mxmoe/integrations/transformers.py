@@ -117,7 +117,7 @@ def experts_spec(module: torch.nn.Module) -> ExpertsSpec:
     from transformers.integrations.moe import _default_apply_gate
 
     gate = getattr(type(module), "_apply_gate", None)
-    gpt_oss = _gpt_oss_gate()
+    gpt_oss = None if gate is _default_apply_gate else _gpt_oss_gate()  # imported only when needed
     if gate is _default_apply_gate:
         act_fn = getattr(module, "act_fn", None)
         if not _is_silu(act_fn):
@@ -193,11 +193,9 @@ class _RegisterOnImport(importlib.abc.MetaPathFinder):
         exec_module = spec.loader.exec_module
 
         def exec_and_register(module):
-            exec_module(module)
+            exec_module(module)  # the module is in sys.modules from here on: register() imports it
             _remove_hook()
-            ExpertsInterfaceHolder = getattr(module, "ExpertsInterface", None)
-            if ExpertsInterfaceHolder is not None:
-                ExpertsInterfaceHolder.register(NAME, experts_forward)
+            register()
 
         spec.loader.exec_module = exec_and_register
         return spec
