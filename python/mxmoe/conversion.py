@@ -115,10 +115,11 @@ def _redirected_function(f, recipe: str, backend: str):
 class _Conversion:
     """What convert() changed on one selected module, so that unconvert() can undo it."""
 
-    def __init__(self, mechanism: str, target: nn.Module, attrs: dict):
+    def __init__(self, mechanism: str, target: nn.Module, attrs: dict, recipe: str):
         self.mechanism = mechanism  # "transformers" | "torchtitan" | "demo" | "redirect"
         self.target = target  # the module whose attributes changed (the experts or their MoE)
         self.attrs = attrs  # attribute -> previous value (_MISSING: there was none)
+        self.recipe = recipe
 
     def remove(self):
         for name, old in self.attrs.items():
@@ -131,7 +132,7 @@ class _Conversion:
         # The module copies carry the changed attributes themselves; the record follows its target.
         import copy
 
-        return _Conversion(self.mechanism, copy.deepcopy(self.target, memo), dict(self.attrs))
+        return _Conversion(self.mechanism, copy.deepcopy(self.target, memo), dict(self.attrs), self.recipe)
 
 
 _MISSING = object()
@@ -152,21 +153,21 @@ def _convert_one(module: nn.Module, parent: Optional[nn.Module], recipe: str, ba
         hf.experts_spec(module)  # unsupported experts fail here, with the reason
         attrs = {"forward": types.MethodType(hf.experts_forward, module), "_mxmoe_recipe": recipe,
                  "_mxmoe_backend": backend}
-        return _Conversion("transformers", module, _set(module, attrs))
+        return _Conversion("transformers", module, _set(module, attrs), recipe)
     if parent is not None and getattr(parent, "experts", None) is module and tt.grouped_experts_weights(module):
         if hasattr(parent, "experts_fn"):  # the demo model's hook
             fn = tt.demo_experts_fn(recipe, backend)
-            return _Conversion("demo", parent, _set(parent, {"experts_fn": fn}))
+            return _Conversion("demo", parent, _set(parent, {"experts_fn": fn}), recipe)
         if tt.is_torchtitan_moe(parent):
             attrs = {"forward": types.MethodType(tt.moe_forward, parent), "_mxmoe_recipe": recipe,
                      "_mxmoe_backend": backend}
-            return _Conversion("torchtitan", parent, _set(parent, attrs))
+            return _Conversion("torchtitan", parent, _set(parent, attrs), recipe)
     fwd = _redirected_forward(module, recipe, backend)
     if fwd is None:
         raise ValueError(f"mxmoe.convert: module {type(module).__name__} owns 3D weights but is neither a transformers "
                          "experts module, nor TorchTitan-shaped (w1, w2, w3), nor calls torch._grouped_mm from its "
                          "forward; pass filter_fn to leave it out")
-    return _Conversion("redirect", module, _set(module, {"forward": fwd}))
+    return _Conversion("redirect", module, _set(module, {"forward": fwd}), recipe)
 
 
 def convert(
@@ -228,3 +229,9 @@ def conversion_mechanism(module: nn.Module) -> Optional[str]:
     """How convert() switched this module over ("transformers", "torchtitan", "demo", "redirect"), or None."""
     conv = module.__dict__.get(_ATTR)
     return None if conv is None else conv.mechanism
+
+
+def conversion_recipe(module: nn.Module) -> Optional[str]:
+    """The recipe convert() gave this module, or None when it was not converted."""
+    conv = module.__dict__.get(_ATTR)
+    return None if conv is None else conv.recipe

@@ -71,7 +71,8 @@ class MoEExperts(nn.Module):
         out = moe_experts(x.reshape(-1, x.shape[-1]), topk_idx.reshape(-1, topk_idx.shape[-1]),
                           topk_weights.reshape(-1, topk_weights.shape[-1]), self.w13, self.w2, recipe=self.recipe,
                           activation=self.activation, layout=self.layout, bias13=self.bias13, bias2=self.bias2)
-        return out.reshape(*lead, x.shape[-1])
+        # No view of the result for 2-D tokens: FSDP2 warns about modules that return views.
+        return out if x.dim() == 2 else out.reshape(*lead, x.shape[-1])
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "

@@ -90,6 +90,8 @@ def quantized(w, form: tuple, compute: Callable) -> Tuple[Tensor, ...]:
     and up weights w1, w3, concatenated by ``compute``): the entry is then valid while every one of
     them is unchanged, and is freed with the first of them."""
     parts = w if isinstance(w, tuple) else (w,)
+    if all(hasattr(t, "mxmoe_forms") for t in parts):
+        return _given_forms(parts, form)
     if not all(_usable(t) for t in parts):
         return compute(w)
     roots = tuple(_root(t) for t in parts)
@@ -108,6 +110,17 @@ def quantized(w, form: tuple, compute: Callable) -> Tuple[Tensor, ...]:
             _stats["misses"] += 1
             _entries[key] = _Entry(tuple(weakref.ref(r, _drop(key)) for r in roots), state, tuple(forms))
     return forms
+
+
+def _given_forms(parts, form) -> Tuple[Tensor, ...]:
+    """Weights that carry their quantized forms (the FSDP2 MX all-gather's MXGatheredWeight,
+    mxmoe/distributed/fsdp.py): no quantization. A (gate, up) pair's forms are joined as the
+    concatenated weight's would be (its halves' tiles never straddle: fsdp.py checks I % 128)."""
+    forms = [t.mxmoe_forms(form) for t in parts]
+    if len(forms) == 1:
+        return forms[0]
+    (q1, s1, qt1, st1), (q2, s2, qt2, st2) = forms
+    return torch.cat([q1, q2], 1), torch.cat([s1, s2], 1), torch.cat([qt1, qt2], 2), torch.cat([st1, st2], 2)
 
 
 def refresh_weights(module_or_tensor=None) -> int:

@@ -2,60 +2,21 @@
 experts run through mxmoe (mxmoe.nn.MoEExperts, the demo model switched over by mxmoe.convert, a
 transformers Qwen3-MoE on experts_implementation="mxmoe") trains exactly like the single-process model
 on the same per-rank data, and DCP (torch.distributed.checkpoint)
-save / load round-trips model and optimizer. (The MX all-gather of expert weights and expert
-parallelism are later work: issue 15.)"""
-import datetime
+save / load round-trips model and optimizer; the same with the MX all-gather of expert weights
+(mxmoe/distributed/fsdp.py: bit-identical to the single process, about half of bf16's bytes); a rank
+that fails mid-step ends the group with an error instead of a hang."""
 import os
-import socket
-import tempfile
-import traceback
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from dist_util import spawn
 
 WORLD = 2
-TIMEOUT_S = 240
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _entry(rank, world, port, fn_name, tmp, errors):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
-    try:
-        globals()[fn_name](rank, world, tmp)
-    except Exception:
-        errors.put(f"rank {rank}:\n{traceback.format_exc()}")
-        raise
-    finally:
-        dist.destroy_process_group()
-
-
-def _spawn(fn_name):
-    ctx = mp.get_context("spawn")
-    errors = ctx.SimpleQueue()
-    with tempfile.TemporaryDirectory() as tmp:
-        port = _free_port()
-        procs = [ctx.Process(target=_entry, args=(r, WORLD, port, fn_name, tmp, errors)) for r in range(WORLD)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(TIMEOUT_S)
-        alive = [p for p in procs if p.is_alive()]
-        for p in alive:
-            p.kill()
-        msgs = []
-        while not errors.empty():
-            msgs.append(errors.get())
-        assert not alive, f"{fn_name}: ranks still running after {TIMEOUT_S} s (hang)"
-        assert not msgs and all(p.exitcode == 0 for p in procs), "\n".join(msgs) or [p.exitcode for p in procs]
+def _spawn(fn_name, world=WORLD):
+    spawn(__name__, fn_name, world)
 
 
 # ---- the rank bodies (module-level: spawn pickles them by name) ----------------------------------
@@ -170,8 +131,9 @@ def _demo_model_fsdp_and_dcp(rank, world, tmp):
     assert torch.equal(a, b), (a.item(), b.item())
 
 
-def _hf_qwen3_fsdp_matches_single_process(rank, world, tmp):
-    """A transformers Qwen3-MoE on experts_implementation="mxmoe", each decoder layer fully_shard-ed."""
+def _hf_qwen3_fsdp_matches_single_process(rank, world, tmp, mx=False):
+    """A transformers Qwen3-MoE on experts_implementation="mxmoe", each decoder layer fully_shard-ed
+    (mx: its experts' weights all-gathered as MX tiles)."""
     from torch.distributed.fsdp import fully_shard
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
@@ -185,6 +147,11 @@ def _hf_qwen3_fsdp_matches_single_process(rank, world, tmp):
     model = Qwen3MoeForCausalLM(cfg)
     ref = Qwen3MoeForCausalLM(cfg)
     ref.load_state_dict(model.state_dict())
+    if mx:
+        from mxmoe.distributed import enable_mx_all_gather
+
+        decisions = enable_mx_all_gather(model)
+        assert len(decisions) == 4 and set(decisions.values()) == {"mx"}, decisions
     for layer in model.model.layers:
         fully_shard(layer)
     fully_shard(model)
@@ -209,6 +176,16 @@ def test_fsdp2_transformers_qwen3_on_mxmoe_matches_single_process():
     _spawn("_hf_qwen3_fsdp_matches_single_process")
 
 
+def _hf_qwen3_fsdp_mx_matches_single_process(rank, world, tmp):
+    _hf_qwen3_fsdp_matches_single_process(rank, world, tmp, mx=True)
+
+
+@pytest.mark.slow
+def test_fsdp2_mx_all_gather_transformers_qwen3_matches_single_process():
+    pytest.importorskip("transformers")
+    _spawn("_hf_qwen3_fsdp_mx_matches_single_process")
+
+
 @pytest.mark.slow
 def test_fsdp2_experts_match_single_process():
     _spawn("_experts_fsdp_matches_single_process")
@@ -217,3 +194,259 @@ def test_fsdp2_experts_match_single_process():
 @pytest.mark.slow
 def test_fsdp2_demo_model_trains_and_dcp_round_trips():
     _spawn("_demo_model_fsdp_and_dcp")
+
+
+# ---- MX all-gather (mxmoe/distributed/fsdp.py) --------------------------------------------------------
+
+
+class _GatherBytes:
+    """Counts the bytes FSDP2's all-gathers produce (its collectives call one of these two)."""
+
+    def __init__(self):
+        import torch.distributed as dist
+
+        self.bytes, self._undo = 0, []
+        for name in ("all_gather_into_tensor", "all_gather_single"):
+            real = getattr(dist, name, None)
+            if real is None:
+                continue
+
+            def counting(out, inp, *a, _real=real, **kw):
+                self.bytes += out.numel() * out.element_size()
+                return _real(out, inp, *a, **kw)
+
+            setattr(dist, name, counting)
+            self._undo.append((name, real))
+
+    def close(self):
+        import torch.distributed as dist
+
+        for name, real in self._undo:
+            setattr(dist, name, real)
+
+
+def _count_tile_quantizations():
+    """Patches ops.sm90_tile128_weight to record the shapes it quantizes; returns the list."""
+    from mxmoe import ops
+
+    calls, real = [], ops.sm90_tile128_weight
+
+    def counting(w, mode):
+        calls.append(tuple(w.shape))
+        return real(w, mode)
+
+    ops.sm90_tile128_weight = counting
+    return calls
+
+
+E_MX, H_MX, I_MX = 4, 128, 128
+
+
+def _mx_data(step, rank):
+    g = torch.Generator().manual_seed(100 * step + rank)
+    x = torch.randn(T, H_MX, generator=g)
+    idx = torch.randint(-1, E_MX + 1, (T, K), generator=g)  # a few ids out of range: dropped
+    return x, idx, torch.rand(T, K, generator=g)
+
+
+def _mx_all_gather_matches_single_process(rank, world, tmp):
+    import mxmoe
+    from mxmoe.distributed import MXShardWeight, enable_mx_all_gather
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = mxmoe.nn.MoEExperts(E_MX, H_MX, I_MX)  # tile128
+    ref = mxmoe.nn.MoEExperts(E_MX, H_MX, I_MX)
+    ref.load_state_dict(model.state_dict())
+    assert enable_mx_all_gather(model) == {"w13": "mx", "w2": "mx"}
+    assert torch.equal(model.w13, ref.w13) and set(model.state_dict()) == set(ref.state_dict())
+    fully_shard(model)
+    assert isinstance(model.w13.to_local(), MXShardWeight)
+    calls = _count_tile_quantizations()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    for step in range(3):
+        calls.clear()
+        x, idx, w = _mx_data(step, rank)
+        loss = model(x, idx, w).square().mean()
+        loss.backward()
+        # Only this rank's shards were quantized (once each); the gathered forms were used as they came.
+        assert sorted(calls) == sorted([(E_MX // world, 2 * I_MX, H_MX), (E_MX // world, H_MX, I_MX)]), calls
+        for r in range(world):
+            xr, ir, wr = _mx_data(step, r)
+            lr = ref(xr, ir, wr).square().mean() / world
+            lr.backward()
+            if r == rank:
+                assert torch.equal(loss.detach(), lr.detach() * world), (step, loss.item(), lr.item() * world)
+        for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad.full_tensor(), q.grad, rtol=1e-6, atol=1e-7, msg=f"step {step} {n}")
+        opt.step()
+        opt_ref.step()
+        opt.zero_grad()
+        opt_ref.zero_grad()
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.full_tensor(), q.detach(), rtol=1e-5, atol=1e-6, msg=n)
+
+
+def _mx_all_gather_bytes(rank, world, tmp):
+    """Bytes all-gathered per step: MX tiles vs FSDP2's own bf16 all-gather of the same bf16 experts."""
+    import mxmoe
+    from mxmoe.distributed import enable_mx_all_gather
+    from torch.distributed.fsdp import fully_shard
+
+    measured = {}
+    for mx in (False, True):
+        torch.manual_seed(0)
+        model = mxmoe.nn.MoEExperts(8, 256, 256).to(torch.bfloat16)
+        if mx:
+            enable_mx_all_gather(model)
+        fully_shard(model)
+        x, idx, w = _mx_data(0, rank)
+        counter = _GatherBytes()
+        try:
+            model(x[:, :1].expand(T, 256).bfloat16().contiguous(), idx.clamp(0, 7), w).float().square().mean().backward()
+        finally:
+            counter.close()
+        measured[mx] = counter.bytes
+    ratio = measured[True] / measured[False]
+    if rank == 0:
+        print(f"all-gathered bytes per step: bf16 {measured[False]}, MX {measured[True]}, ratio {ratio:.4f}")
+    assert measured[False] > 0 and ratio <= 0.55, measured
+
+
+def _mx_all_gather_models_and_dcp(rank, world, tmp):
+    """The demo model converted (TorchTitan-shaped w1/w2/w3) and a transformers Qwen3-MoE: MX all-gather
+    trains like the single process; DCP save / load round-trips with MX parameters; what is left on bf16."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    import mxmoe
+    from mxmoe.demo.model import MoEModelArgs, MoETransformer
+    from mxmoe.distributed import enable_mx_all_gather
+
+    args = MoEModelArgs(vocab_size=64, dim=128, n_layers=2, n_heads=2, max_seq_len=32, num_experts=4, top_k=2,
+                        moe_hidden=128)
+
+    def build(mx=True):
+        torch.manual_seed(0)
+        m = mxmoe.convert(MoETransformer(args), recipe="mxfp8_rceil_tile128")
+        if mx:
+            d = enable_mx_all_gather(m)
+            assert set(d.values()) == {"mx"} and len(d) == 6, d
+        for layer in m.layers.values() if isinstance(m.layers, torch.nn.ModuleDict) else m.layers:
+            fully_shard(layer)
+        fully_shard(m)
+        return m
+
+    def batch(step, r=rank):
+        return torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(10 * step + r))
+
+    def loss_of(m, b):
+        logits = m(b[:, :-1])
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), b[:, 1:].flatten())
+
+    model, plain = build(), build(mx=False)
+    opt, opt_plain = (torch.optim.AdamW(m.parameters(), lr=3e-3) for m in (model, plain))
+    for step in range(3):
+        for m, o in ((model, opt), (plain, opt_plain)):
+            loss_of(m, batch(step)).backward()
+            o.step()
+            o.zero_grad()
+    with torch.no_grad():  # the same weights as FSDP2's bf16 all-gather path after 3 steps
+        for (n, p), q in zip(model.named_parameters(), plain.parameters()):
+            torch.testing.assert_close(p.full_tensor(), q.full_tensor(), rtol=1e-5, atol=1e-6, msg=n)
+    msd, osd = get_state_dict(model, opt)
+    assert all(type(v.to_local()).__name__ == "Tensor" for v in msd.values() if hasattr(v, "to_local")), \
+        "state_dict values must be plain tensors (checkpoints unchanged)"
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(tmp, "ckpt"))
+    fresh = build()
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=3e-3)
+    loss_of(fresh, batch(0)).backward()  # materialize the optimizer state before loading into it
+    fresh_opt.step()
+    fresh_opt.zero_grad()
+    msd2, osd2 = get_state_dict(fresh, fresh_opt)
+    state = {"model": msd2, "optim": osd2}
+    dcp.load(state, checkpoint_id=os.path.join(tmp, "ckpt"))
+    set_state_dict(fresh, fresh_opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    mxmoe.refresh_weights()
+    for m, o in ((model, opt), (fresh, fresh_opt)):
+        loss_of(m, batch(3)).backward()
+        o.step()
+        o.zero_grad()
+    with torch.no_grad():
+        a, b = loss_of(model, batch(4)), loss_of(fresh, batch(4))
+    assert torch.equal(a, b), (a.item(), b.item())
+
+
+def _mx_all_gather_decisions(rank, world, tmp):
+    """Weights that keep FSDP2's own all-gather say why; they still train."""
+    import mxmoe
+    from mxmoe.distributed import enable_mx_all_gather
+    from torch.distributed.fsdp import fully_shard
+
+    uneven = mxmoe.nn.MoEExperts(3, 64, 64)
+    d = enable_mx_all_gather(uneven)
+    assert all("do not split evenly" in v for v in d.values()), d
+    exact = mxmoe.nn.MoEExperts(4, 64, 64, recipe="mxfp8_rceil")
+    d = enable_mx_all_gather(exact)
+    assert all("only mxfp8_rceil_tile128" in v for v in d.values()), d
+    for m in (uneven, exact):
+        fully_shard(m)
+        x, idx, w = _mx_data(0, rank)
+        m(x[:, :64].contiguous(), idx.clamp(0, m.num_experts - 1), w).square().mean().backward()
+        assert all(p.grad is not None for p in m.parameters())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 4])
+def test_fsdp2_mx_all_gather_matches_single_process(world):
+    _spawn("_mx_all_gather_matches_single_process", world)
+
+
+@pytest.mark.slow
+def test_fsdp2_mx_all_gather_bytes_at_most_055x_bf16():
+    _spawn("_mx_all_gather_bytes")
+
+
+@pytest.mark.slow
+def test_fsdp2_mx_all_gather_demo_model_and_dcp():
+    _spawn("_mx_all_gather_models_and_dcp")
+
+
+@pytest.mark.slow
+def test_fsdp2_mx_all_gather_decisions():
+    _spawn("_mx_all_gather_decisions")
+
+
+def _rank_fails_mid_step(rank, world, tmp):
+    """Rank 1 dies in the middle of step 1 (after its forward, before the backward's reduce-scatter)."""
+    import mxmoe
+    from mxmoe.distributed import enable_mx_all_gather
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = mxmoe.nn.MoEExperts(E_MX, H_MX, I_MX)
+    enable_mx_all_gather(model)
+    fully_shard(model)
+    for step in range(3):
+        x, idx, w = _mx_data(step, rank)
+        loss = model(x, idx, w).square().mean()
+        if rank == 1 and step == 1:
+            os._exit(3)  # a crash: no exception handling, no clean shutdown
+        loss.backward()
+
+
+@pytest.mark.slow
+def test_rank_failure_mid_step_ends_group_without_hang():
+    import time
+
+    from dist_util import run_ranks
+
+    t0 = time.monotonic()
+    codes, msgs, alive = run_ranks(__name__, "_rank_fails_mid_step", 2, timeout_s=120, pg_timeout_s=20)
+    elapsed = time.monotonic() - t0
+    assert not alive, f"ranks {alive} hung after a peer died"
+    assert codes[1] == 3 and codes[0] != 0, codes
+    assert any(m.startswith("rank 0:") for m in msgs), msgs  # the survivor raised (gloo: peer closed / timeout)
+    assert elapsed < 100, elapsed

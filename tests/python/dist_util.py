@@ -1,0 +1,74 @@
+"""Spawned torch.distributed ranks for the tests (gloo on the CPU, NCCL at world size 1 on a GPU),
+bounded in time: a rank that hangs is killed and the test fails with the rank's traceback.
+
+    spawn("test_module", "_rank_body", world=2)   # runs test_module._rank_body(rank, world, tmp)
+
+The rank bodies live at module level in the test modules (spawn pickles them by name)."""
+import datetime
+import importlib
+import os
+import socket
+import tempfile
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+TIMEOUT_S = 240
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world, port, module, fn_name, tmp, errors, backend, pg_timeout_s):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=pg_timeout_s))
+    try:
+        getattr(importlib.import_module(module), fn_name)(rank, world, tmp)
+    except BaseException:
+        errors.put(f"rank {rank}:\n{traceback.format_exc()}")
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(module: str, fn_name: str, world: int = 2, backend: str = "gloo", timeout_s: float = TIMEOUT_S,
+              pg_timeout_s: float = 60):
+    """Run module.fn_name(rank, world, tmp) on `world` spawned ranks. Returns (exit codes, error messages,
+    ranks that were still running after timeout_s and got killed)."""
+    ctx = mp.get_context("spawn")
+    errors = ctx.SimpleQueue()
+    with tempfile.TemporaryDirectory() as tmp:
+        port = free_port()
+        procs = [ctx.Process(target=_entry, args=(r, world, port, module, fn_name, tmp, errors, backend,
+                                                  pg_timeout_s)) for r in range(world)]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout_s
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        alive = [r for r, p in enumerate(procs) if p.is_alive()]
+        for r in alive:
+            procs[r].kill()
+            procs[r].join()
+        msgs = []
+        while not errors.empty():
+            msgs.append(errors.get())
+        return [p.exitcode for p in procs], msgs, alive
+
+
+def spawn(module: str, fn_name: str, world: int = 2, backend: str = "gloo", timeout_s: float = TIMEOUT_S,
+          pg_timeout_s: float = 60):
+    """run_ranks, failing on any rank's exception, a nonzero exit or a rank still running after timeout_s."""
+    codes, msgs, alive = run_ranks(module, fn_name, world, backend, timeout_s, pg_timeout_s)
+    assert not alive, f"{fn_name}: ranks {alive} still running after {timeout_s} s (hang)"
+    assert not msgs and all(c == 0 for c in codes), "\n".join(msgs) or codes
