@@ -133,6 +133,13 @@ def grouped_mm(
     view), bias (per-group sum of the output grad). K and N must be multiples of 32.
     """
     r = get_recipe(recipe)
+    for name, t in (("A", A), ("B_t", B_t), ("bias", bias)):
+        if type(t).__name__ == "DTensor":
+            # No sharding rule: a grouped GEMM's groups, K and N all interact with the MX blocks; the fused
+            # layer (mxmoe.moe_experts) has the tensor-parallel rule (mxmoe/distributed/tensor_parallel.py).
+            raise ValueError(f"{name}: a DTensor with placements {tuple(t.placements)}; mxmoe.grouped_mm computes on "
+                             "local tensors: pass .to_local() shards, or use mxmoe.moe_experts, which takes "
+                             "tensor-parallel DTensor weights")
     if isinstance(A, MXTensor):
         a_hp, a_q, a_s = None, A.qdata, A.scale
         if A.dim != -1 or A.offs is not None or A.qdata.dim() != 2:

@@ -450,3 +450,84 @@ def test_rank_failure_mid_step_ends_group_without_hang():
     assert codes[1] == 3 and codes[0] != 0, codes
     assert any(m.startswith("rank 0:") for m in msgs), msgs  # the survivor raised (gloo: peer closed / timeout)
     assert elapsed < 100, elapsed
+
+
+# ---- tensor parallel (mxmoe/distributed/tensor_parallel.py) -------------------------------------------
+
+
+def _tp_matches_single_process(rank, world, tmp):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+
+    import mxmoe
+
+    mesh = init_device_mesh("cpu", (world,))
+    E, H, I = 4, 64, 128 * world  # I / tp = 128: every MX block in one rank's slice
+    g = torch.Generator().manual_seed(0)
+    w1, w3 = (torch.randn(E, I, H, generator=g) * 0.1 for _ in range(2))
+    w2 = torch.randn(E, H, I, generator=g) * 0.1
+    b2 = torch.randn(E, H, generator=g)
+    x = torch.randn(T, H, generator=g)
+    idx = torch.randint(-1, E, (T, K), generator=g)
+    tw = torch.rand(T, K, generator=g)
+    for recipe in ("mxfp8_rceil_tile128", "mxfp8_rceil", None):
+        leaves = [t.clone().requires_grad_() for t in (x, tw, w1, w3, w2, b2)]
+        xr, twr, w1r, w3r, w2r, b2r = leaves
+        ref = mxmoe.moe_experts(xr, idx, twr, (w1r, w3r), w2r, bias2=b2r, recipe=recipe)
+        dout = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1))
+        ref.backward(dout)
+        xs, tws = x.clone().requires_grad_(), tw.clone().requires_grad_()
+        d1, d3 = (distribute_tensor(t, mesh, [Shard(1)]).requires_grad_() for t in (w1, w3))
+        d2 = distribute_tensor(w2, mesh, [Shard(2)]).requires_grad_()
+        db2 = distribute_tensor(b2, mesh, [Replicate()]).requires_grad_()
+        out = mxmoe.moe_experts(xs, idx, tws, (d1, d3), d2, bias2=db2, recipe=recipe)
+        assert tuple(out.placements) == (Partial(),)
+        full = out.full_tensor()
+        full.backward(dout)
+        tol = dict(rtol=2e-2, atol=2e-2) if recipe else dict(rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(full, ref.detach(), **tol, msg=f"{recipe} out")
+        for name, got, want in (("x", xs.grad, xr.grad), ("topk_weights", tws.grad, twr.grad),
+                                ("w1", d1.grad.full_tensor(), w1r.grad), ("w3", d3.grad.full_tensor(), w3r.grad),
+                                ("w2", d2.grad.full_tensor(), w2r.grad), ("bias2", db2.grad.full_tensor(), b2r.grad)):
+            err = (got - want).norm() / want.norm()
+            assert err < 2e-2, (recipe, name, err.item())
+    # No rule: concatenated w13 along its rows, the experts dim, H.
+    w13 = distribute_tensor(torch.cat([w1, w3], 1), mesh, [Shard(1)])
+    with pytest.raises(ValueError, match=r"w13: a Shard\(1\) of the concatenated"):
+        mxmoe.moe_experts(x, idx, tw, w13, distribute_tensor(w2, mesh, [Shard(2)]))
+    with pytest.raises(ValueError, match="expert parallelism"):
+        mxmoe.moe_experts(x, idx, tw, tuple(distribute_tensor(t, mesh, [Shard(0)]) for t in (w1, w3)),
+                          distribute_tensor(w2, mesh, [Shard(0)]))
+    with pytest.raises(ValueError, match=r"w2: expected placements \(Shard\(dim=2\),\)"):
+        mxmoe.moe_experts(x, idx, tw, tuple(distribute_tensor(t, mesh, [Shard(1)]) for t in (w1, w3)),
+                          distribute_tensor(w2, mesh, [Shard(1)]))
+    with pytest.raises(ValueError, match="w2: expected a DTensor"):
+        mxmoe.moe_experts(x, idx, tw, tuple(distribute_tensor(t, mesh, [Shard(1)]) for t in (w1, w3)), w2)
+    with pytest.raises(ValueError, match="x: expected replicated tokens"):
+        mxmoe.moe_experts(distribute_tensor(x, mesh, [Shard(0)]), idx, tw,
+                          tuple(distribute_tensor(t, mesh, [Shard(1)]) for t in (w1, w3)),
+                          distribute_tensor(w2, mesh, [Shard(2)]))
+    dist.barrier()
+
+
+@pytest.mark.slow
+def test_tensor_parallel_experts_match_single_process():
+    _spawn("_tp_matches_single_process")
+
+
+def _grouped_mm_dtensor_error(rank, world, tmp):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    import mxmoe
+
+    mesh = init_device_mesh("cpu", (world,))
+    b = distribute_tensor(torch.randn(2, 64, 64), mesh, [Shard(2)])
+    with pytest.raises(ValueError, match="B_t: a DTensor with placements"):
+        mxmoe.grouped_mm(torch.randn(8, 64), b, torch.tensor([4, 8], dtype=torch.int32))
+
+
+@pytest.mark.slow
+def test_grouped_mm_refuses_dtensors_clearly():
+    _spawn("_grouped_mm_dtensor_error")
