@@ -42,7 +42,7 @@ from .backends import BACKENDS
 from .conversion import convert
 from .demo.data import SyntheticLanguage, make_batches
 from .demo.model import MoEModelArgs, MoETransformer
-from .recipes import RECIPES
+from .recipes import RECIPES, get_recipe
 
 BASELINE = "bf16"
 
@@ -73,6 +73,8 @@ class TrainConfig:
     kv_heads: int = 0  # hf-qwen3: key/value heads (0: heads // 4)
     compile: bool = False  # torch.compile the model (both runs)
     timing_warmup: int = 2  # steps left out of tokens/s (allocator warm-up, lazy init, compilation)
+    fsdp: bool = False  # torchrun: FSDP2 (MX all-gather of tile128 expert weights in the MXFP8 run)
+    ep: bool = False  # torchrun: expert parallel over all ranks (FP8 dispatch), the rest FSDP2
 
     def model_args(self, vocab_size: int) -> MoEModelArgs:
         return MoEModelArgs(
@@ -249,6 +251,20 @@ def train_one(
 ) -> RunResult:
     """One training run. name is BASELINE or an MXFP8 recipe; the init depends only on cfg.seed."""
     model, precision, gemm_ctx, amp = build_model(name, cfg, vocab_size, device)
+    dist_run = cfg.fsdp or cfg.ep
+    if dist_run:  # mxmoe/distributed/launch.py: this rank's slice of every batch, the model sharded
+        from .distributed import launch
+
+        n, r = launch.world(), launch.rank()
+        if cfg.batch_size % n or cfg.eval_batches < 1:
+            raise SystemExit(f"--batch-size ({cfg.batch_size}) must be a multiple of the world size ({n})")
+        info = launch.shard(model, fsdp=cfg.fsdp, ep=cfg.ep, recipe=None if name == BASELINE else name)
+        precision += f"; {'FSDP2' if cfg.fsdp else ''}{' + ' if cfg.fsdp and cfg.ep else ''}" \
+                     f"{'EP' if cfg.ep else ''} over {n} ranks"
+        if info.get("mx_all_gather"):
+            precision += " (expert weights all-gathered as MX tiles)"
+        batches = batches.chunk(n, dim=1)[r]
+        eval_batches = eval_batches.chunk(n, dim=1)[r]
     step_model = torch.compile(model) if cfg.compile else model
 
     opt = make_optimizer(model, cfg, device)
@@ -275,10 +291,15 @@ def train_one(
         # Backward outside the mode: autograd replays the recorded (already rounded) graph.
         opt.zero_grad(set_to_none=True)
         total.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        if dist_run:
+            launch.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        else:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         sched.step()
         for acc, moe in zip(load, model.moe_layers()):
+            if dist_run:  # every rank balances with the global counts
+                launch.all_reduce_sum_(moe.tokens_per_expert)
             acc.add_(moe.tokens_per_expert)
         model.update_expert_bias()
         losses[step] = loss.detach()
@@ -294,7 +315,10 @@ def train_one(
 
     model.eval()
     with torch.no_grad(), gemm_ctx(), amp():
-        eval_loss = torch.stack([_loss(step_model, b) for b in eval_batches.to(device)]).mean().item()
+        eval_loss = torch.stack([_loss(step_model, b) for b in eval_batches.to(device)]).mean()
+    if dist_run:
+        losses, eval_loss = launch.all_reduce_mean(losses), launch.all_reduce_mean(eval_loss)
+    eval_loss = eval_loss.item()
 
     timed_steps = cfg.steps - timed_from
     tokens = timed_steps * cfg.batch_size * cfg.seq_len
@@ -324,6 +348,12 @@ def _progress(total: int, desc: str, enabled: bool):
 def run_comparison(cfg: TrainConfig, progress: bool = True, log=print) -> dict:
     """Both runs on the same data; returns the report dict (also what --out's JSON holds)."""
     device = resolve_device(cfg.device)
+    if cfg.fsdp or cfg.ep:
+        from .distributed import launch
+
+        device = launch.init(device.type)
+        if launch.rank() != 0:
+            progress, log = False, (lambda *a, **k: None)
     lang = SyntheticLanguage()
     batches, entropy = make_batches(lang, cfg.steps, cfg.batch_size, cfg.seq_len, seed=cfg.seed)
     # Held-out text: same language, a sampling seed no training run uses.
@@ -348,8 +378,23 @@ def _header(cfg: TrainConfig, device: torch.device, vocab: int, entropy: float) 
         f"  data    synthetic grammar language, {cfg.steps} steps x {cfg.batch_size} x {cfg.seq_len} "
         f"tokens, seed {cfg.seed}; source entropy {entropy:.3f} nats/token (best reachable loss)",
         f"  device  {_device_name(device)}, torch {torch.__version__}",
+        *_parallel_lines(cfg),
         *_run_lines(cfg, device),
     ])
+
+
+def _parallel_lines(cfg: TrainConfig) -> list[str]:
+    if not (cfg.fsdp or cfg.ep):
+        return []
+    from .distributed import launch
+
+    n, mx = launch.world(), get_recipe(cfg.recipe).w_tile128
+    if cfg.ep:
+        return [f"  ranks   {n} ({launch.backend()}): EP over {n} ranks, {cfg.num_experts // n} experts each; tokens "
+                "dispatched as FP8 + E8M0 scales in the MXFP8 run (bf16 in the bf16 run); the other parameters FSDP2"]
+    gather = ("expert weights all-gathered as MX tiles in the MXFP8 run" if mx else
+              f"expert weights all-gathered in bf16 ({cfg.recipe} has no MX all-gather)")
+    return [f"  ranks   {n} ({launch.backend()}): FSDP2 over {n} ranks ({gather})"]
 
 
 def _model_name(cfg: TrainConfig) -> str:
@@ -580,6 +625,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true", help="torch.compile the model in both runs")
     p.add_argument("--timing-warmup", type=int, default=d.timing_warmup,
                    help="steps left out of tokens/s (default %(default)s; raise it with --compile)")
+    p.add_argument("--fsdp", action="store_true",
+                   help="under torchrun: FSDP2 on both runs; the MXFP8 run all-gathers tile128 expert weights as "
+                        "FP8 + E8M0 tiles")
+    p.add_argument("--ep", action="store_true",
+                   help="under torchrun (demo model): experts sharded over all ranks, FP8 token dispatch "
+                        "(bf16 in the bf16 run); the other parameters FSDP2")
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--eval-batches", type=int, default=d.eval_batches)
     p.add_argument("--tolerance", type=float, default=d.tolerance,
@@ -617,7 +668,16 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(f"mxmoe train: cannot load the mxmoe core library: {e}")
     if resolve_device(cfg.device).type == "cpu":
         torch.set_num_threads(cpu_threads(args.threads))
+    if (cfg.fsdp or cfg.ep) and "RANK" not in os.environ:
+        raise SystemExit("--fsdp / --ep: launch with torchrun, e.g. torchrun --nproc-per-node 2 -m mxmoe train --fsdp")
+    if cfg.ep and cfg.model != "demo":
+        raise SystemExit("--ep: the expert-parallel launch runs the demo model (--model demo)")
     rep = run_comparison(cfg, progress=not args.no_progress)
+    if cfg.fsdp or cfg.ep:
+        from .distributed import launch
+
+        if launch.rank() != 0:
+            return 0
     print(format_report(rep))
     print("wrote " + ", ".join(write_outputs(rep, args.out)))
     return 1 if args.strict and not rep["within_tolerance"] else 0

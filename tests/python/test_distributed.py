@@ -531,3 +531,103 @@ def _grouped_mm_dtensor_error(rank, world, tmp):
 @pytest.mark.slow
 def test_grouped_mm_refuses_dtensors_clearly():
     _spawn("_grouped_mm_dtensor_error")
+
+
+# ---- the CUDA paths: world size 1 on NCCL (the H200; skipped without a GPU) ---------------------------
+
+
+def _nccl_fsdp_mx_tp_ep(rank, world, tmp):
+    """FSDP2 + MX all-gather, the TP rule and the EP layer on CUDA tensors through NCCL collectives."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    import mxmoe
+    from mxmoe.distributed import MXShardWeight, enable_mx_all_gather, ep_moe_experts
+
+    dev = torch.device("cuda", rank)
+    E, H, I, T_, K_ = 8, 256, 256, 512, 2
+    torch.manual_seed(0)
+    model = mxmoe.nn.MoEExperts(E, H, I).to(dev, torch.bfloat16)
+    ref = mxmoe.nn.MoEExperts(E, H, I).to(dev, torch.bfloat16)
+    ref.load_state_dict(model.state_dict())
+    assert set(enable_mx_all_gather(model).values()) == {"mx"}
+    fully_shard(model)
+    assert isinstance(model.w13.to_local(), MXShardWeight)
+    calls = _count_tile_quantizations()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-3, fused=True)
+    g = torch.Generator(device=dev).manual_seed(1)
+    for step in range(3):
+        calls.clear()
+        x = torch.randn(T_, H, device=dev, generator=g).bfloat16()
+        idx = torch.randint(0, E, (T_, K_), device=dev, generator=g)
+        w = torch.rand(T_, K_, device=dev, generator=g).bfloat16()
+        loss = model(x, idx, w).float().square().mean()
+        loss.backward()
+        assert len(calls) == 2, calls  # the shards, once; the gathered forms never re-quantized
+        lr = ref(x, idx, w).float().square().mean()
+        lr.backward()
+        assert torch.equal(loss.detach(), lr.detach()), (step, loss.item(), lr.item())
+        for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+            assert torch.equal(p.grad.full_tensor(), q.grad), (step, n)
+        for o in (opt, opt_ref):
+            o.step()
+            o.zero_grad()
+    # TP rule on a 1-rank mesh: the same numbers as the plain layer.
+    mesh = init_device_mesh("cuda", (world,))
+    w1, w3 = (torch.randn(E, I, H, device=dev).bfloat16() * 0.05 for _ in range(2))
+    w2 = torch.randn(E, H, I, device=dev).bfloat16() * 0.05
+    x = torch.randn(T_, H, device=dev).bfloat16()
+    idx = torch.randint(0, E, (T_, K_), device=dev)
+    tw = torch.rand(T_, K_, device=dev).bfloat16()
+    plain = mxmoe.moe_experts(x, idx, tw, (w1, w3), w2)
+    tp = mxmoe.moe_experts(x, idx, tw, tuple(distribute_tensor(t, mesh, [Shard(1)]) for t in (w1, w3)),
+                           distribute_tensor(w2, mesh, [Shard(2)]))
+    assert torch.equal(tp.full_tensor(), plain)
+    # EP layer on one rank (all experts local): the fused layer's result on the dispatched rows.
+    ep = ep_moe_experts(x, idx, tw, torch.cat([w1, w3], 1), w2, num_experts=E)
+    torch.testing.assert_close(ep.float(), plain.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_nccl_world_size_1_fsdp_mx_tp_ep_on_cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    spawn(__name__, "_nccl_fsdp_mx_tp_ep", 1, backend="nccl")
+
+
+# ---- the launch: torchrun -m mxmoe train --fsdp | --ep (mxmoe/distributed/launch.py) -------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["fsdp", "ep"])
+def test_torchrun_train_demo(mode, tmp_path):
+    """The README's distributed launch on 2 gloo ranks: both runs train, the report comes from rank 0
+    only, and the MXFP8 run stays within the demo's tolerance of bf16."""
+    import subprocess
+    import sys
+
+    from dist_util import free_port
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+           "-m", "mxmoe", "train", f"--{mode}", "--recipe", "mxfp8_rceil_tile128", "--steps", "12",
+           "--batch-size", "4", "--seq-len", "32", "--dim", "128", "--hidden", "128", "--experts", "4",
+           "--no-progress", "--threads", "1", "--strict", "--out", str(tmp_path)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=os.environ.copy())
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.stdout.count("PASS: MXFP8 final losses") == 1, res.stdout[-2000:]
+    expect = ("FSDP2 over 2 ranks (expert weights all-gathered as MX tiles in the MXFP8 run)" if mode == "fsdp" else
+              "EP over 2 ranks, 2 experts each; tokens dispatched as FP8")
+    assert expect in res.stdout, res.stdout[:3000]
+    assert (tmp_path / "train_report.txt").exists()
+
+
+def test_fsdp_flag_without_torchrun_says_how_to_launch():
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    res = subprocess.run([sys.executable, "-m", "mxmoe", "train", "--fsdp", "--steps", "1"], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert res.returncode != 0 and "launch with torchrun" in res.stderr, res.stderr[-2000:]
