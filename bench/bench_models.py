@@ -70,8 +70,9 @@ def _batches(args, seeds):
     out = {}
     for s in seeds:
         t = time.perf_counter()
-        out[s] = make_batches(lang, args.steps, args.batch_size or args.shape["batch_size"], args.shape["seq_len"], seed=s)
-        print(f"data: seed {s}, {args.steps} steps in {time.perf_counter() - t:.1f} s", flush=True)
+        steps = max(args.steps, args.compile_steps)
+        out[s] = make_batches(lang, steps, args.batch_size or args.shape["batch_size"], args.shape["seq_len"], seed=s)
+        print(f"data: seed {s}, {steps} steps in {time.perf_counter() - t:.1f} s", flush=True)
     ev, _ = make_batches(lang, args.eval_batches, args.batch_size or args.shape["batch_size"], args.shape["seq_len"],
                          seed=1_000_003)
     return lang, out, ev
@@ -152,7 +153,7 @@ def run(args) -> dict:
     seeds = args.seeds
     lang, data, ev = _batches(args, seeds)
     runs = []
-    for s in seeds:  # seed-major: a run cut short still holds whole seeds
+    for s in seeds if args.steps else []:  # seed-major: a run cut short still holds whole seeds
         for recipe in args.recipes:
             cfg = _config(args, s, recipe)
             batches, entropy = data[s]
@@ -274,7 +275,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recipes", nargs="+", default=DEFAULT_RECIPES)
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--steps", type=int, default=1000, help="eager steps per run (0: compiled runs / profile only)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--batch-size", type=int, default=0, help="default: %d" % MODEL["batch_size"])
