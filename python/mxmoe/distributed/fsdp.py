@@ -76,7 +76,9 @@ def _tile_codes(w: Tensor, mode: int):
 def _expand(grid: Tensor, rows: int, cols: int) -> Tensor:
     """Tile scales (E, ceil(rows/128), ceil(cols/128)) -> per-row scales every 32 columns (E, rows, cols/32)."""
     per = TILE // SCALE_BLOCK
-    return grid.repeat_interleave(TILE, dim=1)[:, :rows].repeat_interleave(per, dim=2)[:, :, :cols // SCALE_BLOCK]
+    E, nr, nc = grid.shape
+    full = grid[:, :, None, :, None].expand(E, nr, TILE, nc, per).reshape(E, nr * TILE, nc * per)
+    return full[:, :rows, :cols // SCALE_BLOCK]
 
 
 def _dequantize(q: Tensor, s: Tensor, dtype) -> Tensor:
@@ -135,15 +137,23 @@ class MXShardWeight(Tensor):
     def fsdp_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):
         codes, grid = weight_cache.quantized(self._data, ("fsdp_tile128_shard", self._mode),
                                              lambda w: _tile_codes(w, self._mode))
-        return (codes, grid), (self._mode, tuple(outer_size))
+        # The grid rides in the metadata too: at world size 1 FSDP2 (torch 2.11) copies only the first
+        # all-gather input to its output and drops the others; the local grid is then the whole one.
+        return (codes, grid), (self._mode, tuple(outer_size), grid)
 
     def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
-        codes, grid = all_gather_outputs
-        mode, size = metadata
+        mode, size, local_grid = metadata
+        codes = all_gather_outputs[0]
+        grid = all_gather_outputs[1] if len(all_gather_outputs) > 1 else None
         if out is not None:
             # FSDP2 refilled the same buffers (the views out holds): rebuild the derived forms in place.
+            if grid is None:
+                with torch.autograd._unsafe_preserve_version_counter(out._grid):
+                    out._grid.copy_(local_grid)
             out._refill()
             return None
+        if grid is None:
+            grid = local_grid.clone()
         w = MXGatheredWeight(codes.view(E4M3).view(size), grid.view(size[0], *grid.shape[1:]), mode, param_dtype)
         return w, w._derived()
 
