@@ -6,13 +6,8 @@
                       dispatched as FP8 + scales, combined in bf16 (ep_moe_experts, EPMoEExperts)
   tensor_parallel.py  expert weights as DTensors sharded along their hidden dim (TP)
 """
+from .expert_parallel import EPMoEExperts, dispatch_stats, ep_moe_experts
 from .fsdp import MXGatheredWeight, MXShardWeight, disable_mx_all_gather, enable_mx_all_gather
 
-__all__ = ["enable_mx_all_gather", "disable_mx_all_gather", "MXShardWeight", "MXGatheredWeight"]
-
-try:  # written alongside; importable once present
-    from .expert_parallel import EPMoEExperts, dispatch_stats, ep_moe_experts  # noqa: F401
-
-    __all__ += ["ep_moe_experts", "EPMoEExperts", "dispatch_stats"]
-except ImportError:  # pragma: no cover
-    pass
+__all__ = ["enable_mx_all_gather", "disable_mx_all_gather", "MXShardWeight", "MXGatheredWeight", "ep_moe_experts",
+           "EPMoEExperts", "dispatch_stats"]
