@@ -70,7 +70,7 @@ def _batches(args, seeds):
     out = {}
     for s in seeds:
         t = time.perf_counter()
-        steps = max(args.steps, args.compile_steps)
+        steps = max(args.steps, args.compile_steps, 16 if args.profile or args.profile_compiled else 0)
         out[s] = make_batches(lang, steps, args.batch_size or args.shape["batch_size"], args.shape["seq_len"], seed=s)
         print(f"data: seed {s}, {steps} steps in {time.perf_counter() - t:.1f} s", flush=True)
     ev, _ = make_batches(lang, args.eval_batches, args.batch_size or args.shape["batch_size"], args.shape["seq_len"],
