@@ -4,6 +4,7 @@ bounded in time: a rank that hangs is killed and the test fails with the rank's 
     spawn("test_module", "_rank_body", world=2)   # runs test_module._rank_body(rank, world, tmp)
 
 The rank bodies live at module level in the test modules (spawn pickles them by name)."""
+import contextlib
 import datetime
 import importlib
 import os
@@ -42,12 +43,13 @@ def _entry(rank, world, port, module, fn_name, tmp, errors, backend, pg_timeout_
 
 
 def run_ranks(module: str, fn_name: str, world: int = 2, backend: str = "gloo", timeout_s: float = TIMEOUT_S,
-              pg_timeout_s: float = 60):
-    """Run module.fn_name(rank, world, tmp) on `world` spawned ranks. Returns (exit codes, error messages,
-    ranks that were still running after timeout_s and got killed)."""
+              pg_timeout_s: float = 60, tmp: str = None):
+    """Run module.fn_name(rank, world, tmp) on `world` spawned ranks (tmp: a fresh temporary directory, or
+    the one given, e.g. to hand a checkpoint to another run). Returns (exit codes, error messages, ranks
+    that were still running after timeout_s and got killed)."""
     ctx = mp.get_context("spawn")
     errors = ctx.SimpleQueue()
-    with tempfile.TemporaryDirectory() as tmp:
+    with (contextlib.nullcontext(tmp) if tmp else tempfile.TemporaryDirectory()) as tmp:
         port = free_port()
         procs = [ctx.Process(target=_entry, args=(r, world, port, module, fn_name, tmp, errors, backend,
                                                   pg_timeout_s)) for r in range(world)]
@@ -67,8 +69,8 @@ def run_ranks(module: str, fn_name: str, world: int = 2, backend: str = "gloo", 
 
 
 def spawn(module: str, fn_name: str, world: int = 2, backend: str = "gloo", timeout_s: float = TIMEOUT_S,
-          pg_timeout_s: float = 60):
+          pg_timeout_s: float = 60, tmp: str = None):
     """run_ranks, failing on any rank's exception, a nonzero exit or a rank still running after timeout_s."""
-    codes, msgs, alive = run_ranks(module, fn_name, world, backend, timeout_s, pg_timeout_s)
+    codes, msgs, alive = run_ranks(module, fn_name, world, backend, timeout_s, pg_timeout_s, tmp)
     assert not alive, f"{fn_name}: ranks {alive} still running after {timeout_s} s (hang)"
     assert not msgs and all(c == 0 for c in codes), "\n".join(msgs) or codes

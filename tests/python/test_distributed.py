@@ -42,32 +42,49 @@ def _experts_fsdp_matches_single_process(rank, world, tmp):
         ref.load_state_dict(model.state_dict())
         fully_shard(model)
         assert type(model.w13).__name__ == "DTensor"
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-        for step in range(5):
-            x, idx, w = _shard_data(step, rank)
-            hits = mxmoe.weight_cache_info()["hits"]
-            loss = model(x, idx, w).square().mean()
+        hits = []
+
+        def no_stale_hit(step):
             # FSDP2 refills its unsharded weights in reused storage without a version bump: after an
             # optimizer step the cache must not serve the old forms (it did, before every step
             # dropped all entries: 2 stale hits at step 3 here)
-            assert mxmoe.weight_cache_info()["hits"] == hits, (recipe, step)
-            loss.backward()
-            # single process: every rank's shard, grads averaged (what FSDP's reduce-scatter does)
-            for r in range(world):
-                xr, ir, wr = _shard_data(step, r)
-                lr = ref(xr, ir, wr).square().mean() / world
-                lr.backward()
-                if r == rank:
-                    assert torch.equal(loss.detach(), lr.detach() * world), (recipe, step)
-            for (n, p), q in zip(model.named_parameters(), ref.parameters()):
-                torch.testing.assert_close(p.grad.full_tensor(), q.grad, rtol=1e-6, atol=1e-7, msg=f"{recipe} {n}")
-            opt.step()
-            opt_ref.step()
-            opt.zero_grad()
-            opt_ref.zero_grad()
+            assert mxmoe.weight_cache_info()["hits"] == hits[-1], (recipe, step)
+
+        _train_like_single_process(model, ref, _shard_data, rank, world, recipe, 5,
+                                   before_forward=lambda step: hits.append(mxmoe.weight_cache_info()["hits"]),
+                                   after_forward=no_stale_hit)
+
+
+def _train_like_single_process(model, ref, data, rank, world, label, steps, before_forward=None,
+                               after_forward=None, after_backward=None):
+    """`steps` AdamW steps of the sharded `model` on this rank's data(step, rank) next to the
+    single-process `ref` on every rank's data (grads averaged, as FSDP2's reduce-scatter): the same
+    loss on this rank's data, the same grads and, at the end, the same weights."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    for step in range(steps):
+        x, idx, w = data(step, rank)
+        if before_forward:
+            before_forward(step)
+        loss = model(x, idx, w).square().mean()
+        if after_forward:
+            after_forward(step)
+        loss.backward()
+        if after_backward:
+            after_backward(step)
+        for r in range(world):
+            xr, ir, wr = data(step, r)
+            lr = ref(xr, ir, wr).square().mean() / world
+            lr.backward()
+            if r == rank:
+                assert torch.equal(loss.detach(), lr.detach() * world), (label, step, loss.item(), lr.item() * world)
         for (n, p), q in zip(model.named_parameters(), ref.parameters()):
-            torch.testing.assert_close(p.full_tensor(), q.detach(), rtol=1e-5, atol=1e-6, msg=f"{recipe} {n}")
+            torch.testing.assert_close(p.grad.full_tensor(), q.grad, rtol=1e-6, atol=1e-7, msg=f"{label} {step} {n}")
+        for o in (opt, opt_ref):
+            o.step()
+            o.zero_grad()
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.full_tensor(), q.detach(), rtol=1e-5, atol=1e-6, msg=f"{label} {n}")
 
 
 def _demo_model_fsdp_and_dcp(rank, world, tmp):
@@ -263,29 +280,13 @@ def _mx_all_gather_matches_single_process(rank, world, tmp):
     fully_shard(model)
     assert isinstance(model.w13.to_local(), MXShardWeight)
     calls = _count_tile_quantizations()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-    for step in range(3):
-        calls.clear()
-        x, idx, w = _mx_data(step, rank)
-        loss = model(x, idx, w).square().mean()
-        loss.backward()
+
+    def only_local_shards_quantized(step):
         # Only this rank's shards were quantized (once each); the gathered forms were used as they came.
         assert sorted(calls) == sorted([(E_MX // world, 2 * I_MX, H_MX), (E_MX // world, H_MX, I_MX)]), calls
-        for r in range(world):
-            xr, ir, wr = _mx_data(step, r)
-            lr = ref(xr, ir, wr).square().mean() / world
-            lr.backward()
-            if r == rank:
-                assert torch.equal(loss.detach(), lr.detach() * world), (step, loss.item(), lr.item() * world)
-        for (n, p), q in zip(model.named_parameters(), ref.parameters()):
-            torch.testing.assert_close(p.grad.full_tensor(), q.grad, rtol=1e-6, atol=1e-7, msg=f"step {step} {n}")
-        opt.step()
-        opt_ref.step()
-        opt.zero_grad()
-        opt_ref.zero_grad()
-    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p.full_tensor(), q.detach(), rtol=1e-5, atol=1e-6, msg=n)
+
+    _train_like_single_process(model, ref, _mx_data, rank, world, "mx all-gather", 3,
+                               before_forward=lambda step: calls.clear(), after_backward=only_local_shards_quantized)
 
 
 def _mx_all_gather_bytes(rank, world, tmp):
@@ -631,3 +632,82 @@ def test_fsdp_flag_without_torchrun_says_how_to_launch():
     res = subprocess.run([sys.executable, "-m", "mxmoe", "train", "--fsdp", "--steps", "1"], capture_output=True,
                          text=True, timeout=120, env=env)
     assert res.returncode != 0 and "launch with torchrun" in res.stderr, res.stderr[-2000:]
+
+
+# ---- expert-parallel checkpoints: DCP save on N ranks, load on N and on another N ----------------------
+
+_EP_ARGS = dict(vocab_size=64, dim=64, n_layers=2, n_heads=2, max_seq_len=32, num_experts=4, top_k=2, moe_hidden=64)
+
+
+def _ep_demo(rank, world):
+    """The demo model as `torchrun -m mxmoe train --ep` shards it, and its optimizer."""
+    from mxmoe.demo.model import MoEModelArgs, MoETransformer
+    from mxmoe.distributed import launch
+
+    torch.manual_seed(0)
+    model = MoETransformer(MoEModelArgs(**_EP_ARGS))
+    launch.shard(model, fsdp=False, ep=True, recipe="mxfp8_rceil_tile128")
+    return model, torch.optim.AdamW(model.parameters(), lr=3e-3, foreach=False)
+
+
+def _ep_batch(step, rank, world):
+    g = torch.Generator().manual_seed(10 * step)
+    return torch.randint(0, 64, (4, 17), generator=g).chunk(world)[rank]  # this rank's slice of a global batch
+
+
+def _ep_loss(model, b):
+    return torch.nn.functional.cross_entropy(model(b[:, :-1]).flatten(0, 1).float(), b[:, 1:].flatten())
+
+
+def _expert_state(model, opt):
+    """Every expert weight and its AdamW moments as full tensors (gathered over the ranks)."""
+    out = {}
+    for n, p in model.named_parameters():
+        if ".experts." in n:
+            out[n] = p.full_tensor().clone()
+            for k, v in opt.state[p].items():
+                if hasattr(v, "full_tensor"):
+                    out[f"{n}.{k}"] = v.full_tensor().clone()
+    return out
+
+
+def _ep_save(rank, world, tmp):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model, opt = _ep_demo(rank, world)
+    for step in range(2):
+        _ep_loss(model, _ep_batch(step, rank, world)).backward()
+        opt.step()
+        opt.zero_grad()
+    assert type(model.moe_layers()[0].experts.w1).__name__ == "DTensor"
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(tmp, "ep"))
+    state = _expert_state(model, opt)
+    if rank == 0:
+        torch.save(state, os.path.join(tmp, "experts.pt"))
+
+
+def _ep_load(rank, world, tmp):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model, opt = _ep_demo(rank, world)
+    _ep_loss(model, _ep_batch(0, rank, world)).backward()  # materialize the optimizer state
+    opt.step()
+    opt.zero_grad()
+    msd, osd = get_state_dict(model, opt)
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=os.path.join(tmp, "ep"))
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    got, want = _expert_state(model, opt), torch.load(os.path.join(tmp, "experts.pt"))
+    assert set(got) == set(want) and len(want) == 3 * 2 * 3, sorted(want)  # 2 layers x w1/w2/w3 x (w, m, v)
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+
+
+@pytest.mark.slow
+def test_expert_parallel_dcp_save_on_2_load_on_2_and_4(tmp_path):
+    spawn(__name__, "_ep_save", 2, tmp=str(tmp_path))
+    for world in (2, 4):
+        spawn(__name__, "_ep_load", world, tmp=str(tmp_path))

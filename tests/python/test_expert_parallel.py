@@ -65,6 +65,11 @@ def _data(rank, T, E, seed, ids=None):
     return x, ids, w, cot
 
 
+def _local(t):
+    """EPMoEExperts' parameters and grads are DTensors sharded over the experts: this rank's shard."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def _rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
 
@@ -113,16 +118,17 @@ def _check_against_single_process(ep, ref, rank, world, data, recipe):
     assert torch.equal(dx, ref_rt[1][rows]) and torch.equal(dw, ref_rt[2][rows]), msg
     for name, p in ep.named_parameters():
         g_rt, g_x = ref_rt[3][name][sl], ref_x[3][name][sl]
+        grad = _local(p.grad)
         if name == "bias2" and recipe == "mxfp8_rceil_tile128":
             # the single-process fused layer sums w * dout in fp32 for this one; EP's rows come back
             # as bf16 (w * dout), the value every GEMM operand of both layers is quantized from
-            torch.testing.assert_close(p.grad, g_rt, rtol=1e-2, atol=1e-2, msg=f"{msg} {name}")
+            torch.testing.assert_close(grad, g_rt, rtol=1e-2, atol=1e-2, msg=f"{msg} {name}")
         else:  # the same operands in the same row order (dW13: the received rows are x's round trip)
-            assert torch.equal(p.grad, g_rt), f"{msg} {name}"
+            assert torch.equal(grad, g_rt), f"{msg} {name}"
         # every grad close to the single-process layer on x itself; dW13 may differ slightly (its
         # wgrad operand is quantized from the received round-tripped rows instead of from x)
         tol = 1e-3 if name == "w13" else 1e-2 if name == "bias2" else 0
-        assert _rel(p.grad, g_x) <= tol, (msg, name, _rel(p.grad, g_x))
+        assert _rel(grad, g_x) <= tol, (msg, name, _rel(grad, g_x))
     # x's round trip changes nothing else: dx, d topk_weights as the single-process layer on x
     assert torch.equal(dx, ref_x[1][rows]) and torch.equal(dw, ref_x[2][rows]), msg
 
@@ -144,7 +150,9 @@ def _matches_single_process(rank, world, tmp):
         ref = mxmoe.nn.MoEExperts(E, H, I, recipe=recipe, bias=True)
         ep = EPMoEExperts.from_experts(ref, group=None)
         assert (ep.expert_start, ep.expert_end, ep.num_local_experts) == (2 * rank, 2 * rank + 2, 2)
-        assert torch.equal(ep.w13, ref.w13[2 * rank:2 * rank + 2]) and ep.w13.data_ptr() != ref.w13.data_ptr()
+        w13 = _local(ep.w13)
+        assert torch.equal(w13, ref.w13[2 * rank:2 * rank + 2]) and w13.data_ptr() != ref.w13.data_ptr()
+        assert tuple(ep.w13.shape) == tuple(ref.w13.shape)  # the global DTensor (Shard(0) over the experts)
         assert f"recipe={recipe!r}" in repr(ep) and "local_experts=[" in repr(ep)
         dispatch_stats(reset=True)
         _check_against_single_process(ep, ref, rank, world, data, recipe)
@@ -214,13 +222,13 @@ def _bad_routing(rank, world, tmp):
         else:
             _run_ep(ep, *data[rank])  # the collectives of rank 1's extra call
         if rank != 1:  # the experts nobody routes to: zero grads
-            assert torch.all(ep.w13.grad == 0) and torch.all(ep.w2.grad == 0)
+            assert torch.all(_local(ep.w13.grad) == 0) and torch.all(_local(ep.w2.grad) == 0)
     # every rank without tokens: the exchanges are all empty
     ep = EPMoEExperts(E, H, I)
     x = torch.zeros(0, H, dtype=torch.bfloat16, requires_grad=True)
     out = ep(x, torch.zeros(0, K, dtype=torch.int64), torch.zeros(0, K))
     out.sum().backward()
-    assert out.shape == (0, H) and x.grad.shape == (0, H) and torch.all(ep.w13.grad == 0)
+    assert out.shape == (0, H) and x.grad.shape == (0, H) and torch.all(_local(ep.w13.grad) == 0)
 
 
 @_settled

@@ -73,7 +73,8 @@ from .. import ops
 from ..moe import Swiglu, _Combine, _activation, _layout, moe_experts
 from ..recipes import get_recipe
 
-__all__ = ["ep_moe_experts", "EPMoEExperts", "dispatch_stats", "reset_dispatch_stats", "expert_range"]
+__all__ = ["ep_moe_experts", "EPMoEExperts", "dispatch_stats", "reset_dispatch_stats", "expert_range",
+           "expert_mesh", "shard_over_experts"]
 
 _FLOAT = (torch.bfloat16, torch.float32)
 _INT = (torch.int32, torch.int64)
@@ -239,6 +240,42 @@ def _local_count(num_experts, world: int) -> int:
     return num_experts // world
 
 
+def _is_dtensor(t) -> bool:
+    return type(t).__name__ == "DTensor"
+
+
+def _local_shard(name: str, t, world: int):
+    """A weight given as this rank's plain shard, or as the global DTensor sharded over the experts
+    (Shard(0) on the group's 1-D mesh, as EPMoEExperts holds them): its local shard (differentiable)."""
+    if not _is_dtensor(t):
+        return t
+    from torch.distributed.tensor import Shard
+
+    if t.device_mesh.ndim != 1 or t.device_mesh.size() != world or tuple(t.placements) != (Shard(0),):
+        raise ValueError(f"{name}_local: expected this rank's shard or a DTensor sharded over the experts "
+                         f"(Shard(0)) on a 1-D mesh of the group's {world} ranks, got placements "
+                         f"{tuple(t.placements)} on a mesh of shape {tuple(t.device_mesh.shape)}")
+    return t.to_local()
+
+
+def expert_mesh(group=None, device_type: str = "cpu"):
+    """The 1-D DeviceMesh of an expert-parallel process group (default: the world)."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh.from_group(group if group is not None else dist.group.WORLD, device_type)
+
+
+def shard_over_experts(local: Tensor, mesh, requires_grad: bool = True) -> nn.Parameter:
+    """A Parameter holding `local` (this rank's experts, (E_loc, ...)) as the global (E, ...) DTensor
+    sharded over the experts: DCP then saves and loads each rank's experts (and their optimizer
+    states), also into a different number of ranks; without it, torch.distributed.checkpoint takes a
+    plain tensor for a replicated one and keeps only one rank's copy."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    return nn.Parameter(DTensor.from_local(local.detach(), mesh, [Shard(0)], run_check=False),
+                        requires_grad=requires_grad)
+
+
 def _check(x, topk_idx, topk_w, w13, w2, b13, b2, e_loc, num_experts, world):
     for name, t in (("x", x), ("topk_idx", topk_idx), ("topk_weights", topk_w), ("w13_local", w13),
                     ("w2_local", w2)):
@@ -321,6 +358,9 @@ def ep_moe_experts(
     """
     world, rank = _group_info(group)
     e_loc = _local_count(num_experts, world)
+    w13_local, w2_local, bias13_local, bias2_local = (
+        _local_shard(n, t, world) for n, t in (("w13", w13_local), ("w2", w2_local), ("bias13", bias13_local),
+                                              ("bias2", bias2_local)))
     _check(x, topk_idx, topk_weights, w13_local, w2_local, bias13_local, bias2_local, e_loc, num_experts, world)
     quant = _rowwise(recipe)  # ValueError on an unknown recipe, before any collective
     _activation(activation), _layout(layout)
@@ -363,8 +403,10 @@ class EPMoEExperts(nn.Module):
       recipe, activation, layout: as mxmoe.nn.MoEExperts (the recipe also picks the dispatch encoding).
       bias: give the experts biases bias13 (E_loc, 2I) and bias2 (E_loc, H).
       dtype, device: of the parameters.
-    Parameters: w13 (E_loc, 2I, H) and w2 (E_loc, H, I), the experts [expert_start, expert_end) of this
-    rank (initialized independently per rank, as nn.Linear; from_experts slices a full module instead).
+    Parameters: w13 (E, 2I, H) and w2 (E, H, I) as DTensors sharded over the experts (Shard(0) on the
+    group's mesh): this rank holds the experts [expert_start, expert_end) (``w13.to_local()``,
+    initialized independently per rank, as nn.Linear; from_experts slices a full module instead), and
+    torch.distributed.checkpoint saves / loads every rank's experts and optimizer states.
     forward(x (..., H), topk_idx (..., k) global ids, topk_weights (..., k)) -> (..., H) in x's dtype.
     """
 
@@ -397,13 +439,19 @@ class EPMoEExperts(nn.Module):
             self.register_parameter("bias13", None)
             self.register_parameter("bias2", None)
         self.reset_parameters()
+        # The parameters as global DTensors sharded over the experts (see shard_over_experts): correct
+        # DCP checkpoints of every rank's experts and optimizer states, loadable on another rank count.
+        mesh = expert_mesh(group, self.w13.device.type)
+        for name in ("w13", "w2", "bias13", "bias2"):
+            if getattr(self, name) is not None:
+                setattr(self, name, shard_over_experts(getattr(self, name), mesh))
 
     def reset_parameters(self) -> None:
         bound13, bound2 = self.hidden_size ** -0.5, self.intermediate_size ** -0.5
-        with torch.no_grad():
+        with torch.no_grad():  # on the local shards (each rank draws its own experts, as nn.Linear)
             for w, bound in ((self.w13, bound13), (self.w2, bound2), (self.bias13, bound13), (self.bias2, bound2)):
                 if w is not None:
-                    w.uniform_(-bound, bound)
+                    (w.to_local() if _is_dtensor(w) else w).uniform_(-bound, bound)
 
     @classmethod
     def from_experts(cls, module, group=None) -> "EPMoEExperts":
@@ -422,7 +470,7 @@ class EPMoEExperts(nn.Module):
             for name in ("w13", "w2", "bias13", "bias2"):
                 src = getattr(module, name)
                 if src is not None:
-                    getattr(ep, name).copy_(src.detach()[sl])
+                    getattr(ep, name).to_local().copy_(src.detach()[sl])
         return ep
 
     def forward(self, x: Tensor, topk_idx: Tensor, topk_weights: Tensor) -> Tensor:

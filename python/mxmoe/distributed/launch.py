@@ -58,7 +58,7 @@ def _ep_experts_fn(recipe: Optional[str], num_experts: int):
     from .expert_parallel import ep_moe_experts
 
     def run(x, topk_idx, topk_weights, experts):
-        w13 = torch.cat([experts.w1, experts.w3], dim=1)
+        w13 = torch.cat([experts.w1.to_local(), experts.w3.to_local()], dim=1)  # this rank's experts
         return ep_moe_experts(x, topk_idx, topk_weights, w13, experts.w2, num_experts=num_experts, recipe=recipe)
 
     return run
@@ -85,10 +85,15 @@ def shard(model: nn.Module, *, fsdp: bool, ep: bool, recipe: Optional[str]) -> d
         if E % n:
             raise SystemExit(f"--ep: --experts ({E}) must be a multiple of the world size ({n})")
         lo, hi = r * E // n, (r + 1) * E // n
+        from .expert_parallel import expert_mesh, shard_over_experts
+
+        mesh = expert_mesh(None, next(model.parameters()).device.type)
         for moe in model.moe_layers():
+            # This rank's experts, held as the global DTensor sharded over the experts: DCP checkpoints
+            # keep every rank's experts and optimizer states (and load on another rank count).
             for name in ("w1", "w2", "w3"):
                 p = getattr(moe.experts, name)
-                setattr(moe.experts, name, nn.Parameter(p.detach()[lo:hi].clone()))
+                setattr(moe.experts, name, shard_over_experts(p.detach()[lo:hi].clone(), mesh))
             moe.experts_fn = _ep_experts_fn(recipe, E)
         ignored = set(expert_params(model))
         info["local_experts"] = (lo, hi)
