@@ -1069,6 +1069,85 @@ void op_clamp_offsets(FuzzedDataProvider& fdp) {
   }
 }
 
+// The config and the output sides of mxmoe_quantize_fused / _source for an (R, C) input (B batches
+// when three): the sides asked for, each output tensor present or not (a mask per side).
+struct FusedOutputs {
+  mxmoe_fused_config cfg{};
+  bool want_row = false, want_col = false;
+  struct SideArgs {
+    Arg *q, *qt, *scale, *blocked, *dq, *dqt;
+  } sa[2];
+  mxmoe_fused_side side[2];
+
+  // The picks in op_fused's original order (its corpus and regression inputs keep their meaning):
+  // the config and sides here, then the caller's inputs, then add_outputs.
+  explicit FusedOutputs(Call& c) {
+    static const int32_t kBlk[] = {32, 128, 32, 128, 0, 1, 64, -128, INT32_MAX};
+    const int ti = c.pick(0, 5);
+    cfg.tile128 = ti < 4 ? 0 : ti == 4 ? 1 : c.fdp().ConsumeIntegral<int32_t>();
+    cfg.row_block = cfg.tile128 && c.coin() ? (c.coin() ? 128 : 0) : kBlk[c.pick(0, 8)];
+    cfg.col_block = cfg.tile128 && c.coin() ? (c.coin() ? 128 : 0) : kBlk[c.pick(0, 8)];
+    cfg.mode = scale_mode(c);
+    const int sides = c.pick(0, 8);  // 0-3 both, 4-5 row only, 6-7 col only, 8 none
+    want_row = sides <= 5;
+    want_col = sides <= 3 || sides == 6 || sides == 7;
+  }
+
+  void add_outputs(Call& c, bool three, int64_t B, int64_t R, int64_t C, bool with_offs, int64_t G) {
+    const int64_t n_r = with_offs ? sadd(sceil(R, 32), G) : R / 32;
+    // blocked sizes per side (mxmoe_blocked_size by hand)
+    int64_t bs_row, bs_col;
+    if (three) {
+      bs_row = smul(B, smul(sround(R, 128), sround(C / 32, 4)));
+      bs_col = smul(B, smul(sround(C, 128), sround(n_r, 4)));
+    } else if (with_offs) {
+      bs_row = smul(sadd(R, smul(128, G)), sround(C / 32, 4));
+      bs_col = smul(sround(C, 128), sadd(sceil(R, 32), smul(4, G)));
+    } else {
+      bs_row = smul(sround(R, 128), sround(C / 32, 4));
+      bs_col = smul(sround(C, 128), sround(n_r, 4));
+    }
+    if (bs_row > kMaxBytes) bs_row = 0;
+    if (bs_col > kMaxBytes) bs_col = 0;
+    for (int s = 0; s < 2; ++s) {
+      const bool row = s == 0;
+      int mask = c.pick(0, 64);  // 64: no output on this side (refused)
+      if (mask == 0) mask = 1;
+      if (mask == 64) mask = 0;
+      const auto w = [&](int bit) { return (mask >> bit) & 1; };
+      sa[s].q = &c.add(row ? "row.q" : "col.q", Role::kOut, MXMOE_DTYPE_E4M3, batched(three, B, {R, C}), false, w(0));
+      sa[s].qt = &c.add(row ? "row.qt" : "col.qt", Role::kOut, MXMOE_DTYPE_E4M3, batched(three, B, {C, R}), false,
+                        w(1));
+      sa[s].scale = &c.add(row ? "row.scale" : "col.scale", Role::kOut, MXMOE_DTYPE_E8M0,
+                           batched(three, B, row ? std::vector<int64_t>{R, C / 32} : std::vector<int64_t>{C, n_r}),
+                           false, w(2));
+      sa[s].blocked = &c.add(row ? "row.scale_blocked" : "col.scale_blocked", Role::kOut, MXMOE_DTYPE_E8M0,
+                             {row ? bs_row : bs_col}, false, w(3));
+      sa[s].dq = &c.add(row ? "row.dq" : "col.dq", Role::kOut, float_dtype(c), batched(three, B, {R, C}), false,
+                        w(4));
+      sa[s].dqt = &c.add(row ? "row.dqt" : "col.dqt", Role::kOut, float_dtype(c), batched(three, B, {C, R}), false,
+                         w(5));
+    }
+  }
+
+  // After Call::prepare: a side not passed is not an argument of the call (whatever chaos did to it).
+  void bind() {
+    for (int s = 0; s < 2; ++s)
+      if (!(s == 0 ? want_row : want_col))
+        for (Arg* a : {sa[s].q, sa[s].qt, sa[s].scale, sa[s].blocked, sa[s].dq, sa[s].dqt}) a->given = false;
+    for (int s = 0; s < 2; ++s) {
+      side[s].q = Call::ptr(*sa[s].q);
+      side[s].qt = Call::ptr(*sa[s].qt);
+      side[s].scale = Call::ptr(*sa[s].scale);
+      side[s].scale_blocked = Call::ptr(*sa[s].blocked);
+      side[s].dq = Call::ptr(*sa[s].dq);
+      side[s].dqt = Call::ptr(*sa[s].dqt);
+    }
+  }
+  const mxmoe_fused_side* row() const { return want_row ? &side[0] : nullptr; }
+  const mxmoe_fused_side* col() const { return want_col ? &side[1] : nullptr; }
+};
+
 void op_fused(FuzzedDataProvider& fdp) {
   g_op = "mxmoe_quantize_fused";
   Call c(fdp);
@@ -1077,69 +1156,15 @@ void op_fused(FuzzedDataProvider& fdp) {
   const bool with_offs = three ? c.pick(0, 7) == 0 : c.coin();
   const int64_t G = with_offs ? c.groups() : 0;
   Call::cap({&B, &R, &C}, kMaxElems / 2);
-  mxmoe_fused_config cfg{};
-  static const int32_t kBlk[] = {32, 128, 32, 128, 0, 1, 64, -128, INT32_MAX};
-  const int ti = c.pick(0, 5);
-  cfg.tile128 = ti < 4 ? 0 : ti == 4 ? 1 : c.fdp().ConsumeIntegral<int32_t>();
-  cfg.row_block = cfg.tile128 && c.coin() ? (c.coin() ? 128 : 0) : kBlk[c.pick(0, 8)];
-  cfg.col_block = cfg.tile128 && c.coin() ? (c.coin() ? 128 : 0) : kBlk[c.pick(0, 8)];
-  cfg.mode = scale_mode(c);
-  const int sides = c.pick(0, 8);  // 0-3 both, 4-5 row only, 6-7 col only, 8 none
-  const bool want_row = sides <= 5, want_col = sides <= 3 || sides == 6 || sides == 7;
-  const int64_t n_r = with_offs ? sadd(sceil(R, 32), G) : R / 32;
-  // blocked sizes per side (mxmoe_blocked_size by hand)
-  int64_t bs_row, bs_col;
-  if (three) {
-    bs_row = smul(B, smul(sround(R, 128), sround(C / 32, 4)));
-    bs_col = smul(B, smul(sround(C, 128), sround(n_r, 4)));
-  } else if (with_offs) {
-    bs_row = smul(sadd(R, smul(128, G)), sround(C / 32, 4));
-    bs_col = smul(sround(C, 128), sadd(sceil(R, 32), smul(4, G)));
-  } else {
-    bs_row = smul(sround(R, 128), sround(C / 32, 4));
-    bs_col = smul(sround(C, 128), sround(n_r, 4));
-  }
-  if (bs_row > kMaxBytes) bs_row = 0;
-  if (bs_col > kMaxBytes) bs_col = 0;
+  FusedOutputs fo(c);
   Arg& x = c.add("x", Role::kIn, float_dtype(c), batched(three, B, {R, C}), true);
   Arg& offs = c.add_offs("offs", G, R, with_offs);
-  struct SideArgs {
-    Arg *q, *qt, *scale, *blocked, *dq, *dqt;
-  } sa[2];
-  for (int s = 0; s < 2; ++s) {
-    const bool row = s == 0;
-    int mask = c.pick(0, 64);  // 64: no output on this side (refused)
-    if (mask == 0) mask = 1;
-    if (mask == 64) mask = 0;
-    const auto w = [&](int bit) { return (mask >> bit) & 1; };
-    sa[s].q = &c.add(row ? "row.q" : "col.q", Role::kOut, MXMOE_DTYPE_E4M3, batched(three, B, {R, C}), false, w(0));
-    sa[s].qt = &c.add(row ? "row.qt" : "col.qt", Role::kOut, MXMOE_DTYPE_E4M3, batched(three, B, {C, R}), false, w(1));
-    sa[s].scale = &c.add(row ? "row.scale" : "col.scale", Role::kOut, MXMOE_DTYPE_E8M0,
-                         batched(three, B, row ? std::vector<int64_t>{R, C / 32} : std::vector<int64_t>{C, n_r}),
-                         false, w(2));
-    sa[s].blocked = &c.add(row ? "row.scale_blocked" : "col.scale_blocked", Role::kOut, MXMOE_DTYPE_E8M0,
-                           {row ? bs_row : bs_col}, false, w(3));
-    sa[s].dq = &c.add(row ? "row.dq" : "col.dq", Role::kOut, float_dtype(c), batched(three, B, {R, C}), false, w(4));
-    sa[s].dqt = &c.add(row ? "row.dqt" : "col.dqt", Role::kOut, float_dtype(c), batched(three, B, {C, R}), false, w(5));
-  }
+  fo.add_outputs(c, three, B, R, C, with_offs, G);
   void* stream = c.stream();
   if (!c.prepare()) return;
-  // A side not passed: its tensors are not arguments of the call (whatever chaos did to them).
-  for (int s = 0; s < 2; ++s)
-    if (!(s == 0 ? want_row : want_col))
-      for (Arg* a : {sa[s].q, sa[s].qt, sa[s].scale, sa[s].blocked, sa[s].dq, sa[s].dqt}) a->given = false;
-  mxmoe_fused_side side[2];
-  for (int s = 0; s < 2; ++s) {
-    side[s].q = Call::ptr(*sa[s].q);
-    side[s].qt = Call::ptr(*sa[s].qt);
-    side[s].scale = Call::ptr(*sa[s].scale);
-    side[s].scale_blocked = Call::ptr(*sa[s].blocked);
-    side[s].dq = Call::ptr(*sa[s].dq);
-    side[s].dqt = Call::ptr(*sa[s].dqt);
-  }
+  fo.bind();
   c.verbose_dump();
-  c.check(mxmoe_quantize_fused(Call::ptr(x), Call::ptr(offs), cfg, want_row ? &side[0] : nullptr,
-                               want_col ? &side[1] : nullptr, stream));
+  c.check(mxmoe_quantize_fused(Call::ptr(x), Call::ptr(offs), fo.cfg, fo.row(), fo.col(), stream));
 }
 
 // ---- the MoE layer's entry points ------------------------------------------------------------------
@@ -1298,6 +1323,57 @@ void op_swiglu(FuzzedDataProvider& fdp, bool backward) {
   c.check(mxmoe_swiglu(Call::ptr(h), layout, alpha, limit, up, Call::ptr(y), stream));
 }
 
+// mxmoe_quantize_fused_source: the fused quantizer on a computed (R, C) input (gather of routed
+// rows, SwiGLU, SwiGLU backward), the sides and outputs as op_fused (2D).
+void op_fused_source(FuzzedDataProvider& fdp) {
+  g_op = "mxmoe_quantize_fused_source";
+  Call c(fdp);
+  int64_t R = c.dim(), C = c.dim();
+  const bool with_offs = c.coin();
+  const int64_t G = with_offs ? c.groups() : 0;
+  Call::cap({&R, &C}, kMaxElems / 4);
+  const int kp = c.pick(0, 12);  // 12: a kind that does not exist
+  mxmoe_fused_source src{};
+  src.kind = kp < 4 ? MXMOE_SOURCE_GATHER : kp < 8 ? MXMOE_SOURCE_SWIGLU : kp < 12 ? MXMOE_SOURCE_SWIGLU_BACKWARD
+                                                                                : static_cast<mxmoe_source_kind>(
+                                                                                      c.fdp().ConsumeIntegral<int32_t>());
+  FusedOutputs fo(c);
+  Arg& offs = c.add_offs("offs", G, R, with_offs);
+  fo.add_outputs(c, false, 1, R, C, with_offs, G);
+  Arg *a = nullptr, *b = nullptr, *perm = nullptr, *rs = nullptr;
+  if (src.kind == MXMOE_SOURCE_GATHER) {
+    int64_t T = c.pick(0, 15) == 15 ? 0 : c.dim();
+    src.k = small_k(c);
+    Call::cap({&T, &C}, kMaxElems / 4);
+    a = &c.add("src.a", Role::kIn, float_dtype(c), {T, C}, false);
+    perm = &c.add_index("src.perm", MXMOE_DTYPE_I32, {R}, std::max<int64_t>(smul(T, src.k), 1));
+    rs = &c.add("src.row_scale", Role::kIn, MXMOE_DTYPE_F32, {T, src.k}, false, c.coin());
+  } else {
+    src.layout = c.pick(0, 9) == 9 ? c.fdp().ConsumeIntegral<int32_t>() : c.pick(0, 1);
+    const bool gpt = c.coin();
+    src.alpha = activation_param(c, gpt ? 1.702f : 1.0f);
+    src.limit = activation_param(c, gpt ? 7.0f : INFINITY);
+    src.up_offset = activation_param(c, gpt ? 1.0f : 0.0f);
+    if (src.kind == MXMOE_SOURCE_SWIGLU) {
+      a = &c.add("src.a", Role::kIn, MXMOE_DTYPE_BF16, {R, smul(2, C)}, false);
+    } else {
+      a = &c.add("src.a", Role::kIn, MXMOE_DTYPE_BF16, {R, C}, false);
+      b = &c.add("src.b", Role::kIn, MXMOE_DTYPE_BF16, {R, C / 2}, false, c.pick(0, 15) != 15);
+    }
+    if (c.pick(0, 15) == 15) src.k = c.fdp().ConsumeIntegral<int64_t>();  // ignored by these kinds
+  }
+  void* stream = c.stream();
+  if (!c.prepare()) return;
+  fo.bind();
+  src.a = a ? Call::ptr(*a) : nullptr;
+  src.b = b ? Call::ptr(*b) : nullptr;
+  src.perm = perm ? Call::ptr(*perm) : nullptr;
+  src.row_scale = rs ? Call::ptr(*rs) : nullptr;
+  c.verbose_dump();
+  c.check(mxmoe_quantize_fused_source(c.pick(0, 31) == 31 ? nullptr : &src, Call::ptr(offs), fo.cfg, fo.row(),
+                                      fo.col(), stream));
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -1318,11 +1394,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   // Ops 0-16 are data[0] % 17 as they always were (the corpus and tests/fuzz/regressions keep their
   // meaning); op 16's inputs pick with data[1] between clamp_offsets and the MoE layer's entry
-  // points 17-23 (added later: no regression input has op 16).
-  int op = g_knobs.only >= 0 ? g_knobs.only % 24 : data[0] % 17;
+  // points 17-24 (added later: no regression input has op 16).
+  int op = g_knobs.only >= 0 ? g_knobs.only % 25 : data[0] % 17;
   size_t skip = 1;
   if (g_knobs.only < 0 && op == 16 && size >= 2) {
-    op = 16 + data[1] % 8;
+    op = data[1] >= 224 ? 24 : 16 + data[1] % 8;  // 24: mxmoe_quantize_fused_source (added after 17-23)
     skip = 2;
   }
   FuzzedDataProvider fdp(data + skip, size - skip);
@@ -1354,7 +1430,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 20: op_moe_combine(fdp, true); break;
     case 21: op_moe_group_sum(fdp); break;
     case 22: op_swiglu(fdp, false); break;
-    default: op_swiglu(fdp, true); break;
+    case 23: op_swiglu(fdp, true); break;
+    default: op_fused_source(fdp); break;
   }
   return 0;
 }
