@@ -264,8 +264,10 @@ def train_one(
         info = launch.shard(model, fsdp=cfg.fsdp, ep=cfg.ep, recipe=None if name == BASELINE else name)
         precision += f"; {'FSDP2' if cfg.fsdp else ''}{' + ' if cfg.fsdp and cfg.ep else ''}" \
                      f"{'EP' if cfg.ep else ''} over {n} ranks"
-        if info.get("mx_all_gather"):
-            precision += " (expert weights all-gathered as MX tiles)"
+        decisions = info.get("mx_all_gather") or {}
+        if decisions:
+            n_mx = sum(v == "mx" for v in decisions.values())
+            precision += f" ({n_mx} of {len(decisions)} expert weights all-gathered as MX tiles)"
         batches = batches.chunk(n, dim=1)[r]
         eval_batches = eval_batches.chunk(n, dim=1)[r]
     step_model = torch.compile(model) if cfg.compile else model

@@ -602,7 +602,7 @@ def test_nccl_world_size_1_fsdp_mx_tp_ep_on_cuda():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["fsdp", "ep"])
+@pytest.mark.parametrize("mode", ["fsdp", "ep", "fsdp-hf-qwen3"])
 def test_torchrun_train_demo(mode, tmp_path):
     """The README's distributed launch on 2 gloo ranks: both runs train, the report comes from rank 0
     only, and the MXFP8 run stays within the demo's tolerance of bf16."""
@@ -611,15 +611,18 @@ def test_torchrun_train_demo(mode, tmp_path):
 
     from dist_util import free_port
 
+    if mode == "fsdp-hf-qwen3":
+        pytest.importorskip("transformers")
+    flag, model = ("--fsdp", "hf-qwen3") if mode == "fsdp-hf-qwen3" else (f"--{mode}", "demo")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
-           "-m", "mxmoe", "train", f"--{mode}", "--recipe", "mxfp8_rceil_tile128", "--steps", "12",
+           "-m", "mxmoe", "train", flag, "--model", model, "--recipe", "mxfp8_rceil_tile128", "--steps", "12",
            "--batch-size", "4", "--seq-len", "32", "--dim", "128", "--hidden", "128", "--experts", "4",
            "--no-progress", "--threads", "1", "--strict", "--out", str(tmp_path)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=os.environ.copy())
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert res.stdout.count("PASS: MXFP8 final losses") == 1, res.stdout[-2000:]
-    expect = ("FSDP2 over 2 ranks (expert weights all-gathered as MX tiles in the MXFP8 run)" if mode == "fsdp" else
-              "EP over 2 ranks, 2 experts each; tokens dispatched as FP8")
+    expect = ("EP over 2 ranks, 2 experts each; tokens dispatched as FP8" if mode == "ep" else
+              "FSDP2 over 2 ranks (expert weights all-gathered as MX tiles in the MXFP8 run)")
     assert expect in res.stdout, res.stdout[:3000]
     assert (tmp_path / "train_report.txt").exists()
 

@@ -48,10 +48,14 @@ def world() -> int:
 
 
 def _blocks(model: nn.Module):
-    layers = getattr(model, "layers", None)
-    if layers is None and hasattr(model, "model"):  # transformers' CausalLM
-        layers = model.model.layers
-    return list(layers.values()) if isinstance(layers, nn.ModuleDict) else list(layers)
+    """The transformer blocks (each its own FSDP2 unit): the demo's model.layers, or a transformers
+    CausalLM's model.model.layers (also inside the demo's HFQwen3MoE wrapper, .hf)."""
+    for m in (model, getattr(model, "model", None), getattr(getattr(model, "hf", None), "model", None)):
+        layers = getattr(m, "layers", None) if m is not None else None
+        if layers is not None:
+            return list(layers.values()) if isinstance(layers, nn.ModuleDict) else list(layers)
+    raise SystemExit(f"--fsdp: no transformer blocks found in {type(model).__name__} (expected .layers or "
+                     ".model.layers)")
 
 
 def _ep_experts_fn(recipe: Optional[str], num_experts: int):
