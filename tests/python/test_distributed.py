@@ -714,3 +714,43 @@ def test_expert_parallel_dcp_save_on_2_load_on_2_and_4(tmp_path):
     spawn(__name__, "_ep_save", 2, tmp=str(tmp_path))
     for world in (2, 4):
         spawn(__name__, "_ep_load", world, tmp=str(tmp_path))
+
+
+def _mx_all_gather_micro_batches(rank, world, tmp):
+    """Gradient accumulation under FSDP2 + MX all-gather: each rank quantizes its shards once per optimizer
+    step, however many micro-batches (and re-gathers) the step has; the grads are the single process's."""
+    import mxmoe
+    from mxmoe.distributed import enable_mx_all_gather
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = mxmoe.nn.MoEExperts(E_MX, H_MX, I_MX)
+    ref = mxmoe.nn.MoEExperts(E_MX, H_MX, I_MX)
+    ref.load_state_dict(model.state_dict())
+    enable_mx_all_gather(model)
+    fully_shard(model, reshard_after_forward=True)  # a re-gather before every backward
+    calls = _count_tile_quantizations()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=False)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    for step in range(2):
+        calls.clear()
+        for micro in range(3):
+            x, idx, w = _mx_data(10 * step + micro, rank)
+            model(x, idx, w).square().mean().backward()
+            for r in range(world):
+                xr, ir, wr = _mx_data(10 * step + micro, r)
+                (ref(xr, ir, wr).square().mean() / world).backward()
+        # w13 and w2: this rank's shards once, and the single-process reference's whole weights once
+        # (its weight cache), for the 3 micro-batches and their re-gathers
+        want = [(E_MX // world, 2 * I_MX, H_MX), (E_MX // world, H_MX, I_MX), (E_MX, 2 * I_MX, H_MX), (E_MX, H_MX, I_MX)]
+        assert sorted(calls) == sorted(want), (step, calls)
+        for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad.full_tensor(), q.grad, rtol=1e-6, atol=1e-7, msg=f"{step} {n}")
+        for o in (opt, opt_ref):
+            o.step()
+            o.zero_grad()
+
+
+@pytest.mark.slow
+def test_fsdp2_mx_all_gather_quantizes_once_per_step_over_micro_batches():
+    _spawn("_mx_all_gather_micro_batches")
