@@ -32,6 +32,9 @@ import time
 
 import torch
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))  # the source tree's mxmoe first (as bench_models.py)
+
 CONFIGS = {  # name: (hidden H, expert intermediate I, experts E) from BENCH.md "MoE layer configs"
     "qwen3-30b-a3b": (2048, 768, 128),
     "deepseek-v3": (7168, 2048, 256),
