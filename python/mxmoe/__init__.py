@@ -16,6 +16,9 @@ Public API:
 
   mxmoe.refresh_weights() / set_weight_cache() / weight_cache_info()   expert weights quantized once
                                         per optimizer step (mxmoe/weight_cache.py)
+  mxmoe.distributed                     FSDP2 MX all-gather (enable_mx_all_gather), expert parallel
+                                        (ep_moe_experts, EPMoEExperts), the torchrun launch; TP: DTensor
+                                        weights in moe_experts (imported on use: import mxmoe.distributed)
   mxmoe.build_info()                    what this build carries (cuda, cuda_archs, tile128_gemm, torch_abi)
 
 Binding: the ops are registered from C++ (libmxmoe_torch.so, src/ops/) through the LibTorch stable
