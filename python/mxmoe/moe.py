@@ -385,7 +385,8 @@ def _composed(x, topk_idx, topk_w, w13, w2, b13, b2, recipe, backend, act, layou
 # ---- the entry point ---------------------------------------------------------------------------------
 
 
-def _is_dtensor(t) -> bool:
+def is_dtensor(t) -> bool:
+    """A torch.distributed DTensor (checked by name: no torch.distributed import on this path)."""
     return type(t).__name__ == "DTensor"
 
 
@@ -518,13 +519,13 @@ def moe_experts(
     H and I must be multiples of 32.
     """
     weights = (*(w13 if isinstance(w13, (tuple, list)) else (w13,)), w2, bias13, bias2)
-    if any(_is_dtensor(t) for t in weights):  # tensor parallel (mxmoe/distributed/tensor_parallel.py)
+    if any(is_dtensor(t) for t in weights):  # tensor parallel (mxmoe/distributed/tensor_parallel.py)
         from .distributed.tensor_parallel import moe_experts_tensor_parallel
 
         return moe_experts_tensor_parallel(x, topk_idx, topk_weights, w13, w2, bias13=bias13, bias2=bias2,
                                            layout=layout, recipe=recipe, activation=activation, backend=backend,
                                            grouped_mm_backend=grouped_mm_backend)
-    if _is_dtensor(x):
+    if is_dtensor(x):
         raise ValueError(f"x: a DTensor with placements {tuple(x.placements)} and plain expert weights; pass "
                          "x.to_local() (or DTensor weights, for tensor parallelism)")
     _check(x, topk_idx, topk_weights, w13, w2, bias13, bias2)

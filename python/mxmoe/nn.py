@@ -17,6 +17,40 @@ from .moe import Swiglu, _activation, _layout, moe_experts
 __all__ = ["MoEExperts"]
 
 
+def check_sizes(**sizes: int) -> None:
+    """Expert layer sizes: positive ints; hidden_size and intermediate_size multiples of 32 (MX blocks)."""
+    for name, v in sizes.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}: expected a positive int, got {v!r}")
+    h, i = sizes["hidden_size"], sizes["intermediate_size"]
+    if h % 32 or i % 32:
+        raise ValueError(f"hidden_size, intermediate_size: expected multiples of 32, got {h}, {i}")
+
+
+def make_expert_parameters(module: nn.Module, num_experts: int, hidden_size: int, intermediate_size: int,
+                           bias: bool, dtype=None, device=None) -> None:
+    """module.w13 (E, 2I, H), w2 (E, H, I) and, with bias, bias13 (E, 2I), bias2 (E, H) (else None)."""
+    kw = dict(dtype=dtype, device=device)
+    module.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size, **kw))
+    module.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size, **kw))
+    if bias:
+        module.bias13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, **kw))
+        module.bias2 = nn.Parameter(torch.empty(num_experts, hidden_size, **kw))
+    else:
+        module.register_parameter("bias13", None)
+        module.register_parameter("bias2", None)
+
+
+def init_expert_parameters_(w13: Tensor, w2: Tensor, bias13: Optional[Tensor], bias2: Optional[Tensor],
+                            hidden_size: int, intermediate_size: int) -> None:
+    """nn.Linear's default per expert: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), in place."""
+    with torch.no_grad():
+        for t, fan_in in ((w13, hidden_size), (w2, intermediate_size), (bias13, hidden_size),
+                          (bias2, intermediate_size)):
+            if t is not None:
+                t.uniform_(-1 / math.sqrt(fan_in), 1 / math.sqrt(fan_in))
+
+
 class MoEExperts(nn.Module):
     """The experts of one MoE layer: out[t] = sum_j w[t, j] * expert_{idx[t, j]}(x[t]).
 
@@ -37,34 +71,15 @@ class MoEExperts(nn.Module):
                  device=None):
         super().__init__()
         _activation(activation), _layout(layout)  # fail early on a bad name
-        for name, v in (("num_experts", num_experts), ("hidden_size", hidden_size),
-                        ("intermediate_size", intermediate_size)):
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}: expected a positive int, got {v!r}")
-        if hidden_size % 32 or intermediate_size % 32:
-            raise ValueError(f"hidden_size, intermediate_size: expected multiples of 32, got {hidden_size}, "
-                             f"{intermediate_size}")
+        check_sizes(num_experts=num_experts, hidden_size=hidden_size, intermediate_size=intermediate_size)
         self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
         self.recipe, self.activation, self.layout = recipe, activation, layout
-        kw = dict(dtype=dtype, device=device)
-        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size, **kw))
-        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size, **kw))
-        if bias:
-            self.bias13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, **kw))
-            self.bias2 = nn.Parameter(torch.empty(num_experts, hidden_size, **kw))
-        else:
-            self.register_parameter("bias13", None)
-            self.register_parameter("bias2", None)
+        make_expert_parameters(self, num_experts, hidden_size, intermediate_size, bias, dtype, device)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        # nn.Linear's default per expert: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
-        with torch.no_grad():
-            for w, fan_in in ((self.w13, self.hidden_size), (self.w2, self.intermediate_size)):
-                w.uniform_(-1 / math.sqrt(fan_in), 1 / math.sqrt(fan_in))
-            for b, fan_in in ((self.bias13, self.hidden_size), (self.bias2, self.intermediate_size)):
-                if b is not None:
-                    b.uniform_(-1 / math.sqrt(fan_in), 1 / math.sqrt(fan_in))
+        init_expert_parameters_(self.w13, self.w2, self.bias13, self.bias2, self.hidden_size,
+                                self.intermediate_size)
 
     def forward(self, x: Tensor, topk_idx: Tensor, topk_weights: Tensor) -> Tensor:
         lead = x.shape[:-1]

@@ -87,9 +87,35 @@ def _train_like_single_process(model, ref, data, rank, world, label, steps, befo
         torch.testing.assert_close(p.full_tensor(), q.detach(), rtol=1e-5, atol=1e-6, msg=f"{label} {n}")
 
 
-def _demo_model_fsdp_and_dcp(rank, world, tmp):
+def _dcp_save(model, opt, path):
+    """Model and optimizer (sharded or not) to a DCP checkpoint; returns the model state dict saved."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+    return msd
+
+
+def _dcp_load(model, opt, path, first_backward):
+    """A fresh model and optimizer loaded from a DCP checkpoint: one step first (first_backward() then
+    opt.step()) materializes the optimizer state that DCP loads into."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    import mxmoe
+
+    first_backward()
+    opt.step()
+    opt.zero_grad()
+    msd, osd = get_state_dict(model, opt)
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    mxmoe.refresh_weights()  # a load into sharded parameters is not seen by the cache (weight_cache.py)
+
+
+def _demo_model_fsdp_and_dcp(rank, world, tmp):
     from torch.distributed.fsdp import fully_shard
 
     import mxmoe
@@ -125,19 +151,11 @@ def _demo_model_fsdp_and_dcp(rank, world, tmp):
         opt.zero_grad()
         losses.append(loss.item())
     assert all(v == v for v in losses)
-    msd, osd = get_state_dict(model, opt)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(tmp, "ckpt"))
+    _dcp_save(model, opt, os.path.join(tmp, "ckpt"))
     # A fresh model and optimizer, loaded: the same next loss and the same next step as the original.
     fresh = build()
     fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=3e-3)
-    fresh(batch(0)[:, :-1]).sum().backward()  # materialize the optimizer state before loading into it
-    fresh_opt.step()
-    fresh_opt.zero_grad()
-    msd2, osd2 = get_state_dict(fresh, fresh_opt)
-    state = {"model": msd2, "optim": osd2}
-    dcp.load(state, checkpoint_id=os.path.join(tmp, "ckpt"))
-    set_state_dict(fresh, fresh_opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    mxmoe.refresh_weights()  # a load into sharded parameters is not seen by the cache (weight_cache.py)
+    _dcp_load(fresh, fresh_opt, os.path.join(tmp, "ckpt"), lambda: fresh(batch(0)[:, :-1]).sum().backward())
     for m, o in ((model, opt), (fresh, fresh_opt)):
         loss = loss_of(m, batch(3))
         loss.backward()
@@ -318,8 +336,6 @@ def _mx_all_gather_bytes(rank, world, tmp):
 def _mx_all_gather_models_and_dcp(rank, world, tmp):
     """The demo model converted (TorchTitan-shaped w1/w2/w3) and a transformers Qwen3-MoE: MX all-gather
     trains like the single process; DCP save / load round-trips with MX parameters; what is left on bf16."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.distributed.fsdp import fully_shard
 
     import mxmoe
@@ -357,20 +373,12 @@ def _mx_all_gather_models_and_dcp(rank, world, tmp):
     with torch.no_grad():  # the same weights as FSDP2's bf16 all-gather path after 3 steps
         for (n, p), q in zip(model.named_parameters(), plain.parameters()):
             torch.testing.assert_close(p.full_tensor(), q.full_tensor(), rtol=1e-5, atol=1e-6, msg=n)
-    msd, osd = get_state_dict(model, opt)
+    msd = _dcp_save(model, opt, os.path.join(tmp, "ckpt"))
     assert all(type(v.to_local()).__name__ == "Tensor" for v in msd.values() if hasattr(v, "to_local")), \
         "state_dict values must be plain tensors (checkpoints unchanged)"
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(tmp, "ckpt"))
     fresh = build()
     fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=3e-3)
-    loss_of(fresh, batch(0)).backward()  # materialize the optimizer state before loading into it
-    fresh_opt.step()
-    fresh_opt.zero_grad()
-    msd2, osd2 = get_state_dict(fresh, fresh_opt)
-    state = {"model": msd2, "optim": osd2}
-    dcp.load(state, checkpoint_id=os.path.join(tmp, "ckpt"))
-    set_state_dict(fresh, fresh_opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    mxmoe.refresh_weights()
+    _dcp_load(fresh, fresh_opt, os.path.join(tmp, "ckpt"), lambda: loss_of(fresh, batch(0)).backward())
     for m, o in ((model, opt), (fresh, fresh_opt)):
         loss_of(m, batch(3)).backward()
         o.step()
@@ -649,8 +657,8 @@ def _ep_demo(rank, world):
 
     torch.manual_seed(0)
     model = MoETransformer(MoEModelArgs(**_EP_ARGS))
-    launch.shard(model, fsdp=False, ep=True, recipe="mxfp8_rceil_tile128")
-    return model, torch.optim.AdamW(model.parameters(), lr=3e-3, foreach=False)
+    launch.shard(model, ep=True, recipe="mxfp8_rceil_tile128")
+    return model, torch.optim.AdamW(model.parameters(), lr=3e-3)
 
 
 def _ep_batch(step, rank, world):
@@ -675,34 +683,21 @@ def _expert_state(model, opt):
 
 
 def _ep_save(rank, world, tmp):
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
     model, opt = _ep_demo(rank, world)
     for step in range(2):
         _ep_loss(model, _ep_batch(step, rank, world)).backward()
         opt.step()
         opt.zero_grad()
     assert type(model.moe_layers()[0].experts.w1).__name__ == "DTensor"
-    msd, osd = get_state_dict(model, opt)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(tmp, "ep"))
+    _dcp_save(model, opt, os.path.join(tmp, "ep"))
     state = _expert_state(model, opt)
     if rank == 0:
         torch.save(state, os.path.join(tmp, "experts.pt"))
 
 
 def _ep_load(rank, world, tmp):
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
     model, opt = _ep_demo(rank, world)
-    _ep_loss(model, _ep_batch(0, rank, world)).backward()  # materialize the optimizer state
-    opt.step()
-    opt.zero_grad()
-    msd, osd = get_state_dict(model, opt)
-    state = {"model": msd, "optim": osd}
-    dcp.load(state, checkpoint_id=os.path.join(tmp, "ep"))
-    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    _dcp_load(model, opt, os.path.join(tmp, "ep"), lambda: _ep_loss(model, _ep_batch(0, rank, world)).backward())
     got, want = _expert_state(model, opt), torch.load(os.path.join(tmp, "experts.pt"))
     assert set(got) == set(want) and len(want) == 3 * 2 * 3, sorted(want)  # 2 layers x w1/w2/w3 x (w, m, v)
     for k in want:

@@ -70,7 +70,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from .. import ops
-from ..moe import Swiglu, _Combine, _activation, _layout, moe_experts
+from ..moe import Swiglu, _Combine, _activation, _layout, is_dtensor, moe_experts
+from ..nn import MoEExperts, check_sizes, init_expert_parameters_, make_expert_parameters
 from ..recipes import get_recipe
 
 __all__ = ["ep_moe_experts", "EPMoEExperts", "dispatch_stats", "reset_dispatch_stats", "expert_range",
@@ -240,14 +241,10 @@ def _local_count(num_experts, world: int) -> int:
     return num_experts // world
 
 
-def _is_dtensor(t) -> bool:
-    return type(t).__name__ == "DTensor"
-
-
 def _local_shard(name: str, t, world: int):
     """A weight given as this rank's plain shard, or as the global DTensor sharded over the experts
     (Shard(0) on the group's 1-D mesh, as EPMoEExperts holds them): its local shard (differentiable)."""
-    if not _is_dtensor(t):
+    if not is_dtensor(t):
         return t
     from torch.distributed.tensor import Shard
 
@@ -416,12 +413,7 @@ class EPMoEExperts(nn.Module):
                  device=None):
         super().__init__()
         _activation(activation), _layout(layout), _rowwise(recipe)
-        for name, v in (("hidden_size", hidden_size), ("intermediate_size", intermediate_size)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}: expected a positive int, got {v!r}")
-        if hidden_size % 32 or intermediate_size % 32:
-            raise ValueError(f"hidden_size, intermediate_size: expected multiples of 32, got {hidden_size}, "
-                             f"{intermediate_size}")
+        check_sizes(hidden_size=hidden_size, intermediate_size=intermediate_size)
         world, rank = _group_info(group)
         e_loc = _local_count(num_experts, world)
         self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
@@ -429,15 +421,7 @@ class EPMoEExperts(nn.Module):
         self.num_local_experts = e_loc
         self.expert_start, self.expert_end = rank * e_loc, (rank + 1) * e_loc
         self.recipe, self.activation, self.layout = recipe, activation, layout
-        kw = dict(dtype=dtype, device=device)
-        self.w13 = nn.Parameter(torch.empty(e_loc, 2 * intermediate_size, hidden_size, **kw))
-        self.w2 = nn.Parameter(torch.empty(e_loc, hidden_size, intermediate_size, **kw))
-        if bias:
-            self.bias13 = nn.Parameter(torch.empty(e_loc, 2 * intermediate_size, **kw))
-            self.bias2 = nn.Parameter(torch.empty(e_loc, hidden_size, **kw))
-        else:
-            self.register_parameter("bias13", None)
-            self.register_parameter("bias2", None)
+        make_expert_parameters(self, e_loc, hidden_size, intermediate_size, bias, dtype, device)
         self.reset_parameters()
         # The parameters as global DTensors sharded over the experts (see shard_over_experts): correct
         # DCP checkpoints of every rank's experts and optimizer states, loadable on another rank count.
@@ -447,18 +431,15 @@ class EPMoEExperts(nn.Module):
                 setattr(self, name, shard_over_experts(getattr(self, name), mesh))
 
     def reset_parameters(self) -> None:
-        bound13, bound2 = self.hidden_size ** -0.5, self.intermediate_size ** -0.5
-        with torch.no_grad():  # on the local shards (each rank draws its own experts, as nn.Linear)
-            for w, bound in ((self.w13, bound13), (self.w2, bound2), (self.bias13, bound13), (self.bias2, bound2)):
-                if w is not None:
-                    (w.to_local() if _is_dtensor(w) else w).uniform_(-bound, bound)
+        # mxmoe.nn.MoEExperts' init on this rank's shards (each rank draws its own experts)
+        local = [None if t is None else t.to_local() if is_dtensor(t) else t
+                 for t in (self.w13, self.w2, self.bias13, self.bias2)]
+        init_expert_parameters_(*local, self.hidden_size, self.intermediate_size)
 
     @classmethod
     def from_experts(cls, module, group=None) -> "EPMoEExperts":
         """This rank's slice (copies) of a full single-process mxmoe.nn.MoEExperts' weights, with its recipe,
         activation and layout."""
-        from ..nn import MoEExperts
-
         if not isinstance(module, MoEExperts):
             raise ValueError(f"module: expected a mxmoe.nn.MoEExperts, got {type(module).__name__}")
         w13 = module.w13

@@ -50,6 +50,7 @@ from torch import Tensor, nn
 from torch.utils._pytree import tree_map_only
 
 from .. import ops, weight_cache
+from ..moe import is_dtensor
 from ..recipes import get_recipe
 
 E4M3, E8M0, U8 = torch.float8_e4m3fn, torch.float8_e8m0fnu, torch.uint8
@@ -124,13 +125,13 @@ class MXShardWeight(Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        modes = [t._mode for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, cls)]
         unwrap = lambda t: t._data  # noqa: E731
         out = func(*tree_map_only(cls, unwrap, args), **tree_map_only(cls, unwrap, kwargs))
         if func._schema.is_mutable and args and isinstance(args[0], cls):
             return args[0]  # in place (optimizer updates, copy_): the data changed, the wrapper is the same
         if func in _KEEP:
-            return tree_map_only(Tensor, lambda t: cls(t, modes[0]), out)
+            mode = next(t._mode for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, cls))
+            return tree_map_only(Tensor, lambda t: cls(t, mode), out)
         return out
 
     # FSDP2's all-gather extension (torch.distributed.fsdp, fully_shard)
@@ -296,7 +297,7 @@ def enable_mx_all_gather(model: nn.Module, *, world_size: Optional[int] = None) 
                 reason = f"recipe {recipe!r}: only {TILE128} weights are all-gathered as MX tiles"
             elif isinstance(w, MXShardWeight):
                 reason = "mx"
-            elif type(w).__name__ == "DTensor":
+            elif is_dtensor(w):
                 reason = "already a DTensor (call enable_mx_all_gather before fully_shard)"
             elif w.dim() != 3 or w.shape[1] % 32 or w.shape[2] % 32:
                 reason = f"shape {tuple(w.shape)}: expected (E, N, K) with N and K multiples of 32"

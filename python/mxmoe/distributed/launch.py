@@ -61,27 +61,24 @@ def _blocks(model: nn.Module):
 def _ep_experts_fn(recipe: Optional[str], num_experts: int):
     from .expert_parallel import ep_moe_experts
 
-    def run(x, topk_idx, topk_weights, experts):
-        w13 = torch.cat([experts.w1.to_local(), experts.w3.to_local()], dim=1)  # this rank's experts
-        return ep_moe_experts(x, topk_idx, topk_weights, w13, experts.w2, num_experts=num_experts, recipe=recipe)
+    def run(x, topk_idx, topk_weights, experts):  # this rank's experts: the DTensors' local shards
+        w13 = torch.cat([experts.w1.to_local(), experts.w3.to_local()], dim=1)
+        return ep_moe_experts(x, topk_idx, topk_weights, w13, experts.w2.to_local(), num_experts=num_experts,
+                              recipe=recipe)
 
     return run
 
 
-def expert_params(model: nn.Module) -> list:
-    return [p for moe in model.moe_layers() for p in moe.experts.parameters()]
-
-
-def shard(model: nn.Module, *, fsdp: bool, ep: bool, recipe: Optional[str]) -> dict:
-    """Make the demo model distributed (see the module docstring). recipe: the run's MXFP8 recipe or None
-    (bf16). Returns what was done, for the report."""
+def shard(model: nn.Module, *, ep: bool, recipe: Optional[str]) -> dict:
+    """Make the model distributed: FSDP2 (--fsdp) or EP + FSDP2 for the rest (--ep; see the module
+    docstring). recipe: the run's MXFP8 recipe or None (bf16). Returns enable_mx_all_gather's decisions
+    ({} when it does not apply: EP, or the bf16 run)."""
     from torch.distributed.fsdp import fully_shard
 
     from .fsdp import enable_mx_all_gather
 
     n, r = world(), rank()
-    info = {"world_size": n, "fsdp": fsdp, "ep": ep}
-    ignored = set()
+    decisions, ignored = {}, set()
     if ep:
         if not hasattr(model, "moe_layers"):
             raise SystemExit("--ep: the expert-parallel launch runs the demo model (--model demo)")
@@ -99,8 +96,7 @@ def shard(model: nn.Module, *, fsdp: bool, ep: bool, recipe: Optional[str]) -> d
                 p = getattr(moe.experts, name)
                 setattr(moe.experts, name, shard_over_experts(p.detach()[lo:hi].clone(), mesh))
             moe.experts_fn = _ep_experts_fn(recipe, E)
-        ignored = set(expert_params(model))
-        info["local_experts"] = (lo, hi)
+        ignored = {p for moe in model.moe_layers() for p in moe.experts.parameters()}
         # The EP backward sums every rank's tokens into its experts' grads; FSDP2 averages the other
         # grads over the ranks: scale the experts' by 1/n for the same objective (the mean of the ranks' losses).
         def average(t):
@@ -108,17 +104,18 @@ def shard(model: nn.Module, *, fsdp: bool, ep: bool, recipe: Optional[str]) -> d
 
         for p in ignored:
             p.register_post_accumulate_grad_hook(average)
-    elif fsdp and recipe is not None:
-        info["mx_all_gather"] = enable_mx_all_gather(model, world_size=n)
+    elif recipe is not None:
+        decisions = enable_mx_all_gather(model, world_size=n)
     for block in _blocks(model):
         fully_shard(block, ignored_params=ignored or None)
     fully_shard(model, ignored_params=ignored or None)
-    return info
+    return decisions
 
 
 def clip_grad_norm_(params, max_norm: float) -> torch.Tensor:
-    """Global grad-norm clipping over FSDP2's sharded DTensor grads and EP's rank-local expert grads:
-    each rank's squares, summed over the ranks (every element lives on exactly one rank)."""
+    """Global grad-norm clipping over FSDP2's and EP's grads, DTensors sharded on meshes of their own
+    (torch's clip_grad_norm_ would combine norms across meshes): each rank's squares of its local
+    shards, summed over the ranks (every element lives on exactly one rank)."""
     grads = [p.grad for p in params if p.grad is not None]
     local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
     dev = local[0].device

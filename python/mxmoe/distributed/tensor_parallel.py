@@ -31,9 +31,7 @@ from typing import Optional
 
 from torch import Tensor
 
-
-def is_dtensor(t) -> bool:
-    return type(t).__name__ == "DTensor" and hasattr(t, "device_mesh")
+from ..moe import is_dtensor, moe_experts
 
 
 def _place(t) -> str:
@@ -45,8 +43,6 @@ def moe_experts_tensor_parallel(x, topk_idx, topk_weights, w13, w2, *, bias13: O
     """mxmoe.moe_experts on DTensor expert weights (the rule in the module docstring). kwargs: the
     remaining moe_experts arguments. Returns a DTensor with Partial() placement."""
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
-
-    from ..moe import moe_experts
 
     pair = isinstance(w13, (tuple, list))
     w13s = tuple(w13) if pair else (w13,)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..moe import ACTIVATIONS, _composed, layer_backend_kwargs, moe_experts
+from ..moe import ACTIVATIONS, _composed, is_dtensor, layer_backend_kwargs, moe_experts
 
 
 def grouped_experts_weights(experts: nn.Module):
@@ -45,7 +45,7 @@ def is_torchtitan_moe(module: nn.Module) -> bool:
 
 
 def _local(w: Tensor) -> Tensor:
-    if hasattr(w, "to_local") and type(w).__name__ == "DTensor":
+    if is_dtensor(w):
         raise NotImplementedError("mxmoe: expert weights are DTensors (FSDP / TP / EP); the converted TorchTitan "
                                   "MoE runs on plain tensors for now")
     return w
@@ -54,7 +54,7 @@ def _local(w: Tensor) -> Tensor:
 def moe_forward(self: nn.Module, x: Tensor) -> Tensor:
     """TorchTitan's MoE.forward with the routed experts on mxmoe (see the module docstring)."""
     recipe, backend = self.__dict__["_mxmoe_recipe"], self.__dict__.get("_mxmoe_backend", "auto")
-    if type(x).__name__ == "DTensor":
+    if is_dtensor(x):
         raise NotImplementedError("mxmoe: the converted TorchTitan MoE got a DTensor input (tensor parallel); "
                                   "not supported yet")
     bs, slen, dim = x.shape
