@@ -388,6 +388,25 @@ void quantize_cases(Runner& R, const std::string& tag, int64_t M, int64_t K, int
          }});
 }
 
+// The tile128 recipe's activation pass (quantize/tile128_bf16.cu): rowwise 1x128 (q, scale_c) and
+// columnwise 128x1 per group (qt, scale_r) from one read. align16: group starts rounded to multiples of
+// 16, the fused MoE layer's layout (moe.py align_routing); otherwise jagged at any row.
+void tile128_cases(Runner& R, const std::string& tag, int64_t M, int64_t K, int G, bool jagged, bool align16) {
+  std::vector<int32_t> offs = jagged ? jagged_groups(M, G, static_cast<uint32_t>(M + G + K)) : equal_groups(M, G);
+  if (align16)
+    for (auto& o : offs) o = static_cast<int32_t>(std::min<int64_t>(M, (o + 15) / 16 * 16));
+  const std::string s = tag + shp({M, K}) + "/G" + std::to_string(G) + (align16 ? "a16" : "");
+  const int64_t cap = cdiv(M, 32) + G;
+  R.run({"fused_1x128+128x1", s,
+         {in_bf16({M, K}), in_offs(offs), out({M, K}), out({M, K / 32}, MXMOE_DTYPE_E8M0), out({K, M}),
+          out({K, cap}, MXMOE_DTYPE_E8M0)},
+         [=](std::vector<mxmoe_tensor>& t, cudaStream_t st) {
+           mxmoe_fused_side row{&t[2], nullptr, &t[3], nullptr, nullptr, nullptr};
+           mxmoe_fused_side col{nullptr, &t[4], &t[5], nullptr, nullptr, nullptr};
+           MK(mxmoe_quantize_fused(&t[0], &t[1], {128, 128, 0, MXMOE_SCALE_RCEIL}, &row, &col, st));
+         }});
+}
+
 void weight_cases(Runner& R, int64_t G, int64_t N, int64_t K) {
   const std::string s = "W " + shp({G, N, K});
   const mxmoe_scale_mode mode = MXMOE_SCALE_RCEIL;
@@ -495,6 +514,19 @@ int main(int argc, char** argv) {
     weight_cases(R, 8, 2048, 7168);
     for (int64_t N : {4096, 2048})
       for (int G : {8, 32}) quantize_cases(R, "jag ", 16384, N, G, true, false);
+  }
+  // The tile128 activation pass: BENCH.md A shapes (8 equal groups), jagged groups, and the fine-grained
+  // MoE shapes (Qwen3-style: 16K tokens x top-8 over 64 experts, H 1024 / I 768, 16-aligned groups).
+  for (int64_t M : {16640, 128000})
+    for (int64_t K : {5120, 7168}) tile128_cases(R, "A ", M, K, 8, false, false);
+  if (!quick) {
+    for (int64_t N : {4096, 2048}) tile128_cases(R, "jag ", 16384, N, 32, true, false);
+    for (int64_t K : {1024, 768, 2048}) {
+      tile128_cases(R, "moe ", 131072, K, 64, true, true);
+      tile128_cases(R, "moe ", 131072, K, 64, true, false);
+    }
+    weight_cases(R, 64, 1536, 1024);  // Qwen3-style fine-grained experts: gate_up (2I x H)
+    weight_cases(R, 64, 1024, 768);   // down (H x I)
   }
 
   double worst = 1e9;

@@ -48,4 +48,13 @@ tail -3 "$OUT/table-quantize.txt"
 echo "--- A/B: warp-tile kernel for every eligible request (MXMOE_QUANT_WARP=2), A shapes"
 MXMOE_QUANT_WARP=2 timeout 200 "$B/bench/quantize_bench" --quick --json "$OUT/quantize-warp.json" 2>&1 \
   | grep -E "32x1|rows" | tee "$OUT/ab-quantize.txt"
+# Same-run A/B of the tile128 pass kernel (docs/perf/quantize.md, version 9): the same requests on
+# the general kernels.
+echo "--- A/B: tile128 passes on the general kernels (MXMOE_QUANT_TILE128=0)"
+MXMOE_QUANT_TILE128=0 timeout 200 "$B/bench/quantize_bench" --filter x128 --json "$OUT/quantize-tile128-off.json" 2>&1 \
+  | grep -E "128x1|128x128" | tee "$OUT/ab-tile128.txt"
+echo "--- gtest with MXMOE_QUANT_TILE128=0 (the general kernels on the same requests)"
+MXMOE_QUANT_TILE128=0 timeout 200 "$T" --gtest_filter='CudaQuantize.FusedTile128Pass:CudaQuantize.Tiles128' \
+  >"$OUT/gtest-quantize-tile128-off.log" 2>&1 || status=1
+grep -E '^\[  (PASSED|FAILED) ' "$OUT/gtest-quantize-tile128-off.log" | head -5
 exit $status

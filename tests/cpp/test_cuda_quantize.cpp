@@ -674,6 +674,58 @@ TEST(CudaQuantize, FusedWarpTile) {
   }
 }
 
+// The combinations the tile128 pass kernel takes (quantize/tile128_bf16.cu: bf16 in, compact scales,
+// rowwise 1x128 codes + columnwise 128x1 transposed codes, or the 128x128 tile in both orientations):
+// the tile128 recipe's activation and weight passes. Groups jagged / empty / 16-aligned / many, rows
+// past the last group, partial panels and column tiles (C = 40, 96, 200), batches, specials,
+// unaligned transposed rows (R = 37, 300), misaligned outputs, and requests it leaves to the general
+// kernels (more than 512 groups, misaligned codes) for the routing around it.
+TEST(CudaQuantize, FusedTile128Pass) {
+  REQUIRE_GPU();
+  uint32_t seed = 9700;
+  auto want = [](bool q, bool qt, bool scale) {
+    SideWant w;
+    w.on = true;
+    w.q = q;
+    w.qt = qt;
+    w.scale = scale;
+    w.blocked = w.dq = w.dqt = false;
+    return w;
+  };
+  SideWant off;
+  const SideWant row_qs = want(true, false, true), row_q = want(true, false, false), row_s = want(false, false, true),
+                 row_all = want(true, true, true);
+  const SideWant col_qts = want(false, true, true), col_qt = want(false, true, false), col_s = want(false, false, true);
+  const std::vector<std::pair<SideWant, SideWant>> act = {
+      {row_qs, col_qts}, {off, col_qts}, {row_q, col_qt}, {row_s, col_s}, {row_qs, col_qt}};
+  const std::vector<std::pair<SideWant, SideWant>> tile = {
+      {row_qs, col_qts}, {row_all, col_s}, {row_qs, off}, {off, col_qts}, {row_q, col_qt}};
+  const std::vector<int32_t> g = {0, 45, 45, 130, 290};
+  const std::vector<int32_t> g16 = {64, 64, 192, 256};
+  const std::vector<int32_t> g37 = {20, 33};
+  const std::vector<int32_t> many = jagged_offsets(2000, 64, 41);
+  const std::vector<int32_t> too_many = jagged_offsets(2000, 600, 42);
+  for (mxmoe_scale_mode mode : kAllModes)
+    for (int t = 0; t < 2; ++t)
+      for (const auto& rc : t ? tile : act) {
+        const mxmoe_fused_config cfg{128, 128, t, mode};
+        check_fused({256, 160}, MXMOE_DTYPE_BF16, cfg, nullptr, rc.first, rc.second, seed++);
+        check_fused({224, 200}, MXMOE_DTYPE_BF16, cfg, nullptr, rc.first, rc.second, seed++);
+        check_fused({2, 160, 288}, MXMOE_DTYPE_BF16, cfg, nullptr, rc.first, rc.second, seed++);
+        check_fused({300, 96}, MXMOE_DTYPE_BF16, cfg, &g, rc.first, rc.second, seed++);
+        check_fused({256, 160}, MXMOE_DTYPE_BF16, cfg, &g16, rc.first, rc.second, seed++);
+        check_fused({37, 40}, MXMOE_DTYPE_BF16, cfg, &g37, rc.first, rc.second, seed++);
+        check_fused({2000, 64}, MXMOE_DTYPE_BF16, cfg, &many, rc.first, rc.second, seed++);
+        check_fused({300, 256}, MXMOE_DTYPE_BF16, cfg, &g, rc.first, rc.second, seed++, true);
+      }
+  for (int t = 0; t < 2; ++t) {
+    const mxmoe_fused_config cfg{128, 128, t, MXMOE_SCALE_RCEIL};
+    check_fused({300, 96}, MXMOE_DTYPE_BF16, cfg, &g, row_qs, col_qts, seed++, false, 1);
+    check_fused({300, 96}, MXMOE_DTYPE_BF16, cfg, &g, off, col_qts, seed++, false, 1);
+    check_fused({2000, 64}, MXMOE_DTYPE_BF16, cfg, &too_many, row_qs, col_qts, seed++);
+  }
+}
+
 TEST(CudaQuantize, CheckOffsets) {
   REQUIRE_GPU();
   auto run = [](const std::vector<int32_t>& v, int64_t m) {
@@ -739,4 +791,12 @@ TEST(CudaQuantize, SmallSanitizer) {
   row.qt = row.dqt = row.blocked = col.blocked = false;
   check_fused({300, 96}, MXMOE_DTYPE_BF16, {32, 32, 0, MXMOE_SCALE_RCEIL}, &g, row, col, 14);
   check_quantize({300, 136}, MXMOE_DTYPE_BF16, {32, 1, MXMOE_SCALE_RCEIL}, &garbage, QOut{}, 15);
+  // The tile128 pass kernel: activations (1x128 + 128x1 per group) over garbage offsets, unaligned
+  // transposed rows and enough tiles that CTAs walk several (prefetch of the next tile); weights.
+  SideWant rq = side_all(), cq = side_all();
+  rq.qt = rq.dq = rq.dqt = rq.blocked = cq.q = cq.dq = cq.dqt = cq.blocked = false;
+  check_fused({300, 160}, MXMOE_DTYPE_BF16, {128, 128, 0, MXMOE_SCALE_RCEIL}, &garbage, rq, cq, 17);
+  check_fused({300, 96}, MXMOE_DTYPE_BF16, {128, 128, 0, MXMOE_SCALE_FLOOR}, &g, rq, cq, 18);
+  check_fused({8192, 1024}, MXMOE_DTYPE_BF16, {128, 128, 0, MXMOE_SCALE_RCEIL}, &g8, rq, cq, 19);
+  check_fused({3, 256, 640}, MXMOE_DTYPE_BF16, {128, 128, 1, MXMOE_SCALE_RCEIL}, nullptr, rq, cq, 20);
 }

@@ -22,6 +22,8 @@
 #include "common/moe_activation.hpp"
 #include "cuda/launch_cache.cuh"
 #include "cuda/quant_common.cuh"
+#include "cuda/quantize/source.cuh"
+#include "cuda/quantize/tile128_bf16.cuh"
 #include "ops.hpp"
 
 namespace mxmoe {
@@ -476,17 +478,7 @@ __device__ __forceinline__ void prefetch(const Params& P, const TileInfo& t, uin
   }
 }
 
-// ---- computed inputs (mxmoe_quantize_fused_source) ----------------------------------------------
-// 8 bf16 values of one 16-byte word group as fp32.
-__device__ __forceinline__ void unpack8(const uint4 w, float (&v)[8]) {
-  const uint32_t a[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    v[2 * k] = __uint_as_float(a[k] << 16);
-    v[2 * k + 1] = __uint_as_float(a[k] & 0xFFFF0000u);
-  }
-}
-
+// ---- computed inputs (mxmoe_quantize_fused_source; the SwiGLU values come from quantize/source.cuh) ----
 // The thread's chunk (row r, logical columns c .. c+7, cvalid of them valid) of the computed input
 // into row i of f: the values the CPU reference materializes (cpu/fused.cpp), bit for bit.
 template <typename In>
@@ -508,52 +500,8 @@ __device__ __forceinline__ void load_source_row(const Params& P, Frag<In>& f, in
     return;
   }
   // SWIGLU / SWIGLU_BACKWARD: bf16 only, C % 8 == 0 (checked on the host), so cvalid >= 8 here.
-  const uint16_t* h = static_cast<const uint16_t*>(P.x);
-  float g[8], u[8], v[8];
-  if (P.src == MXMOE_SOURCE_SWIGLU) {
-    const uint16_t* hr = h + r * 2 * P.C;
-    if (P.act.layout == 0) {
-      unpack8(__ldg(reinterpret_cast<const uint4*>(hr + c)), g);
-      unpack8(__ldg(reinterpret_cast<const uint4*>(hr + P.C + c)), u);
-    } else {
-      float a0[8], a1[8];
-      unpack8(__ldg(reinterpret_cast<const uint4*>(hr + 2 * c)), a0);
-      unpack8(__ldg(reinterpret_cast<const uint4*>(hr + 2 * c + 8)), a1);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        g[q] = a0[2 * q], u[q] = a0[2 * q + 1];
-        g[q + 4] = a1[2 * q], u[q + 4] = a1[2 * q + 1];
-      }
-    }
-#pragma unroll
-    for (int q = 0; q < 8; ++q) v[q] = swiglu_value(g[q], u[q], P.act);
-  } else {  // SWIGLU_BACKWARD: logical dh (R, C) from h (R, C) and dy (R, C/2)
-    const long long I = P.C / 2;
-    const uint16_t* hr = h + r * P.C;
-    const uint16_t* dyr = P.src_dy + r * I;
-    if (P.act.layout == 0) {
-      const bool gate = c < I;
-      const long long i0 = gate ? c : c - I;
-      float dy[8];
-      unpack8(__ldg(reinterpret_cast<const uint4*>(hr + i0)), g);
-      unpack8(__ldg(reinterpret_cast<const uint4*>(hr + I + i0)), u);
-      unpack8(__ldg(reinterpret_cast<const uint4*>(dyr + i0)), dy);
-#pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        float dg, du;
-        swiglu_grad(g[q], u[q], dy[q], P.act, &dg, &du);
-        v[q] = gate ? dg : du;
-      }
-    } else {
-      float a0[8];
-      unpack8(__ldg(reinterpret_cast<const uint4*>(hr + c)), a0);
-      const uint2 d = __ldg(reinterpret_cast<const uint2*>(dyr + c / 2));
-      const float dy[4] = {__uint_as_float(d.x << 16), __uint_as_float(d.x & 0xFFFF0000u),
-                           __uint_as_float(d.y << 16), __uint_as_float(d.y & 0xFFFF0000u)};
-#pragma unroll
-      for (int q = 0; q < 4; ++q) swiglu_grad(a0[2 * q], a0[2 * q + 1], dy[q], P.act, &v[2 * q], &v[2 * q + 1]);
-    }
-  }
+  float v[8];
+  swiglu_source8(P, r, c, v);
   f.set(i, v);
 }
 
@@ -1831,6 +1779,57 @@ void launch_typed(Params& p, int device, cudaStream_t stream) {
   cuda_check(cudaGetLastError(), "quantize: kernel launch");
 }
 
+// The tile128 recipe's passes (quantize/tile128_bf16.cu): bf16 x (or a bf16 computed input), 16-byte
+// aligned rows of C % 8 == 0 elements, at most kMaxTable groups, compact scales only; rowwise 1x128
+// codes and/or columnwise 128x1 transposed codes, or the 128x128 tile quantization (codes in either
+// orientation, both scale layouts). MXMOE_QUANT_TILE128=0 keeps them on the general kernels (A/B runs).
+bool run_tile128_pass(const Params& p, const mxmoe_tensor& x, int device, cudaStream_t stream) {
+  static const int env = [] {
+    const char* e = std::getenv("MXMOE_QUANT_TILE128");
+    return e ? std::atoi(e) : 1;
+  }();
+  if (!env || x.dtype != MXMOE_DTYPE_BF16 || !p.x_vec || (p.grouped && !p.table)) return false;
+  if (!p.row_on && !p.col_on) return false;
+  const SideP &r = p.row, &c = p.col;
+  auto plain = [](const SideP& sd) { return !sd.blocked && !sd.dq && !sd.dqt && (!sd.q || aligned(sd.q, 8)); };
+  if ((p.row_on && !plain(r)) || (p.col_on && !plain(c))) return false;
+  Tile128Pass a;
+  if (p.tile) {
+    if (p.col_on && c.q) return false;  // codes in x's orientation come from the row side only
+    if (p.row_on && p.col_on && r.qt && c.qt) return false;
+    a.q = p.row_on ? r.q : nullptr;
+    a.qt = p.row_on && r.qt ? r.qt : (p.col_on ? c.qt : nullptr);
+    a.scale_c = p.row_on ? r.scale : nullptr;
+    a.scale_r = p.col_on ? c.scale : nullptr;
+  } else {
+    if (p.row_on && (p.row_block != 128 || r.qt)) return false;
+    if (p.col_on && (p.col_block != 128 || c.q)) return false;
+    a.row_codes = p.row_on;
+    a.col_codes = p.col_on;
+    if (p.row_on) a.q = r.q, a.scale_c = r.scale;
+    if (p.col_on) a.qt = c.qt, a.scale_r = c.scale;
+  }
+  a.x = p.x;
+  a.B = p.B;
+  a.R = p.R;
+  a.C = p.C;
+  a.offs = p.grouped ? p.offs : nullptr;
+  a.offs_stride = p.offs_stride;
+  a.G = p.grouped ? p.G : 0;
+  a.mode = p.mode;
+  a.tile = p.tile;
+  a.n_r = p.n_r;
+  a.src = p.src;
+  a.src_dy = p.src_dy;
+  a.perm = p.perm;
+  a.row_scale = p.row_scale;
+  a.k = p.k;
+  a.perm_n = p.perm_n;
+  a.act = p.act;
+  launch_tile128_pass(a, device, stream);
+  return true;
+}
+
 void launch(Params& p, const mxmoe_tensor& x, const OptTensor& offs, void* stream) {
   if (x.shape[1] >= (int64_t{1} << 31) - 256 || x.shape[2] >= (int64_t{1} << 31) - 256)
     fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: dims of 2^31 elements and more are not supported on CUDA");
@@ -1864,6 +1863,7 @@ void launch(Params& p, const mxmoe_tensor& x, const OptTensor& offs, void* strea
   p.order = order_env;
   if (p.src != 0) {
     // Computed inputs run on the tile kernel (every blocking, both sides, one pass).
+    if (run_tile128_pass(p, x, x.device, s)) return;
     if (p.tiles > 0x7FFFFFFFLL) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: too many tiles for one launch");
     if (bf16) launch_typed<uint16_t>(p, x.device, s);
     else launch_typed<float>(p, x.device, s);
@@ -1892,6 +1892,7 @@ void launch(Params& p, const mxmoe_tensor& x, const OptTensor& offs, void* strea
     }
     return;
   }
+  if (run_tile128_pass(p, x, x.device, s)) return;
   static const int warp_env = [] {
     const char* e = std::getenv("MXMOE_QUANT_WARP");
     return e ? std::atoi(e) : 1;

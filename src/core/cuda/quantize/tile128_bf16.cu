@@ -1,0 +1,399 @@
+// The tile128 recipe's quantize passes on bf16 input (see tile128_bf16.cuh): rowwise 1x128 plus
+// columnwise 128x1 per token group (activations, x or a computed input), or one 128x128
+// quantization for both orientations (weights). Design and measurements: docs/perf/quantize.md
+// "Version 9".
+//
+// A persistent CTA of 256 threads walks 128-row panels x 128-column tiles (panels start at group
+// starts, as the general tile kernel's), in three phases per tile:
+//   load:  thread (warp w, half h, chunk j) loads rows 16 i + 2 w + h (i < 8), columns 8 j .. +7 as
+//          eight 16-byte loads (a half-warp reads one whole 256-byte row) and stores them into a
+//          shared bf16 tile (two buffers). Rowwise 1x128 blocks are complete in a half-warp, so the
+//          row side is quantized and stored right away (4 shuffles per row; 8-byte code stores).
+//   colA:  lane l of warp w takes the bf16 pair (column word) 32 (w & 1) + l of rows 32 (w >> 1) ..
+//          +31: one 4-byte shared load per row, conflict-free (a warp reads one 128-byte row run),
+//          packed |x| maxima, one partial per column and row quarter into shared memory.
+//   colB:  after one barrier the 4 partials give each column's scale; the lane re-reads its 32 rows,
+//          codes both columns (4 rows per cvt pair) and stores 32 consecutive bytes of each
+//          transposed row (two 16-byte stores when aligned). Weights: the tile's amax reduces over
+//          the 8 warps instead, and the row side is coded from the shared tile after the barrier.
+// The next tile's loads are issued right after the first barrier, so they are in flight during
+// the column phases. Two barriers per tile; 72 KB of shared memory, 3 CTAs per SM.
+#include "cuda/quantize/tile128_bf16.cuh"
+
+#include <algorithm>
+
+#include "cuda/launch_cache.cuh"
+#include "cuda/quant_common.cuh"
+#include "cuda/quantize/source.cuh"
+#include "mxmoe/mx_format.hpp"
+
+namespace mxmoe {
+namespace cuda {
+namespace {
+
+using namespace qk;
+
+constexpr int kThreads = 256;
+constexpr int kTileBytes = 128 * 256;  // one 128 x 128 bf16 tile
+constexpr int kPartBytes = 4 * 128 * 4;
+constexpr int kTable = 512;  // groups whose table fits in shared memory
+constexpr uint32_t kAbs2 = 0x7FFF7FFFu;
+
+struct KParams {
+  Tile128Pass a;
+  bool grouped = false;
+  bool row_on = false;  // activations: the rowwise side is wanted
+  int P = 0;            // panel slots per batch entry
+  int ctiles = 0;
+  long long tiles = 0;
+};
+
+struct Tile {
+  int b, ct, r0, rows, run0;
+  bool in_group, valid;
+};
+
+__device__ __forceinline__ Tile resolve(const KParams& K, const int* table, int covered, int tot_panels,
+                                        long long tile) {
+  Tile t{};
+  t.valid = false;
+  if (tile >= K.tiles) return t;
+  const int ti = static_cast<int>(tile), per_b = K.P * K.ctiles;
+  t.b = ti / per_b;
+  const int u = ti - t.b * per_b;
+  const int p = u / K.ctiles;
+  t.ct = u - p * K.ctiles;
+  const int R = K.a.R;
+  if (!K.grouped) {
+    t.r0 = 128 * p;
+    t.rows = min(R - t.r0, 128);
+    t.run0 = t.r0 / 32;
+    t.in_group = true;
+  } else if (p < tot_panels) {
+    const int* tstart = table;
+    const int* tp0 = table + kTable;
+    const int* tb0 = table + 2 * kTable;
+    int lo = 0, hi = K.a.G;  // the last group with p0 <= p (p0[0] = 0; empty groups are skipped)
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) >> 1;
+      if (tp0[mid] <= p) lo = mid;
+      else hi = mid;
+    }
+    const int end = lo + 1 < K.a.G ? tstart[lo + 1] : covered;
+    t.r0 = tstart[lo] + 128 * (p - tp0[lo]);
+    t.rows = min(end - t.r0, 128);
+    t.run0 = tb0[lo] + 4 * (p - tp0[lo]);
+    t.in_group = true;
+  } else {
+    // Rows past the last group, in 128-row panels from its end.
+    const long long r0 = static_cast<long long>(covered) + 128LL * (p - tot_panels);
+    t.r0 = static_cast<int>(min(r0, static_cast<long long>(R)));
+    t.rows = static_cast<int>(min(static_cast<long long>(R), r0 + 128) - t.r0);
+    t.run0 = 0;
+    t.in_group = false;
+  }
+  t.valid = t.rows > 0 && K.a.C - 128 * t.ct > 0;
+  return t;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16_8(const float (&v)[8], int k) {
+  return static_cast<uint32_t>(f32_to_bf16(v[2 * k])) | (static_cast<uint32_t>(f32_to_bf16(v[2 * k + 1])) << 16);
+}
+
+// Row gr (of batch entry b), columns c .. c+7 of x or of the computed input, as 8 bf16.
+__device__ __forceinline__ uint4 load_chunk(const Tile128Pass& A, int b, long long gr, long long c) {
+  const uint16_t* x = static_cast<const uint16_t*>(A.x);
+  if (A.src == 0)
+    return __ldg(reinterpret_cast<const uint4*>(x + (static_cast<long long>(b) * A.R + gr) * A.C + c));
+  float v[8];
+  if (A.src == MXMOE_SOURCE_GATHER) {
+    const int32_t pr = __ldg(A.perm + gr);
+    if (pr < 0 || A.perm_n == 0) return make_uint4(0, 0, 0, 0);  // a padding row: zeros
+    const long long e = min(static_cast<long long>(pr), A.perm_n - 1);
+    const uint4 w = __ldg(reinterpret_cast<const uint4*>(x + (e / A.k) * A.C + c));
+    if (A.row_scale == nullptr) return w;
+    const float sc = __ldg(A.row_scale + e);
+    unpack8(w, v);
+#pragma unroll
+    for (int q = 0; q < 8; ++q) v[q] = mul_rn(v[q], sc);
+  } else {
+    swiglu_source8(A, gr, c, v);
+  }
+  return make_uint4(pack_bf16_8(v, 0), pack_bf16_8(v, 1), pack_bf16_8(v, 2), pack_bf16_8(v, 3));
+}
+
+__device__ __forceinline__ bool needs_x(const KParams& K, const Tile& t) {
+  return t.valid && (t.in_group || K.row_on);
+}
+
+// This thread's 8 chunks of tile t (zeros past the panel's rows and the tensor's columns).
+__device__ __forceinline__ void load_tile(const KParams& K, const Tile& t, uint4 (&X)[8]) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, h = lane >> 4, j = lane & 15;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) X[i] = make_uint4(0, 0, 0, 0);
+  if (!needs_x(K, t) || 8 * j >= K.a.C - 128 * t.ct) return;  // C % 8 == 0: chunks are whole
+  const long long c = 128LL * t.ct + 8 * j;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int r = 16 * i + 2 * w + h;
+    if (r < t.rows) X[i] = load_chunk(K.a, t.b, t.r0 + r, c);
+  }
+}
+
+// |x| max of 8 bf16 as fp32 bits (NaN patterns order above everything else).
+__device__ __forceinline__ uint32_t amax8(const uint4 v) {
+  const uint32_t m = __vmaxu2(__vmaxu2(v.x & kAbs2, v.y & kAbs2), __vmaxu2(v.z & kAbs2, v.w & kAbs2));
+  return max(m << 16, m & 0xFFFF0000u);
+}
+
+// 8 codes of a chunk with one scale byte (the NaN scale gives NaN codes).
+__device__ __forceinline__ uint2 codes8(const uint4 v, uint8_t s) {
+  if (s == kE8M0Nan) return make_uint2(0x7F7F7F7Fu, 0x7F7F7F7Fu);
+  const float rc = e8m0_reciprocal_f32(s);
+  const uint32_t a[4] = {v.x, v.y, v.z, v.w};
+  uint32_t o[2];
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const uint32_t lo = cvt_e4m3x2(__fmul_rn(__uint_as_float(a[2 * k] << 16), rc),
+                                   __fmul_rn(__uint_as_float(a[2 * k] & 0xFFFF0000u), rc));
+    const uint32_t hi = cvt_e4m3x2(__fmul_rn(__uint_as_float(a[2 * k + 1] << 16), rc),
+                                   __fmul_rn(__uint_as_float(a[2 * k + 1] & 0xFFFF0000u), rc));
+    o[k] = lo | (hi << 16);
+  }
+  return make_uint2(o[0], o[1]);
+}
+
+// The row's scale entries of this column tile (compact layout (B*R, C/32): one byte per 32
+// columns, a 1x128 block's byte repeated 4 times).
+__device__ __forceinline__ void store_scale_c(uint8_t* d, uint8_t s, int nj) {
+  if (nj <= 0) return;
+  const uint32_t val = s * 0x01010101u;
+  if (nj == 4 && aligned(d, 4)) {
+    *reinterpret_cast<uint32_t*>(d) = val;
+  } else {
+    for (int e = 0; e < nj; ++e) d[e] = s;
+  }
+}
+
+// n (<= 32) consecutive bytes of a transposed row, held as 8 little-endian words.
+__device__ __forceinline__ void store_segment(uint8_t* d, const uint32_t (&o)[8], int n) {
+  if (n == 32 && aligned(d, 16)) {
+    reinterpret_cast<uint4*>(d)[0] = make_uint4(o[0], o[1], o[2], o[3]);
+    reinterpret_cast<uint4*>(d)[1] = make_uint4(o[4], o[5], o[6], o[7]);
+    return;
+  }
+  const bool w4 = aligned(d, 4);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    if (w4 && 4 * k + 4 <= n) {
+      reinterpret_cast<uint32_t*>(d)[k] = o[k];
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (4 * k + e < n) d[4 * k + e] = static_cast<uint8_t>(o[k] >> (8 * e));
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 3) tile128_pass_kernel(const __grid_constant__ KParams K) {
+  extern __shared__ uint4 dyn_smem_[];
+  uint8_t* bufs = reinterpret_cast<uint8_t*>(dyn_smem_);
+  uint32_t* part = reinterpret_cast<uint32_t*>(bufs + 2 * kTileBytes);  // [4 row quarters][128 columns]
+  int* table = reinterpret_cast<int*>(bufs + 2 * kTileBytes + kPartBytes);
+  __shared__ uint32_t s_red[8];
+  __shared__ int s_covered, s_tot;
+  const Tile128Pass& A = K.a;
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, h = lane >> 4, j = lane & 15;
+  const mxmoe_scale_mode mode = static_cast<mxmoe_scale_mode>(A.mode);
+
+  if (K.grouped) {
+    // The group table, once per CTA (the scan's scratch lives in the tile buffers until the first tile).
+    ScanSmem& scan = *reinterpret_cast<ScanSmem*>(bufs);
+    const ScanTotals tot = scan_groups<kThreads>(A.offs, A.offs_stride, A.G, A.R, 0, scan, [&](const GroupInfo& gi) {
+      table[gi.g] = static_cast<int>(gi.start);
+      table[kTable + gi.g] = static_cast<int>(gi.p0);
+      table[2 * kTable + gi.g] = static_cast<int>(gi.b0);
+    });
+    if (tid == 0) {
+      s_covered = static_cast<int>(tot.covered);
+      s_tot = static_cast<int>(tot.panels);
+    }
+    // scale_r entries past the groups' runs are zero (split over all CTAs).
+    if (A.scale_r != nullptr && A.n_r > tot.blocks) {
+      long long lo, hi;
+      grid_share(A.C, lo, hi);
+      for (long long c = lo; c < hi; ++c) zero_bytes_cta<kThreads>(A.scale_r + c * A.n_r, tot.blocks, A.n_r);
+    }
+  } else if (tid == 0) {
+    s_covered = 0;
+    s_tot = 0;
+  }
+  __syncthreads();
+  const int covered = s_covered, tot_panels = s_tot;
+
+  const long long step = gridDim.x;
+  uint4 X[8];
+  Tile t = resolve(K, table, covered, tot_panels, blockIdx.x);
+  load_tile(K, t, X);
+  const int cp = 32 * (w & 1) + lane;  // column word of the column phases: columns 2 cp, 2 cp + 1
+  const int q4 = w >> 1;               // their row quarter: rows 32 q4 .. +31
+  const int W = A.C / 32;              // scale_c entries per row
+  int it = 0;
+  for (long long tile = blockIdx.x; tile < K.tiles; tile += step, ++it) {
+    uint8_t* buf = bufs + (it & 1) * kTileBytes;
+    const uint32_t* bw = reinterpret_cast<const uint32_t*>(buf);
+    const int cols = min(128, A.C - 128 * t.ct);
+    const int nj = min(4, W - 4 * t.ct);
+    const bool cok = 8 * j < cols;
+
+    // ---- load phase: the tile into shared memory; the row side of activations from registers ----
+#pragma unroll
+    for (int i = 0; i < 8; ++i) reinterpret_cast<uint4*>(buf)[(16 * i + 2 * w + h) * 16 + j] = X[i];
+    if (t.valid && K.row_on) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int r = 16 * i + 2 * w + h;
+        uint32_t m = amax8(X[i]);
+        m = max(m, __shfl_xor_sync(kFull, m, 1));
+        m = max(m, __shfl_xor_sync(kFull, m, 2));
+        m = max(m, __shfl_xor_sync(kFull, m, 4));
+        m = max(m, __shfl_xor_sync(kFull, m, 8));
+        const uint8_t s = e8m0_from_amax_bits(m, mode);
+        if (r < t.rows) {
+          const long long row = static_cast<long long>(t.b) * A.R + t.r0 + r;
+          if (A.q != nullptr && cok)
+            *reinterpret_cast<uint2*>(A.q + row * A.C + 128LL * t.ct + 8 * j) = codes8(X[i], s);
+          if (A.scale_c != nullptr && j == 0) store_scale_c(A.scale_c + row * W + 4 * t.ct, s, nj);
+        }
+      }
+    }
+    __syncthreads();  // (1) the tile is in shared memory
+
+    // The next tile's loads, in flight during the column phases.
+    const Tile tn = resolve(K, table, covered, tot_panels, tile + step);
+    load_tile(K, tn, X);
+
+    // ---- column phase A: per-column maxima of each row quarter (weights: the tile's) ----
+    const bool col_work = t.valid && t.in_group && (A.tile || A.col_codes);
+    if (col_work) {
+      uint32_t m2 = 0;
+#pragma unroll 8
+      for (int i = 0; i < 32; ++i) m2 = __vmaxu2(m2, bw[(32 * q4 + i) * 64 + cp] & kAbs2);
+      const uint32_t lo = m2 << 16, hi = m2 & 0xFFFF0000u;
+      if (A.tile) {
+        uint32_t a = max(lo, hi);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) a = max(a, __shfl_xor_sync(kFull, a, o));
+        if (lane == 0) s_red[w] = a;
+      } else {
+        *reinterpret_cast<uint2*>(part + q4 * 128 + 2 * cp) = make_uint2(lo, hi);
+      }
+    }
+    __syncthreads();  // (2) the partial maxima are in shared memory
+
+    // ---- column phase B: scales, transposed codes; weights: also the row side ----
+    if (t.valid && (A.tile || A.col_codes)) {
+      uint8_t s_lo = 0, s_hi = 0;
+      if (t.in_group) {
+        if (A.tile) {
+          uint32_t a = s_red[0];
+#pragma unroll
+          for (int k = 1; k < 8; ++k) a = max(a, s_red[k]);
+          s_lo = s_hi = e8m0_from_amax_bits(a, mode);
+        } else {
+          uint32_t a_lo = 0, a_hi = 0;
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const uint2 pk = *reinterpret_cast<const uint2*>(part + k * 128 + 2 * cp);
+            a_lo = max(a_lo, pk.x);
+            a_hi = max(a_hi, pk.y);
+          }
+          s_lo = e8m0_from_amax_bits(a_lo, mode);
+          s_hi = e8m0_from_amax_bits(a_hi, mode);
+        }
+      }
+      const int seg = 32 * q4, n = min(32, t.rows - seg);
+      if (n > 0 && 2 * cp < cols) {
+        const long long c = 128LL * t.ct + 2 * cp;  // this lane's first column
+        if (A.qt != nullptr) {
+          uint32_t olo[8], ohi[8];
+          if (t.in_group) {
+            const float r_lo = e8m0_reciprocal_f32(s_lo), r_hi = e8m0_reciprocal_f32(s_hi);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+              uint32_t v[4];
+#pragma unroll
+              for (int e = 0; e < 4; ++e) v[e] = bw[(seg + 4 * k + e) * 64 + cp];
+              olo[k] = cvt_e4m3x2(__fmul_rn(__uint_as_float(v[0] << 16), r_lo), __fmul_rn(__uint_as_float(v[1] << 16), r_lo)) |
+                       (cvt_e4m3x2(__fmul_rn(__uint_as_float(v[2] << 16), r_lo), __fmul_rn(__uint_as_float(v[3] << 16), r_lo)) << 16);
+              ohi[k] = cvt_e4m3x2(__fmul_rn(__uint_as_float(v[0] & 0xFFFF0000u), r_hi),
+                                  __fmul_rn(__uint_as_float(v[1] & 0xFFFF0000u), r_hi)) |
+                       (cvt_e4m3x2(__fmul_rn(__uint_as_float(v[2] & 0xFFFF0000u), r_hi),
+                                   __fmul_rn(__uint_as_float(v[3] & 0xFFFF0000u), r_hi)) << 16);
+            }
+            if (s_lo == kE8M0Nan) {
+#pragma unroll
+              for (int k = 0; k < 8; ++k) olo[k] = 0x7F7F7F7Fu;
+            }
+            if (s_hi == kE8M0Nan) {
+#pragma unroll
+              for (int k = 0; k < 8; ++k) ohi[k] = 0x7F7F7F7Fu;
+            }
+          } else {
+            // Rows past the last group: zero codes (their scales are not written; scale 0 elsewhere).
+#pragma unroll
+            for (int k = 0; k < 8; ++k) olo[k] = ohi[k] = 0;
+          }
+          uint8_t* d = A.qt + (static_cast<long long>(t.b) * A.C + c) * A.R + t.r0 + seg;
+          store_segment(d, olo, n);
+          store_segment(d + A.R, ohi, n);
+        }
+        if (A.scale_r != nullptr && t.in_group && t.run0 + q4 < A.n_r) {
+          uint8_t* d = A.scale_r + (static_cast<long long>(t.b) * A.C + c) * A.n_r + t.run0 + q4;
+          d[0] = s_lo;
+          d[A.n_r] = s_hi;
+        }
+      }
+      if (A.tile && (A.q != nullptr || A.scale_c != nullptr)) {
+        // The row side of the one 128x128 quantization: same codes, in x's orientation.
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int r = 16 * i + 2 * w + h;
+          if (r < t.rows) {
+            const long long row = static_cast<long long>(t.b) * A.R + t.r0 + r;
+            if (A.q != nullptr && cok) {
+              const uint4 v = reinterpret_cast<const uint4*>(buf)[r * 16 + j];
+              *reinterpret_cast<uint2*>(A.q + row * A.C + 128LL * t.ct + 8 * j) = codes8(v, s_lo);
+            }
+            if (A.scale_c != nullptr && j == 0) store_scale_c(A.scale_c + row * W + 4 * t.ct, s_lo, nj);
+          }
+        }
+      }
+    }
+    t = tn;
+  }
+}
+
+}  // namespace
+
+void launch_tile128_pass(const Tile128Pass& a, int device, cudaStream_t stream) {
+  KParams K;
+  K.a = a;
+  K.grouped = a.offs != nullptr;
+  K.row_on = !a.tile && a.row_codes;
+  K.P = static_cast<int>(cdiv(a.R, 128) + (K.grouped ? a.G + 1 : 0));
+  K.ctiles = static_cast<int>(cdiv(a.C, 128));
+  K.tiles = static_cast<long long>(a.B) * K.P * K.ctiles;
+  if (K.tiles <= 0) return;
+  if (K.tiles > 0x7FFFFFFFLL) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: too many tiles for one launch");
+  const int smem = 2 * kTileBytes + kPartBytes + (K.grouped ? 3 * kTable * 4 : 0);
+  static_assert(sizeof(ScanSmem) <= 2 * kTileBytes, "the scan scratch lives in the tile buffers");
+  const int blocks = occupancy(tile128_pass_kernel, device, kThreads, smem), sms = sm_count(device);
+  if (blocks < 1) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: kernel does not fit on the device");
+  const long long grid = std::min<long long>(K.tiles, static_cast<long long>(blocks) * sms);
+  tile128_pass_kernel<<<static_cast<unsigned>(grid), kThreads, smem, stream>>>(K);
+  cuda_check(cudaGetLastError(), "quantize: kernel launch");
+}
+
+}  // namespace cuda
+}  // namespace mxmoe
