@@ -677,7 +677,7 @@ TEST(CudaQuantize, FusedWarpTile) {
 // The combinations the tile128 pass kernel takes (quantize/tile128_bf16.cu: bf16 in, compact scales,
 // rowwise 1x128 codes + columnwise 128x1 transposed codes, or the 128x128 tile in both orientations):
 // the tile128 recipe's activation and weight passes. Groups jagged / empty / 16-aligned / many, rows
-// past the last group, partial panels and column tiles (C = 40, 96, 200), batches, specials,
+// past the last group, partial panels and column tiles (C = 64, 96, 160, 416), batches, specials,
 // unaligned transposed rows (R = 37, 300), misaligned outputs, and requests it leaves to the general
 // kernels (more than 512 groups, misaligned codes) for the routing around it.
 TEST(CudaQuantize, FusedTile128Pass) {
@@ -710,11 +710,11 @@ TEST(CudaQuantize, FusedTile128Pass) {
       for (const auto& rc : t ? tile : act) {
         const mxmoe_fused_config cfg{128, 128, t, mode};
         check_fused({256, 160}, MXMOE_DTYPE_BF16, cfg, nullptr, rc.first, rc.second, seed++);
-        check_fused({224, 200}, MXMOE_DTYPE_BF16, cfg, nullptr, rc.first, rc.second, seed++);
+        check_fused({224, 416}, MXMOE_DTYPE_BF16, cfg, nullptr, rc.first, rc.second, seed++);
         check_fused({2, 160, 288}, MXMOE_DTYPE_BF16, cfg, nullptr, rc.first, rc.second, seed++);
         check_fused({300, 96}, MXMOE_DTYPE_BF16, cfg, &g, rc.first, rc.second, seed++);
         check_fused({256, 160}, MXMOE_DTYPE_BF16, cfg, &g16, rc.first, rc.second, seed++);
-        check_fused({37, 40}, MXMOE_DTYPE_BF16, cfg, &g37, rc.first, rc.second, seed++);
+        check_fused({37, 96}, MXMOE_DTYPE_BF16, cfg, &g37, rc.first, rc.second, seed++);
         check_fused({2000, 64}, MXMOE_DTYPE_BF16, cfg, &many, rc.first, rc.second, seed++);
         check_fused({300, 256}, MXMOE_DTYPE_BF16, cfg, &g, rc.first, rc.second, seed++, true);
       }

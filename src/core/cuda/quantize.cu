@@ -1795,6 +1795,7 @@ bool run_tile128_pass(const Params& p, const mxmoe_tensor& x, int device, cudaSt
   if ((p.row_on && !plain(r)) || (p.col_on && !plain(c))) return false;
   Tile128Pass a;
   if (p.tile) {
+    if (p.src != 0) return false;       // weights are tensors; a computed input stays on the tile kernel
     if (p.col_on && c.q) return false;  // codes in x's orientation come from the row side only
     if (p.row_on && p.col_on && r.qt && c.qt) return false;
     a.q = p.row_on ? r.q : nullptr;

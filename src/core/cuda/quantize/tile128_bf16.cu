@@ -4,20 +4,23 @@
 // "Version 9".
 //
 // A persistent CTA of 256 threads walks 128-row panels x 128-column tiles (panels start at group
-// starts, as the general tile kernel's), in three phases per tile:
-//   load:  thread (warp w, half h, chunk j) loads rows 16 i + 2 w + h (i < 8), columns 8 j .. +7 as
-//          eight 16-byte loads (a half-warp reads one whole 256-byte row) and stores them into a
-//          shared bf16 tile (two buffers). Rowwise 1x128 blocks are complete in a half-warp, so the
-//          row side is quantized and stored right away (4 shuffles per row; 8-byte code stores).
-//   colA:  lane l of warp w takes the bf16 pair (column word) 32 (w & 1) + l of rows 32 (w >> 1) ..
-//          +31: one 4-byte shared load per row, conflict-free (a warp reads one 128-byte row run),
-//          packed |x| maxima, one partial per column and row quarter into shared memory.
-//   colB:  after one barrier the 4 partials give each column's scale; the lane re-reads its 32 rows,
-//          codes both columns (4 rows per cvt pair) and stores 32 consecutive bytes of each
-//          transposed row (two 16-byte stores when aligned). Weights: the tile's amax reduces over
-//          the 8 warps instead, and the row side is coded from the shared tile after the barrier.
-// The next tile's loads are issued right after the first barrier, so they are in flight during
-// the column phases. Two barriers per tile; 72 KB of shared memory, 3 CTAs per SM.
+// starts, as the general tile kernel's). Per tile:
+//   load:    thread (warp w, half h, chunk j) holds rows 16 i + 2 w + h (i < 8), columns 8 j .. +7
+//            (eight 16-byte loads; a half-warp reads one whole 256-byte row) and stores them into a
+//            shared bf16 tile. Its packed |x| maxima over those 8 rows, combined with the other half
+//            (one shuffle), give each warp's column maxima (weights: the tile's, one warp reduction).
+//            Rowwise 1x128 blocks are complete in a half-warp: the 8 row maxima are reduce-scattered
+//            over its 16 lanes (8 shuffles, one scale per lane), the scales shuffled back, and the row
+//            side coded from registers (8-byte code stores).
+//   barrier: one per tile (tile, maxima and tile scales are double-buffered).
+//   column:  lane l of warp w takes the bf16 pair (column word) 32 (w & 1) + l of rows 32 (w >> 1)
+//            .. +31: the 8 warps' maxima give its two columns' scales; one conflict-free 4-byte shared
+//            load per row (a warp reads one 128-byte row run); 4 rows per cvt pair; 32 consecutive
+//            bytes of each transposed row leave as two 16-byte stores when aligned (funnel-shifted
+//            words otherwise). Weights: the row side is coded from the shared tile here.
+// The next tile's loads are issued right after the barrier, so they are in flight during the
+// column phase. Templated on the input (x or a computed source) and on weights vs activations, so
+// each instance carries only its own path. 74 KB of shared memory, 3 CTAs per SM.
 #include "cuda/quantize/tile128_bf16.cuh"
 
 #include <algorithm>
@@ -35,7 +38,7 @@ using namespace qk;
 
 constexpr int kThreads = 256;
 constexpr int kTileBytes = 128 * 256;  // one 128 x 128 bf16 tile
-constexpr int kPartBytes = 4 * 128 * 4;
+constexpr int kPartBytes = 8 * 64 * 4;  // column maxima: 8 warps x 64 packed column pairs
 constexpr int kTable = 512;  // groups whose table fits in shared memory
 constexpr uint32_t kAbs2 = 0x7FFF7FFFu;
 
@@ -100,56 +103,65 @@ __device__ __forceinline__ uint32_t pack_bf16_8(const float (&v)[8], int k) {
   return static_cast<uint32_t>(f32_to_bf16(v[2 * k])) | (static_cast<uint32_t>(f32_to_bf16(v[2 * k + 1])) << 16);
 }
 
-// Row gr (of batch entry b), columns c .. c+7 of x or of the computed input, as 8 bf16.
+// Row gr (of batch entry b), columns c .. c+7 of x or of the computed input SRC, as 8 bf16.
+template <int SRC>
 __device__ __forceinline__ uint4 load_chunk(const Tile128Pass& A, int b, long long gr, long long c) {
   const uint16_t* x = static_cast<const uint16_t*>(A.x);
-  if (A.src == 0)
+  if constexpr (SRC == 0) {
     return __ldg(reinterpret_cast<const uint4*>(x + (static_cast<long long>(b) * A.R + gr) * A.C + c));
-  float v[8];
-  if (A.src == MXMOE_SOURCE_GATHER) {
+  } else if constexpr (SRC == MXMOE_SOURCE_GATHER) {
     const int32_t pr = __ldg(A.perm + gr);
     if (pr < 0 || A.perm_n == 0) return make_uint4(0, 0, 0, 0);  // a padding row: zeros
     const long long e = min(static_cast<long long>(pr), A.perm_n - 1);
     const uint4 w = __ldg(reinterpret_cast<const uint4*>(x + (e / A.k) * A.C + c));
     if (A.row_scale == nullptr) return w;
     const float sc = __ldg(A.row_scale + e);
+    float v[8];
     unpack8(w, v);
 #pragma unroll
     for (int q = 0; q < 8; ++q) v[q] = mul_rn(v[q], sc);
+    return make_uint4(pack_bf16_8(v, 0), pack_bf16_8(v, 1), pack_bf16_8(v, 2), pack_bf16_8(v, 3));
   } else {
+    float v[8];
     swiglu_source8(A, gr, c, v);
+    return make_uint4(pack_bf16_8(v, 0), pack_bf16_8(v, 1), pack_bf16_8(v, 2), pack_bf16_8(v, 3));
   }
-  return make_uint4(pack_bf16_8(v, 0), pack_bf16_8(v, 1), pack_bf16_8(v, 2), pack_bf16_8(v, 3));
 }
 
-__device__ __forceinline__ bool needs_x(const KParams& K, const Tile& t) {
-  return t.valid && (t.in_group || K.row_on);
-}
-
-// This thread's 8 chunks of tile t (zeros past the panel's rows and the tensor's columns).
+// This thread's 8 chunks of tile t (zeros past the panel's rows and the tensor's columns, and where
+// nothing reads them: rows past the last group of a weight tile or of a column-only request).
+template <int SRC>
 __device__ __forceinline__ void load_tile(const KParams& K, const Tile& t, uint4 (&X)[8]) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, h = lane >> 4, j = lane & 15;
 #pragma unroll
   for (int i = 0; i < 8; ++i) X[i] = make_uint4(0, 0, 0, 0);
-  if (!needs_x(K, t) || 8 * j >= K.a.C - 128 * t.ct) return;  // C % 8 == 0: chunks are whole
+  if (!t.valid || !(t.in_group || K.row_on) || 8 * j >= K.a.C - 128 * t.ct) return;  // C % 8 == 0
   const long long c = 128LL * t.ct + 8 * j;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int r = 16 * i + 2 * w + h;
-    if (r < t.rows) X[i] = load_chunk(K.a, t.b, t.r0 + r, c);
+    if (r < t.rows) X[i] = load_chunk<SRC>(K.a, t.b, t.r0 + r, c);
   }
 }
 
-// |x| max of 8 bf16 as fp32 bits (NaN patterns order above everything else).
-__device__ __forceinline__ uint32_t amax8(const uint4 v) {
-  const uint32_t m = __vmaxu2(__vmaxu2(v.x & kAbs2, v.y & kAbs2), __vmaxu2(v.z & kAbs2, v.w & kAbs2));
-  return max(m << 16, m & 0xFFFF0000u);
+__device__ __forceinline__ uint4 abs8(const uint4 v) {
+  return make_uint4(v.x & kAbs2, v.y & kAbs2, v.z & kAbs2, v.w & kAbs2);
+}
+__device__ __forceinline__ uint4 vmax4(const uint4 a, const uint4 b) {
+  return make_uint4(__vmaxu2(a.x, b.x), __vmaxu2(a.y, b.y), __vmaxu2(a.z, b.z), __vmaxu2(a.w, b.w));
+}
+// max of a packed pair of |bf16| as fp32 bits (NaN patterns order above everything else).
+__device__ __forceinline__ uint32_t pair_max(uint32_t m) { return max(m << 16, m & 0xFFFF0000u); }
+
+// 2^(127-s) for a scale byte s < 255 (e8m0_reciprocal_f32 without its NaN case).
+__device__ __forceinline__ float recip(uint32_t s) {
+  return __uint_as_float(s == 254u ? 0x00400000u : (254u - s) << 23);
 }
 
 // 8 codes of a chunk with one scale byte (the NaN scale gives NaN codes).
-__device__ __forceinline__ uint2 codes8(const uint4 v, uint8_t s) {
+__device__ __forceinline__ uint2 codes8(const uint4 v, uint32_t s) {
   if (s == kE8M0Nan) return make_uint2(0x7F7F7F7Fu, 0x7F7F7F7Fu);
-  const float rc = e8m0_reciprocal_f32(s);
+  const float rc = recip(s);
   const uint32_t a[4] = {v.x, v.y, v.z, v.w};
   uint32_t o[2];
 #pragma unroll
@@ -165,42 +177,53 @@ __device__ __forceinline__ uint2 codes8(const uint4 v, uint8_t s) {
 
 // The row's scale entries of this column tile (compact layout (B*R, C/32): one byte per 32
 // columns, a 1x128 block's byte repeated 4 times).
-__device__ __forceinline__ void store_scale_c(uint8_t* d, uint8_t s, int nj) {
+__device__ __forceinline__ void store_scale_c(uint8_t* d, uint32_t s, int nj) {
   if (nj <= 0) return;
-  const uint32_t val = s * 0x01010101u;
   if (nj == 4 && aligned(d, 4)) {
-    *reinterpret_cast<uint32_t*>(d) = val;
+    *reinterpret_cast<uint32_t*>(d) = s * 0x01010101u;
   } else {
-    for (int e = 0; e < nj; ++e) d[e] = s;
+    for (int e = 0; e < nj; ++e) d[e] = static_cast<uint8_t>(s);
   }
 }
 
-// n (<= 32) consecutive bytes of a transposed row, held as 8 little-endian words.
+// n (<= 32) consecutive bytes of a transposed row, held as 8 little-endian words. The bytes before d
+// and from d + n on belong to other lanes (the neighbouring row quarters, groups): never touched.
 __device__ __forceinline__ void store_segment(uint8_t* d, const uint32_t (&o)[8], int n) {
   if (n == 32 && aligned(d, 16)) {
     reinterpret_cast<uint4*>(d)[0] = make_uint4(o[0], o[1], o[2], o[3]);
     reinterpret_cast<uint4*>(d)[1] = make_uint4(o[4], o[5], o[6], o[7]);
     return;
   }
-  const bool w4 = aligned(d, 4);
+  if (n == 32) {
+    // Unaligned start (jagged groups): 7 whole words funnel-shifted, the edge bytes alone.
+    const int a = static_cast<int>(reinterpret_cast<uintptr_t>(d) & 3u);
+    uint32_t* wd = reinterpret_cast<uint32_t*>(d - a);
+    if (a == 0) {
 #pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    if (w4 && 4 * k + 4 <= n) {
-      reinterpret_cast<uint32_t*>(d)[k] = o[k];
-    } else {
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if (4 * k + e < n) d[4 * k + e] = static_cast<uint8_t>(o[k] >> (8 * e));
+      for (int k = 0; k < 8; ++k) wd[k] = o[k];
+      return;
     }
+    for (int e = a; e < 4; ++e) reinterpret_cast<uint8_t*>(wd)[e] = static_cast<uint8_t>(o[0] >> (8 * (e - a)));
+#pragma unroll
+    for (int k = 1; k < 8; ++k) wd[k] = __funnelshift_r(o[k - 1], o[k], 32 - 8 * a);
+    for (int e = 0; e < a; ++e) reinterpret_cast<uint8_t*>(wd + 8)[e] = static_cast<uint8_t>(o[7] >> (8 * (4 - a + e)));
+    return;
   }
+#pragma unroll
+  for (int k = 0; k < 8; ++k)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (4 * k + e < n) d[4 * k + e] = static_cast<uint8_t>(o[k] >> (8 * e));
 }
 
+template <int SRC, bool TILE>
 __global__ void __launch_bounds__(kThreads, 3) tile128_pass_kernel(const __grid_constant__ KParams K) {
   extern __shared__ uint4 dyn_smem_[];
   uint8_t* bufs = reinterpret_cast<uint8_t*>(dyn_smem_);
-  uint32_t* part = reinterpret_cast<uint32_t*>(bufs + 2 * kTileBytes);  // [4 row quarters][128 columns]
-  int* table = reinterpret_cast<int*>(bufs + 2 * kTileBytes + kPartBytes);
-  __shared__ uint32_t s_red[8];
+  // Per buffer: the column maxima of each warp's 16 rows, [8 warps][64 packed column pairs].
+  uint32_t* parts = reinterpret_cast<uint32_t*>(bufs + 2 * kTileBytes);
+  int* table = reinterpret_cast<int*>(bufs + 2 * kTileBytes + 2 * kPartBytes);
+  __shared__ uint32_t s_red[2][8];
   __shared__ int s_covered, s_tot;
   const Tile128Pass& A = K.a;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, h = lane >> 4, j = lane & 15;
@@ -234,82 +257,106 @@ __global__ void __launch_bounds__(kThreads, 3) tile128_pass_kernel(const __grid_
   const long long step = gridDim.x;
   uint4 X[8];
   Tile t = resolve(K, table, covered, tot_panels, blockIdx.x);
-  load_tile(K, t, X);
-  const int cp = 32 * (w & 1) + lane;  // column word of the column phases: columns 2 cp, 2 cp + 1
-  const int q4 = w >> 1;               // their row quarter: rows 32 q4 .. +31
-  const int W = A.C / 32;              // scale_c entries per row
+  load_tile<SRC>(K, t, X);
+  const int cp = 32 * (w & 1) + lane;  // column word of the column phase: columns 2 cp, 2 cp + 1
+  const int q4 = w >> 1;               // its row quarter: rows 32 q4 .. +31
+  // Row side: after the reduce-scatter below, lane j holds the complete max of round rho's row.
+  const int rho = 4 * ((j >> 3) & 1) + 2 * ((j >> 2) & 1) + ((j >> 1) & 1);
+  const int W = A.C / 32;  // scale_c entries per row
   int it = 0;
   for (long long tile = blockIdx.x; tile < K.tiles; tile += step, ++it) {
     uint8_t* buf = bufs + (it & 1) * kTileBytes;
+    uint32_t* part = parts + (it & 1) * (kPartBytes / 4);
     const uint32_t* bw = reinterpret_cast<const uint32_t*>(buf);
     const int cols = min(128, A.C - 128 * t.ct);
     const int nj = min(4, W - 4 * t.ct);
     const bool cok = 8 * j < cols;
 
-    // ---- load phase: the tile into shared memory; the row side of activations from registers ----
+    // ---- load phase: the tile and its column maxima into shared memory; activations' row side ----
 #pragma unroll
     for (int i = 0; i < 8; ++i) reinterpret_cast<uint4*>(buf)[(16 * i + 2 * w + h) * 16 + j] = X[i];
-    if (t.valid && K.row_on) {
+    if (t.valid && t.in_group) {
+      uint4 cm = abs8(X[0]);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int r = 16 * i + 2 * w + h;
-        uint32_t m = amax8(X[i]);
-        m = max(m, __shfl_xor_sync(kFull, m, 1));
-        m = max(m, __shfl_xor_sync(kFull, m, 2));
-        m = max(m, __shfl_xor_sync(kFull, m, 4));
-        m = max(m, __shfl_xor_sync(kFull, m, 8));
-        const uint8_t s = e8m0_from_amax_bits(m, mode);
-        if (r < t.rows) {
-          const long long row = static_cast<long long>(t.b) * A.R + t.r0 + r;
-          if (A.q != nullptr && cok)
-            *reinterpret_cast<uint2*>(A.q + row * A.C + 128LL * t.ct + 8 * j) = codes8(X[i], s);
-          if (A.scale_c != nullptr && j == 0) store_scale_c(A.scale_c + row * W + 4 * t.ct, s, nj);
+      for (int i = 1; i < 8; ++i) cm = vmax4(cm, abs8(X[i]));
+      if constexpr (TILE) {
+        uint32_t a = max(max(pair_max(cm.x), pair_max(cm.y)), max(pair_max(cm.z), pair_max(cm.w)));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) a = max(a, __shfl_xor_sync(kFull, a, o));
+        if (lane == 0) s_red[it & 1][w] = a;
+      } else {
+        cm.x = __vmaxu2(cm.x, __shfl_xor_sync(kFull, cm.x, 16));
+        cm.y = __vmaxu2(cm.y, __shfl_xor_sync(kFull, cm.y, 16));
+        cm.z = __vmaxu2(cm.z, __shfl_xor_sync(kFull, cm.z, 16));
+        cm.w = __vmaxu2(cm.w, __shfl_xor_sync(kFull, cm.w, 16));
+        if (h == 0) reinterpret_cast<uint4*>(part)[w * 16 + j] = cm;
+      }
+    }
+    if constexpr (!TILE) {
+      if (t.valid && K.row_on) {
+        // Row maxima: each lane's 8 chunk maxima, reduce-scattered over the 16 lanes of its row
+        // (xor 8, 4, 2 halve the rows held, xor 1 completes): 8 shuffles and one scale per lane.
+        uint32_t m[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const uint4 v = abs8(X[i]);
+          m[i] = pair_max(__vmaxu2(__vmaxu2(v.x, v.y), __vmaxu2(v.z, v.w)));
+        }
+        const bool b3 = (j >> 3) & 1, b2 = (j >> 2) & 1, b1 = (j >> 1) & 1;
+        uint32_t t1[4], t2[2];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const uint32_t keep = b3 ? m[k + 4] : m[k], send = b3 ? m[k] : m[k + 4];
+          t1[k] = max(keep, __shfl_xor_sync(kFull, send, 8));
+        }
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          const uint32_t keep = b2 ? t1[k + 2] : t1[k], send = b2 ? t1[k] : t1[k + 2];
+          t2[k] = max(keep, __shfl_xor_sync(kFull, send, 4));
+        }
+        uint32_t t3;
+        {
+          const uint32_t keep = b1 ? t2[1] : t2[0], send = b1 ? t2[0] : t2[1];
+          t3 = max(keep, __shfl_xor_sync(kFull, send, 2));
+        }
+        t3 = max(t3, __shfl_xor_sync(kFull, t3, 1));
+        const uint32_t s_mine = e8m0_from_amax_bits(t3, mode);
+        const int rr = 16 * rho + 2 * w + h;  // the row whose scale this lane holds
+        if (A.scale_c != nullptr && (j & 1) == 0 && rr < t.rows)
+          store_scale_c(A.scale_c + (static_cast<long long>(t.b) * A.R + t.r0 + rr) * W + 4 * t.ct, s_mine, nj);
+        uint8_t* qrow = A.q == nullptr ? nullptr
+                                       : A.q + (static_cast<long long>(t.b) * A.R + t.r0) * A.C + 128LL * t.ct + 8 * j;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int src = (lane & 16) | (((i >> 2) & 1) << 3) | (((i >> 1) & 1) << 2) | ((i & 1) << 1);
+          const uint32_t s = __shfl_sync(kFull, s_mine, src);
+          const int r = 16 * i + 2 * w + h;
+          if (qrow != nullptr && cok && r < t.rows)
+            *reinterpret_cast<uint2*>(qrow + static_cast<long long>(r) * A.C) = codes8(X[i], s);
         }
       }
     }
-    __syncthreads();  // (1) the tile is in shared memory
+    __syncthreads();  // the tile and its maxima are in shared memory (one barrier per tile: two buffers)
 
-    // The next tile's loads, in flight during the column phases.
+    // The next tile's loads, in flight during the column phase.
     const Tile tn = resolve(K, table, covered, tot_panels, tile + step);
-    load_tile(K, tn, X);
+    load_tile<SRC>(K, tn, X);
 
-    // ---- column phase A: per-column maxima of each row quarter (weights: the tile's) ----
-    const bool col_work = t.valid && t.in_group && (A.tile || A.col_codes);
-    if (col_work) {
-      uint32_t m2 = 0;
-#pragma unroll 8
-      for (int i = 0; i < 32; ++i) m2 = __vmaxu2(m2, bw[(32 * q4 + i) * 64 + cp] & kAbs2);
-      const uint32_t lo = m2 << 16, hi = m2 & 0xFFFF0000u;
-      if (A.tile) {
-        uint32_t a = max(lo, hi);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) a = max(a, __shfl_xor_sync(kFull, a, o));
-        if (lane == 0) s_red[w] = a;
-      } else {
-        *reinterpret_cast<uint2*>(part + q4 * 128 + 2 * cp) = make_uint2(lo, hi);
-      }
-    }
-    __syncthreads();  // (2) the partial maxima are in shared memory
-
-    // ---- column phase B: scales, transposed codes; weights: also the row side ----
-    if (t.valid && (A.tile || A.col_codes)) {
-      uint8_t s_lo = 0, s_hi = 0;
+    // ---- column phase: scales, transposed codes; weights: also the row side ----
+    if (t.valid && (TILE || A.col_codes)) {
+      uint32_t s_lo = 0, s_hi = 0;
       if (t.in_group) {
-        if (A.tile) {
-          uint32_t a = s_red[0];
+        if constexpr (TILE) {
+          uint32_t a = s_red[it & 1][0];
 #pragma unroll
-          for (int k = 1; k < 8; ++k) a = max(a, s_red[k]);
+          for (int k = 1; k < 8; ++k) a = max(a, s_red[it & 1][k]);
           s_lo = s_hi = e8m0_from_amax_bits(a, mode);
         } else {
-          uint32_t a_lo = 0, a_hi = 0;
+          uint32_t a2 = part[cp];
 #pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const uint2 pk = *reinterpret_cast<const uint2*>(part + k * 128 + 2 * cp);
-            a_lo = max(a_lo, pk.x);
-            a_hi = max(a_hi, pk.y);
-          }
-          s_lo = e8m0_from_amax_bits(a_lo, mode);
-          s_hi = e8m0_from_amax_bits(a_hi, mode);
+          for (int k = 1; k < 8; ++k) a2 = __vmaxu2(a2, part[k * 64 + cp]);
+          s_lo = e8m0_from_amax_bits(a2 << 16, mode);
+          s_hi = e8m0_from_amax_bits(a2 & 0xFFFF0000u, mode);
         }
       }
       const int seg = 32 * q4, n = min(32, t.rows - seg);
@@ -318,7 +365,7 @@ __global__ void __launch_bounds__(kThreads, 3) tile128_pass_kernel(const __grid_
         if (A.qt != nullptr) {
           uint32_t olo[8], ohi[8];
           if (t.in_group) {
-            const float r_lo = e8m0_reciprocal_f32(s_lo), r_hi = e8m0_reciprocal_f32(s_hi);
+            const float r_lo = recip(s_lo), r_hi = recip(s_hi);
 #pragma unroll
             for (int k = 0; k < 8; ++k) {
               uint32_t v[4];
@@ -350,22 +397,27 @@ __global__ void __launch_bounds__(kThreads, 3) tile128_pass_kernel(const __grid_
         }
         if (A.scale_r != nullptr && t.in_group && t.run0 + q4 < A.n_r) {
           uint8_t* d = A.scale_r + (static_cast<long long>(t.b) * A.C + c) * A.n_r + t.run0 + q4;
-          d[0] = s_lo;
-          d[A.n_r] = s_hi;
+          d[0] = static_cast<uint8_t>(s_lo);
+          d[A.n_r] = static_cast<uint8_t>(s_hi);
         }
       }
-      if (A.tile && (A.q != nullptr || A.scale_c != nullptr)) {
-        // The row side of the one 128x128 quantization: same codes, in x's orientation.
+      if constexpr (TILE) {
+        if (A.q != nullptr || A.scale_c != nullptr) {
+          // The row side of the one 128x128 quantization: same codes, in x's orientation.
+          const long long row0 = static_cast<long long>(t.b) * A.R + t.r0;
+          const int rr = 16 * rho + 2 * w + h;
+          if (A.scale_c != nullptr && (j & 1) == 0 && rr < t.rows)
+            store_scale_c(A.scale_c + (row0 + rr) * W + 4 * t.ct, s_lo, nj);
+          if (A.q != nullptr && cok) {
+            uint8_t* qrow = A.q + row0 * A.C + 128LL * t.ct + 8 * j;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const int r = 16 * i + 2 * w + h;
-          if (r < t.rows) {
-            const long long row = static_cast<long long>(t.b) * A.R + t.r0 + r;
-            if (A.q != nullptr && cok) {
-              const uint4 v = reinterpret_cast<const uint4*>(buf)[r * 16 + j];
-              *reinterpret_cast<uint2*>(A.q + row * A.C + 128LL * t.ct + 8 * j) = codes8(v, s_lo);
+            for (int i = 0; i < 8; ++i) {
+              const int r = 16 * i + 2 * w + h;
+              if (r < t.rows) {
+                const uint4 v = reinterpret_cast<const uint4*>(buf)[r * 16 + j];
+                *reinterpret_cast<uint2*>(qrow + static_cast<long long>(r) * A.C) = codes8(v, s_lo);
+              }
             }
-            if (A.scale_c != nullptr && j == 0) store_scale_c(A.scale_c + row * W + 4 * t.ct, s_lo, nj);
           }
         }
       }
@@ -386,12 +438,21 @@ void launch_tile128_pass(const Tile128Pass& a, int device, cudaStream_t stream) 
   K.tiles = static_cast<long long>(a.B) * K.P * K.ctiles;
   if (K.tiles <= 0) return;
   if (K.tiles > 0x7FFFFFFFLL) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: too many tiles for one launch");
-  const int smem = 2 * kTileBytes + kPartBytes + (K.grouped ? 3 * kTable * 4 : 0);
+  const int smem = 2 * kTileBytes + 2 * kPartBytes + (K.grouped ? 3 * kTable * 4 : 0);
   static_assert(sizeof(ScanSmem) <= 2 * kTileBytes, "the scan scratch lives in the tile buffers");
-  const int blocks = occupancy(tile128_pass_kernel, device, kThreads, smem), sms = sm_count(device);
-  if (blocks < 1) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: kernel does not fit on the device");
-  const long long grid = std::min<long long>(K.tiles, static_cast<long long>(blocks) * sms);
-  tile128_pass_kernel<<<static_cast<unsigned>(grid), kThreads, smem, stream>>>(K);
+  auto go = [&](auto kernel) {
+    const int blocks = occupancy(kernel, device, kThreads, smem), sms = sm_count(device);
+    if (blocks < 1) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: kernel does not fit on the device");
+    const long long grid = std::min<long long>(K.tiles, static_cast<long long>(blocks) * sms);
+    kernel<<<static_cast<unsigned>(grid), kThreads, smem, stream>>>(K);
+  };
+  switch (a.tile ? 0 : a.src) {  // weights are tensors
+    case 0: a.tile ? go(tile128_pass_kernel<0, true>) : go(tile128_pass_kernel<0, false>); break;
+    case MXMOE_SOURCE_GATHER: go(tile128_pass_kernel<MXMOE_SOURCE_GATHER, false>); break;
+    case MXMOE_SOURCE_SWIGLU: go(tile128_pass_kernel<MXMOE_SOURCE_SWIGLU, false>); break;
+    case MXMOE_SOURCE_SWIGLU_BACKWARD: go(tile128_pass_kernel<MXMOE_SOURCE_SWIGLU_BACKWARD, false>); break;
+    default: fail_status(MXMOE_ERR_INVALID_ARGUMENT, "quantize: unknown source kind ", a.src);
+  }
   cuda_check(cudaGetLastError(), "quantize: kernel launch");
 }
 
