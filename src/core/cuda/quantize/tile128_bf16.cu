@@ -19,7 +19,8 @@
 //            bytes of each transposed row leave as two 16-byte stores when aligned (funnel-shifted
 //            words otherwise). Weights: the row side is coded from the shared tile here.
 // The next tile's loads are issued right after the barrier, so they are in flight during the
-// column phase. Templated on the input (x or a computed source) and on weights vs activations, so
+// column phase (x itself: cp.async into the other tile buffer, no registers held; computed inputs:
+// registers, computed one tile ahead). Templated on the input (x or a computed source) and on weights vs activations, so
 // each instance carries only its own path. 74 KB of shared memory, 3 CTAs per SM.
 #include "cuda/quantize/tile128_bf16.cuh"
 
@@ -144,6 +145,25 @@ __device__ __forceinline__ void load_tile(const KParams& K, const Tile& t, uint4
   }
 }
 
+// x itself: the thread's 8 chunks of tile t copied straight into its slots of the shared tile
+// (cp.async, zero-filled past the panel's rows and the tensor's columns), so the next tile's bytes are
+// in flight without holding registers.
+__device__ __forceinline__ void copy_tile_async(const KParams& K, const Tile& t, uint8_t* buf) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, h = lane >> 4, j = lane & 15;
+  const bool any = t.valid && (t.in_group || K.row_on) && 8 * j < K.a.C - 128 * t.ct;
+  const uint16_t* x = static_cast<const uint16_t*>(K.a.x);
+  const uint16_t* base = any ? x + (static_cast<long long>(t.b) * K.a.R + t.r0) * K.a.C + 128LL * t.ct + 8 * j : x;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int r = 16 * i + 2 * w + h;
+    const bool ok = any && r < t.rows;
+    const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(buf + ((16 * i + 2 * w + h) * 16 + j) * 16));
+    const void* src = ok ? static_cast<const void*>(base + static_cast<long long>(r) * K.a.C) : K.a.x;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 16 : 0) : "memory");
+  }
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
 __device__ __forceinline__ uint4 abs8(const uint4 v) {
   return make_uint4(v.x & kAbs2, v.y & kAbs2, v.z & kAbs2, v.w & kAbs2);
 }
@@ -255,9 +275,13 @@ __global__ void __launch_bounds__(kThreads, 3) tile128_pass_kernel(const __grid_
   const int covered = s_covered, tot_panels = s_tot;
 
   const long long step = gridDim.x;
+  // x itself goes through cp.async into the tile buffers; computed inputs are loaded into registers
+  // (and computed) one tile ahead.
+  constexpr bool kAsync = SRC == 0;
   uint4 X[8];
   Tile t = resolve(K, table, covered, tot_panels, blockIdx.x);
-  load_tile<SRC>(K, t, X);
+  if constexpr (kAsync) copy_tile_async(K, t, bufs);
+  else load_tile<SRC>(K, t, X);
   const int cp = 32 * (w & 1) + lane;  // column word of the column phase: columns 2 cp, 2 cp + 1
   const int q4 = w >> 1;               // its row quarter: rows 32 q4 .. +31
   // Row side: after the reduce-scatter below, lane j holds the complete max of round rho's row.
@@ -273,8 +297,14 @@ __global__ void __launch_bounds__(kThreads, 3) tile128_pass_kernel(const __grid_
     const bool cok = 8 * j < cols;
 
     // ---- load phase: the tile and its column maxima into shared memory; activations' row side ----
+    if constexpr (kAsync) {
+      asm volatile("cp.async.wait_all;\n" ::: "memory");  // this thread's copies of tile t landed
 #pragma unroll
-    for (int i = 0; i < 8; ++i) reinterpret_cast<uint4*>(buf)[(16 * i + 2 * w + h) * 16 + j] = X[i];
+      for (int i = 0; i < 8; ++i) X[i] = reinterpret_cast<const uint4*>(buf)[(16 * i + 2 * w + h) * 16 + j];
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) reinterpret_cast<uint4*>(buf)[(16 * i + 2 * w + h) * 16 + j] = X[i];
+    }
     if (t.valid && t.in_group) {
       uint4 cm = abs8(X[0]);
 #pragma unroll
@@ -338,9 +368,11 @@ __global__ void __launch_bounds__(kThreads, 3) tile128_pass_kernel(const __grid_
     }
     __syncthreads();  // the tile and its maxima are in shared memory (one barrier per tile: two buffers)
 
-    // The next tile's loads, in flight during the column phase.
+    // The next tile's loads, in flight during the column phase (its buffer was last read by the
+    // column phase of the tile before this one, which every thread finished before the barrier).
     const Tile tn = resolve(K, table, covered, tot_panels, tile + step);
-    load_tile<SRC>(K, tn, X);
+    if constexpr (kAsync) copy_tile_async(K, tn, bufs + ((it + 1) & 1) * kTileBytes);
+    else load_tile<SRC>(K, tn, X);
 
     // ---- column phase: scales, transposed codes; weights: also the row side ----
     if (t.valid && (TILE || A.col_codes)) {
