@@ -407,6 +407,68 @@ void tile128_cases(Runner& R, const std::string& tag, int64_t M, int64_t K, int 
          }});
 }
 
+// The fused MoE layer's computed inputs through the tile128 activation pass (quantize_fused_source):
+// the dispatch gather (with / without the routing weights), SwiGLU, SwiGLU backward, at a Qwen3-style
+// shape (M = 16K tokens x top-8 rows, 64 experts, 16-aligned groups, ~3% padding rows). Bytes: the
+// gathered rows are read once each (an unused input tensor makes up the difference to a's size).
+void source_cases(Runner& R, int64_t M, int64_t H, int64_t I, int G) {
+  const int64_t k = 8, T = M / k, cap = cdiv(M, 32) + G;
+  std::vector<int32_t> offs = jagged_groups(M, G, static_cast<uint32_t>(M + G));
+  for (auto& o : offs) o = static_cast<int32_t>(std::min<int64_t>(M, (o + 15) / 16 * 16));
+  std::vector<int32_t> perm(static_cast<size_t>(M));
+  std::mt19937 rng(7);
+  for (int64_t r = 0; r < M; ++r) perm[r] = rng() % 32 == 0 ? -1 : static_cast<int32_t>(rng() % (T * k));
+  std::vector<int32_t> rs(static_cast<size_t>(T * k));
+  for (auto& v : rs) {
+    const float f = 0.125f + static_cast<float>(rng() % 1000) / 1000.0f;
+    std::memcpy(&v, &f, 4);
+  }
+  const std::string s = "moe " + shp({M, H}) + "/G" + std::to_string(G) + "a16";
+  const mxmoe_fused_config cfg{128, 128, 0, MXMOE_SCALE_RCEIL};
+  auto sides = [](std::vector<mxmoe_tensor>& t, int o, mxmoe_fused_side& row, mxmoe_fused_side& col) {
+    row = mxmoe_fused_side{&t[o], nullptr, &t[o + 1], nullptr, nullptr, nullptr};
+    col = mxmoe_fused_side{nullptr, &t[o + 2], &t[o + 3], nullptr, nullptr, nullptr};
+  };
+  for (int scaled = 0; scaled < 2; ++scaled) {
+    std::vector<Spec> ts = {in_bf16({T, H}), in_offs(offs), {{M}, MXMOE_DTYPE_I32, Spec::kOffs, perm},
+                            {{T * k}, MXMOE_DTYPE_F32, Spec::kOffs, rs}, in_bf16({M - T, H}),
+                            out({M, H}), out({M, H / 32}, MXMOE_DTYPE_E8M0), out({H, M}), out({H, cap}, MXMOE_DTYPE_E8M0)};
+    R.run({scaled ? "src_gather_rs_1x128+128x1" : "src_gather_1x128+128x1", s, ts,
+           [=](std::vector<mxmoe_tensor>& t, cudaStream_t st) {
+             mxmoe_tensor rsv = t[3];
+             rsv.ndim = 2;
+             rsv.shape[0] = T;
+             rsv.shape[1] = k;
+             rsv.strides[0] = k;
+             rsv.strides[1] = 1;
+             mxmoe_fused_source src{MXMOE_SOURCE_GATHER, &t[0], nullptr, &t[2], scaled ? &rsv : nullptr, k, 0, 1.f, 0.f, 0.f};
+             mxmoe_fused_side row, col;
+             sides(t, 5, row, col);
+             MK(mxmoe_quantize_fused_source(&src, &t[1], cfg, &row, &col, st));
+           }});
+  }
+  const std::string si = "moe " + shp({M, I}) + "/G" + std::to_string(G) + "a16";
+  R.run({"src_swiglu_1x128+128x1", si,
+         {in_bf16({M, 2 * I}), in_offs(offs), out({M, I}), out({M, I / 32}, MXMOE_DTYPE_E8M0), out({I, M}),
+          out({I, cap}, MXMOE_DTYPE_E8M0)},
+         [=](std::vector<mxmoe_tensor>& t, cudaStream_t st) {
+           mxmoe_fused_source src{MXMOE_SOURCE_SWIGLU, &t[0], nullptr, nullptr, nullptr, 1, 0, 1.f, INFINITY, 0.f};
+           mxmoe_fused_side row, col;
+           sides(t, 2, row, col);
+           MK(mxmoe_quantize_fused_source(&src, &t[1], cfg, &row, &col, st));
+         }});
+  const std::string sb = "moe " + shp({M, 2 * I}) + "/G" + std::to_string(G) + "a16";
+  R.run({"src_swiglu_bwd_1x128+128x1", sb,
+         {in_bf16({M, 2 * I}), in_bf16({M, I}), in_offs(offs), out({M, 2 * I}), out({M, 2 * I / 32}, MXMOE_DTYPE_E8M0),
+          out({2 * I, M}), out({2 * I, cap}, MXMOE_DTYPE_E8M0)},
+         [=](std::vector<mxmoe_tensor>& t, cudaStream_t st) {
+           mxmoe_fused_source src{MXMOE_SOURCE_SWIGLU_BACKWARD, &t[0], &t[1], nullptr, nullptr, 1, 0, 1.f, INFINITY, 0.f};
+           mxmoe_fused_side row, col;
+           sides(t, 3, row, col);
+           MK(mxmoe_quantize_fused_source(&src, &t[2], cfg, &row, &col, st));
+         }});
+}
+
 void weight_cases(Runner& R, int64_t G, int64_t N, int64_t K) {
   const std::string s = "W " + shp({G, N, K});
   const mxmoe_scale_mode mode = MXMOE_SCALE_RCEIL;
@@ -525,6 +587,7 @@ int main(int argc, char** argv) {
       tile128_cases(R, "moe ", 131072, K, 64, true, true);
       tile128_cases(R, "moe ", 131072, K, 64, true, false);
     }
+    source_cases(R, 131072, 1024, 768, 64);
     weight_cases(R, 64, 1536, 1024);  // Qwen3-style fine-grained experts: gate_up (2I x H)
     weight_cases(R, 64, 1024, 768);   // down (H x I)
   }

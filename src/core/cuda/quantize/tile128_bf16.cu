@@ -42,11 +42,13 @@ constexpr int kTileBytes = 128 * 256;  // one 128 x 128 bf16 tile
 constexpr int kPartBytes = 8 * 64 * 4;  // column maxima: 8 warps x 64 packed column pairs
 constexpr int kTable = 512;  // groups whose table fits in shared memory
 constexpr uint32_t kAbs2 = 0x7FFF7FFFu;
+constexpr int kSourceGatherRaw = 100;  // the kernel's instance for GATHER without row_scale (cp.async)
 
 struct KParams {
   Tile128Pass a;
   bool grouped = false;
   bool row_on = false;  // activations: the rowwise side is wanted
+  bool stage_all = false;  // every tile's transposed codes through shared memory (A/B runs)
   int P = 0;            // panel slots per batch entry
   int ctiles = 0;
   long long tiles = 0;
@@ -145,20 +147,38 @@ __device__ __forceinline__ void load_tile(const KParams& K, const Tile& t, uint4
   }
 }
 
-// x itself: the thread's 8 chunks of tile t copied straight into its slots of the shared tile
-// (cp.async, zero-filled past the panel's rows and the tensor's columns), so the next tile's bytes are
-// in flight without holding registers.
+// x itself, or rows of x gathered by perm (unscaled GATHER): the thread's 8 chunks of tile t copied
+// straight into its slots of the shared tile (cp.async, zero-filled past the panel's rows, the
+// tensor's columns and for padding rows), so the next tile's bytes are in flight without holding
+// registers.
+template <bool GATHER>
 __device__ __forceinline__ void copy_tile_async(const KParams& K, const Tile& t, uint8_t* buf) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, h = lane >> 4, j = lane & 15;
-  const bool any = t.valid && (t.in_group || K.row_on) && 8 * j < K.a.C - 128 * t.ct;
-  const uint16_t* x = static_cast<const uint16_t*>(K.a.x);
-  const uint16_t* base = any ? x + (static_cast<long long>(t.b) * K.a.R + t.r0) * K.a.C + 128LL * t.ct + 8 * j : x;
+  const Tile128Pass& A = K.a;
+  const bool any = t.valid && (t.in_group || K.row_on) && 8 * j < A.C - 128 * t.ct;
+  const uint16_t* x = static_cast<const uint16_t*>(A.x);
+  const long long c = 128LL * t.ct + 8 * j;
+  int32_t pr[8];
+  if constexpr (GATHER) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int r = 16 * i + 2 * w + h;
+      pr[i] = any && r < t.rows && A.perm_n > 0 ? __ldg(A.perm + t.r0 + r) : -1;
+    }
+  }
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int r = 16 * i + 2 * w + h;
-    const bool ok = any && r < t.rows;
+    bool ok = any && r < t.rows;
+    const uint16_t* src = x;
+    if constexpr (GATHER) {
+      ok = ok && pr[i] >= 0;
+      const long long e = min(static_cast<long long>(pr[i]), A.perm_n - 1);
+      if (ok) src = x + (e / A.k) * A.C + c;
+    } else {
+      if (ok) src = x + (static_cast<long long>(t.b) * A.R + t.r0 + r) * A.C + c;
+    }
     const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(buf + ((16 * i + 2 * w + h) * 16 + j) * 16));
-    const void* src = ok ? static_cast<const void*>(base + static_cast<long long>(r) * K.a.C) : K.a.x;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 16 : 0) : "memory");
   }
   asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -178,9 +198,9 @@ __device__ __forceinline__ float recip(uint32_t s) {
   return __uint_as_float(s == 254u ? 0x00400000u : (254u - s) << 23);
 }
 
-// 8 codes of a chunk with one scale byte (the NaN scale gives NaN codes).
+// 8 codes of a chunk with one scale byte (the NaN scale gives NaN codes). Branch-free, so that the
+// compiler can interleave the 8 chunks of a thread.
 __device__ __forceinline__ uint2 codes8(const uint4 v, uint32_t s) {
-  if (s == kE8M0Nan) return make_uint2(0x7F7F7F7Fu, 0x7F7F7F7Fu);
   const float rc = recip(s);
   const uint32_t a[4] = {v.x, v.y, v.z, v.w};
   uint32_t o[2];
@@ -190,7 +210,7 @@ __device__ __forceinline__ uint2 codes8(const uint4 v, uint32_t s) {
                                    __fmul_rn(__uint_as_float(a[2 * k] & 0xFFFF0000u), rc));
     const uint32_t hi = cvt_e4m3x2(__fmul_rn(__uint_as_float(a[2 * k + 1] << 16), rc),
                                    __fmul_rn(__uint_as_float(a[2 * k + 1] & 0xFFFF0000u), rc));
-    o[k] = lo | (hi << 16);
+    o[k] = s == kE8M0Nan ? 0x7F7F7F7Fu : lo | (hi << 16);
   }
   return make_uint2(o[0], o[1]);
 }
@@ -236,6 +256,41 @@ __device__ __forceinline__ void store_segment(uint8_t* d, const uint32_t (&o)[8]
       if (4 * k + e < n) d[4 * k + e] = static_cast<uint8_t>(o[k] >> (8 * e));
 }
 
+// Staged transposed codes: local column cl's rows 16 u .. +15 at cl * 128 + 16 (u ^ (cl & 7)) of the
+// buffer (the XOR spreads a warp's 16-byte stores over all banks).
+__device__ __forceinline__ void stage_codes(uint8_t* cbuf, int cp, int q4, const uint32_t (&olo)[8],
+                                            const uint32_t (&ohi)[8]) {
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int cl = 2 * cp + e;
+    const uint32_t(&o)[8] = e ? ohi : olo;
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+      reinterpret_cast<uint4*>(cbuf)[cl * 8 + ((2 * q4 + u) ^ (cl & 7))] = make_uint4(o[4 * u], o[4 * u + 1], o[4 * u + 2], o[4 * u + 3]);
+  }
+}
+
+// Bytes [0, n) of one transposed row at dst, written by a whole warp: lane l holds bytes 4 l .. +3 in
+// `word`, prev is lane l - 1's word. Each store instruction covers one 128-byte run of the row; an
+// unaligned dst takes funnel-shifted words, with the partial words at both ends as single bytes.
+__device__ __forceinline__ void store_row_words(uint8_t* dst, uint32_t word, uint32_t prev, int n, int lane) {
+  const int a = static_cast<int>(reinterpret_cast<uintptr_t>(dst) & 3u);
+  uint8_t* base = dst - a;
+  // Destination word `lane` covers row bytes 4 lane - a .. 4 lane - a + 3.
+  const uint32_t v = a == 0 ? word : __funnelshift_r(prev, word, 32 - 8 * a);
+  const int t0 = 4 * lane - a;
+  if (t0 >= 0 && t0 + 4 <= n) {
+    *reinterpret_cast<uint32_t*>(base + 4 * lane) = v;
+  } else {
+    for (int e = 0; e < 4; ++e)
+      if (t0 + e >= 0 && t0 + e < n) base[4 * lane + e] = static_cast<uint8_t>(v >> (8 * e));
+  }
+  // The word after the last lane's (a != 0): row bytes 128 - a .. 127 from lane 31's word.
+  if (lane == 31 && a != 0)
+    for (int e = 0; e < a; ++e)
+      if (128 - a + e < n) base[128 + e] = static_cast<uint8_t>(word >> (8 * (4 - a + e)));
+}
+
 template <int SRC, bool TILE>
 __global__ void __launch_bounds__(kThreads, 3) tile128_pass_kernel(const __grid_constant__ KParams K) {
   extern __shared__ uint4 dyn_smem_[];
@@ -277,10 +332,11 @@ __global__ void __launch_bounds__(kThreads, 3) tile128_pass_kernel(const __grid_
   const long long step = gridDim.x;
   // x itself goes through cp.async into the tile buffers; computed inputs are loaded into registers
   // (and computed) one tile ahead.
-  constexpr bool kAsync = SRC == 0;
+  constexpr bool kGatherAsync = SRC == kSourceGatherRaw;
+  constexpr bool kAsync = SRC == 0 || kGatherAsync;
   uint4 X[8];
   Tile t = resolve(K, table, covered, tot_panels, blockIdx.x);
-  if constexpr (kAsync) copy_tile_async(K, t, bufs);
+  if constexpr (kAsync) copy_tile_async<kGatherAsync>(K, t, bufs);
   else load_tile<SRC>(K, t, X);
   const int cp = 32 * (w & 1) + lane;  // column word of the column phase: columns 2 cp, 2 cp + 1
   const int q4 = w >> 1;               // its row quarter: rows 32 q4 .. +31
@@ -356,13 +412,18 @@ __global__ void __launch_bounds__(kThreads, 3) tile128_pass_kernel(const __grid_
           store_scale_c(A.scale_c + (static_cast<long long>(t.b) * A.R + t.r0 + rr) * W + 4 * t.ct, s_mine, nj);
         uint8_t* qrow = A.q == nullptr ? nullptr
                                        : A.q + (static_cast<long long>(t.b) * A.R + t.r0) * A.C + 128LL * t.ct + 8 * j;
+        // All 8 chunks coded first (independent, branch-free), then the predicated stores.
+        uint2 qc[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           const int src = (lane & 16) | (((i >> 2) & 1) << 3) | (((i >> 1) & 1) << 2) | ((i & 1) << 1);
-          const uint32_t s = __shfl_sync(kFull, s_mine, src);
-          const int r = 16 * i + 2 * w + h;
-          if (qrow != nullptr && cok && r < t.rows)
-            *reinterpret_cast<uint2*>(qrow + static_cast<long long>(r) * A.C) = codes8(X[i], s);
+          qc[i] = codes8(X[i], __shfl_sync(kFull, s_mine, src));
+        }
+        if (qrow != nullptr && cok) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+            if (16 * i + 2 * w + h < t.rows)
+              *reinterpret_cast<uint2*>(qrow + static_cast<long long>(16 * i + 2 * w + h) * A.C) = qc[i];
         }
       }
     }
@@ -371,7 +432,7 @@ __global__ void __launch_bounds__(kThreads, 3) tile128_pass_kernel(const __grid_
     // The next tile's loads, in flight during the column phase (its buffer was last read by the
     // column phase of the tile before this one, which every thread finished before the barrier).
     const Tile tn = resolve(K, table, covered, tot_panels, tile + step);
-    if constexpr (kAsync) copy_tile_async(K, tn, bufs + ((it + 1) & 1) * kTileBytes);
+    if constexpr (kAsync) copy_tile_async<kGatherAsync>(K, tn, bufs + ((it + 1) & 1) * kTileBytes);
     else load_tile<SRC>(K, tn, X);
 
     // ---- column phase: scales, transposed codes; weights: also the row side ----
@@ -391,67 +452,88 @@ __global__ void __launch_bounds__(kThreads, 3) tile128_pass_kernel(const __grid_
           s_hi = e8m0_from_amax_bits(a2 & 0xFFFF0000u, mode);
         }
       }
-      const int seg = 32 * q4, n = min(32, t.rows - seg);
-      if (n > 0 && 2 * cp < cols) {
-        const long long c = 128LL * t.ct + 2 * cp;  // this lane's first column
-        if (A.qt != nullptr) {
-          uint32_t olo[8], ohi[8];
-          if (t.in_group) {
-            const float r_lo = recip(s_lo), r_hi = recip(s_hi);
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-              uint32_t v[4];
-#pragma unroll
-              for (int e = 0; e < 4; ++e) v[e] = bw[(seg + 4 * k + e) * 64 + cp];
-              olo[k] = cvt_e4m3x2(__fmul_rn(__uint_as_float(v[0] << 16), r_lo), __fmul_rn(__uint_as_float(v[1] << 16), r_lo)) |
-                       (cvt_e4m3x2(__fmul_rn(__uint_as_float(v[2] << 16), r_lo), __fmul_rn(__uint_as_float(v[3] << 16), r_lo)) << 16);
-              ohi[k] = cvt_e4m3x2(__fmul_rn(__uint_as_float(v[0] & 0xFFFF0000u), r_hi),
-                                  __fmul_rn(__uint_as_float(v[1] & 0xFFFF0000u), r_hi)) |
-                       (cvt_e4m3x2(__fmul_rn(__uint_as_float(v[2] & 0xFFFF0000u), r_hi),
-                                   __fmul_rn(__uint_as_float(v[3] & 0xFFFF0000u), r_hi)) << 16);
-            }
-            if (s_lo == kE8M0Nan) {
-#pragma unroll
-              for (int k = 0; k < 8; ++k) olo[k] = 0x7F7F7F7Fu;
-            }
-            if (s_hi == kE8M0Nan) {
-#pragma unroll
-              for (int k = 0; k < 8; ++k) ohi[k] = 0x7F7F7F7Fu;
-            }
-          } else {
-            // Rows past the last group: zero codes (their scales are not written; scale 0 elsewhere).
-#pragma unroll
-            for (int k = 0; k < 8; ++k) olo[k] = ohi[k] = 0;
-          }
-          uint8_t* d = A.qt + (static_cast<long long>(t.b) * A.C + c) * A.R + t.r0 + seg;
-          store_segment(d, olo, n);
-          store_segment(d + A.R, ohi, n);
-        }
-        if (A.scale_r != nullptr && t.in_group && t.run0 + q4 < A.n_r) {
-          uint8_t* d = A.scale_r + (static_cast<long long>(t.b) * A.C + c) * A.n_r + t.run0 + q4;
-          d[0] = static_cast<uint8_t>(s_lo);
-          d[A.n_r] = static_cast<uint8_t>(s_hi);
-        }
-      }
       if constexpr (TILE) {
         if (A.q != nullptr || A.scale_c != nullptr) {
-          // The row side of the one 128x128 quantization: same codes, in x's orientation.
+          // The row side of the one 128x128 quantization: same codes, in x's orientation (read before
+          // a staged column store below reuses the buffer).
           const long long row0 = static_cast<long long>(t.b) * A.R + t.r0;
           const int rr = 16 * rho + 2 * w + h;
           if (A.scale_c != nullptr && (j & 1) == 0 && rr < t.rows)
             store_scale_c(A.scale_c + (row0 + rr) * W + 4 * t.ct, s_lo, nj);
           if (A.q != nullptr && cok) {
             uint8_t* qrow = A.q + row0 * A.C + 128LL * t.ct + 8 * j;
+            uint2 qc[8];
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
-              const int r = 16 * i + 2 * w + h;
-              if (r < t.rows) {
-                const uint4 v = reinterpret_cast<const uint4*>(buf)[r * 16 + j];
-                *reinterpret_cast<uint2*>(qrow + static_cast<long long>(r) * A.C) = codes8(v, s_lo);
-              }
-            }
+            for (int i = 0; i < 8; ++i) qc[i] = codes8(reinterpret_cast<const uint4*>(buf)[(16 * i + 2 * w + h) * 16 + j], s_lo);
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+              if (16 * i + 2 * w + h < t.rows)
+                *reinterpret_cast<uint2*>(qrow + static_cast<long long>(16 * i + 2 * w + h) * A.C) = qc[i];
           }
         }
+      }
+      const int seg = 32 * q4, n = min(32, t.rows - seg);
+      const bool mine = n > 0 && 2 * cp < cols;
+      const long long c = 128LL * t.ct + 2 * cp;  // this lane's first column
+      // Transposed rows that do not start 16-byte aligned (jagged groups), partial panels, or every
+      // tile with MXMOE_QUANT_TILE128=2: staged through shared memory and written as whole rows.
+      const bool staged = A.qt != nullptr && (K.stage_all || t.rows < 128 || (A.R & 15) != 0 ||
+                                              !aligned(A.qt + (static_cast<long long>(t.b) * A.C + 128LL * t.ct) * A.R + t.r0, 16));
+      // Where staged codes go: x itself (cp.async) has the next tile landing in the other buffer, so
+      // this tile's, after a barrier; computed inputs have the other buffer free until the next tile.
+      uint8_t* cbuf = kAsync ? buf : bufs + ((it + 1) & 1) * kTileBytes;
+      uint32_t olo[8], ohi[8];
+      if (A.qt != nullptr && mine) {
+        if (t.in_group) {
+          const float r_lo = recip(s_lo), r_hi = recip(s_hi);
+#pragma unroll
+          for (int k = 0; k < 8; ++k) {
+            uint32_t v[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) v[e] = bw[(seg + 4 * k + e) * 64 + cp];
+            olo[k] = cvt_e4m3x2(__fmul_rn(__uint_as_float(v[0] << 16), r_lo), __fmul_rn(__uint_as_float(v[1] << 16), r_lo)) |
+                     (cvt_e4m3x2(__fmul_rn(__uint_as_float(v[2] << 16), r_lo), __fmul_rn(__uint_as_float(v[3] << 16), r_lo)) << 16);
+            ohi[k] = cvt_e4m3x2(__fmul_rn(__uint_as_float(v[0] & 0xFFFF0000u), r_hi),
+                                __fmul_rn(__uint_as_float(v[1] & 0xFFFF0000u), r_hi)) |
+                     (cvt_e4m3x2(__fmul_rn(__uint_as_float(v[2] & 0xFFFF0000u), r_hi),
+                                 __fmul_rn(__uint_as_float(v[3] & 0xFFFF0000u), r_hi)) << 16);
+            olo[k] = s_lo == kE8M0Nan ? 0x7F7F7F7Fu : olo[k];
+            ohi[k] = s_hi == kE8M0Nan ? 0x7F7F7F7Fu : ohi[k];
+          }
+        } else {
+          // Rows past the last group: zero codes (their scales are not written; scale 0 elsewhere).
+#pragma unroll
+          for (int k = 0; k < 8; ++k) olo[k] = ohi[k] = 0;
+        }
+        if (!staged) {
+          uint8_t* d = A.qt + (static_cast<long long>(t.b) * A.C + c) * A.R + t.r0 + seg;
+          store_segment(d, olo, n);
+          store_segment(d + A.R, ohi, n);
+        } else if constexpr (!kAsync) {
+          stage_codes(cbuf, cp, q4, olo, ohi);  // the free buffer: no barrier needed first
+        }
+      }
+      if (mine && A.scale_r != nullptr && t.in_group && t.run0 + q4 < A.n_r) {
+        uint8_t* d = A.scale_r + (static_cast<long long>(t.b) * A.C + c) * A.n_r + t.run0 + q4;
+        d[0] = static_cast<uint8_t>(s_lo);
+        d[A.n_r] = static_cast<uint8_t>(s_hi);
+      }
+      if (staged) {  // uniform over the CTA
+        if constexpr (kAsync) {
+          __syncthreads();  // every warp is done with the bf16 tile: its buffer now holds the codes
+          if (A.qt != nullptr && mine) stage_codes(cbuf, cp, q4, olo, ohi);
+        }
+        __syncthreads();
+        // Each warp writes 16 whole transposed rows: lane l holds bytes 4 l .. 4 l + 3 of a row.
+        for (int cc = 0; cc < 16; ++cc) {
+          const int cl = 16 * w + cc;
+          if (cl >= cols) break;  // uniform over the warp
+          const uint32_t word = reinterpret_cast<const uint32_t*>(cbuf)[cl * 32 + (((lane >> 2) ^ (cl & 7)) << 2) + (lane & 3)];
+          const uint32_t prev = __shfl_up_sync(kFull, word, 1);
+          uint8_t* dst = A.qt + (static_cast<long long>(t.b) * A.C + 128LL * t.ct + cl) * A.R + t.r0;
+          store_row_words(dst, word, prev, t.rows, lane);
+        }
+        if constexpr (!kAsync) __syncthreads();  // cbuf is the next tile's buffer
       }
     }
     t = tn;
@@ -465,6 +547,7 @@ void launch_tile128_pass(const Tile128Pass& a, int device, cudaStream_t stream) 
   K.a = a;
   K.grouped = a.offs != nullptr;
   K.row_on = !a.tile && a.row_codes;
+  K.stage_all = a.stage_all;
   K.P = static_cast<int>(cdiv(a.R, 128) + (K.grouped ? a.G + 1 : 0));
   K.ctiles = static_cast<int>(cdiv(a.C, 128));
   K.tiles = static_cast<long long>(a.B) * K.P * K.ctiles;
@@ -480,7 +563,9 @@ void launch_tile128_pass(const Tile128Pass& a, int device, cudaStream_t stream) 
   };
   switch (a.tile ? 0 : a.src) {  // weights are tensors
     case 0: a.tile ? go(tile128_pass_kernel<0, true>) : go(tile128_pass_kernel<0, false>); break;
-    case MXMOE_SOURCE_GATHER: go(tile128_pass_kernel<MXMOE_SOURCE_GATHER, false>); break;
+    case MXMOE_SOURCE_GATHER:
+      a.row_scale ? go(tile128_pass_kernel<MXMOE_SOURCE_GATHER, false>) : go(tile128_pass_kernel<kSourceGatherRaw, false>);
+      break;
     case MXMOE_SOURCE_SWIGLU: go(tile128_pass_kernel<MXMOE_SOURCE_SWIGLU, false>); break;
     case MXMOE_SOURCE_SWIGLU_BACKWARD: go(tile128_pass_kernel<MXMOE_SOURCE_SWIGLU_BACKWARD, false>); break;
     default: fail_status(MXMOE_ERR_INVALID_ARGUMENT, "quantize: unknown source kind ", a.src);
