@@ -1782,8 +1782,7 @@ void launch_typed(Params& p, int device, cudaStream_t stream) {
 // The tile128 recipe's passes (quantize/tile128_bf16.cu): bf16 x (or a bf16 computed input), 16-byte
 // aligned rows of C % 8 == 0 elements, at most kMaxTable groups, compact scales only; rowwise 1x128
 // codes and/or columnwise 128x1 transposed codes, or the 128x128 tile quantization (codes in either
-// orientation, both scale layouts). MXMOE_QUANT_TILE128=0 keeps them on the general kernels, =2 stages
-// every tile's transposed codes through shared memory (A/B runs).
+// orientation, both scale layouts). MXMOE_QUANT_TILE128=0 keeps them on the general kernels (A/B runs).
 bool run_tile128_pass(const Params& p, const mxmoe_tensor& x, int device, cudaStream_t stream) {
   static const int env = [] {
     const char* e = std::getenv("MXMOE_QUANT_TILE128");
@@ -1828,7 +1827,6 @@ bool run_tile128_pass(const Params& p, const mxmoe_tensor& x, int device, cudaSt
   a.k = p.k;
   a.perm_n = p.perm_n;
   a.act = p.act;
-  a.stage_all = env == 2;
   launch_tile128_pass(a, device, stream);
   return true;
 }

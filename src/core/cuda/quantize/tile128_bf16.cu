@@ -15,13 +15,16 @@
 //   barrier: one per tile (tile, maxima and tile scales are double-buffered).
 //   column:  lane l of warp w takes the bf16 pair (column word) 32 (w & 1) + l of rows 32 (w >> 1)
 //            .. +31: the 8 warps' maxima give its two columns' scales; one conflict-free 4-byte shared
-//            load per row (a warp reads one 128-byte row run); 4 rows per cvt pair; 32 consecutive
-//            bytes of each transposed row leave as two 16-byte stores when aligned (funnel-shifted
-//            words otherwise). Weights: the row side is coded from the shared tile here.
+//            load per row (a warp reads one 128-byte row run); 4 rows per cvt pair. The transposed
+//            codes are staged in shared memory (the tile's buffer after a second barrier, or the free
+//            one for computed inputs) and written by whole warps: 128 contiguous bytes of a transposed
+//            row per store instruction (4 rows of 16-byte stores when aligned, funnel-shifted words
+//            otherwise). Weights: the row side is coded from the shared tile here.
 // The next tile's loads are issued right after the barrier, so they are in flight during the
-// column phase (x itself: cp.async into the other tile buffer, no registers held; computed inputs:
-// registers, computed one tile ahead). Templated on the input (x or a computed source) and on weights vs activations, so
-// each instance carries only its own path. 74 KB of shared memory, 3 CTAs per SM.
+// column phase (x itself and the unscaled gather: cp.async into the other tile buffer, no registers
+// held; computed inputs: registers, computed one tile ahead). Templated on the input (x or a computed source) and on weights vs activations, so
+// each instance carries only its own path. 74 KB of shared memory, 3 CTAs per SM. Design history and
+// measurements: docs/perf/quantize.md, version 9.
 #include "cuda/quantize/tile128_bf16.cuh"
 
 #include <algorithm>
@@ -48,7 +51,6 @@ struct KParams {
   Tile128Pass a;
   bool grouped = false;
   bool row_on = false;  // activations: the rowwise side is wanted
-  bool stage_all = false;  // every tile's transposed codes through shared memory (A/B runs)
   int P = 0;            // panel slots per batch entry
   int ctiles = 0;
   long long tiles = 0;
@@ -226,36 +228,6 @@ __device__ __forceinline__ void store_scale_c(uint8_t* d, uint32_t s, int nj) {
   }
 }
 
-// n (<= 32) consecutive bytes of a transposed row, held as 8 little-endian words. The bytes before d
-// and from d + n on belong to other lanes (the neighbouring row quarters, groups): never touched.
-__device__ __forceinline__ void store_segment(uint8_t* d, const uint32_t (&o)[8], int n) {
-  if (n == 32 && aligned(d, 16)) {
-    reinterpret_cast<uint4*>(d)[0] = make_uint4(o[0], o[1], o[2], o[3]);
-    reinterpret_cast<uint4*>(d)[1] = make_uint4(o[4], o[5], o[6], o[7]);
-    return;
-  }
-  if (n == 32) {
-    // Unaligned start (jagged groups): 7 whole words funnel-shifted, the edge bytes alone.
-    const int a = static_cast<int>(reinterpret_cast<uintptr_t>(d) & 3u);
-    uint32_t* wd = reinterpret_cast<uint32_t*>(d - a);
-    if (a == 0) {
-#pragma unroll
-      for (int k = 0; k < 8; ++k) wd[k] = o[k];
-      return;
-    }
-    for (int e = a; e < 4; ++e) reinterpret_cast<uint8_t*>(wd)[e] = static_cast<uint8_t>(o[0] >> (8 * (e - a)));
-#pragma unroll
-    for (int k = 1; k < 8; ++k) wd[k] = __funnelshift_r(o[k - 1], o[k], 32 - 8 * a);
-    for (int e = 0; e < a; ++e) reinterpret_cast<uint8_t*>(wd + 8)[e] = static_cast<uint8_t>(o[7] >> (8 * (4 - a + e)));
-    return;
-  }
-#pragma unroll
-  for (int k = 0; k < 8; ++k)
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      if (4 * k + e < n) d[4 * k + e] = static_cast<uint8_t>(o[k] >> (8 * e));
-}
-
 // Staged transposed codes: local column cl's rows 16 u .. +15 at cl * 128 + 16 (u ^ (cl & 7)) of the
 // buffer (the XOR spreads a warp's 16-byte stores over all banks).
 __device__ __forceinline__ void stage_codes(uint8_t* cbuf, int cp, int q4, const uint32_t (&olo)[8],
@@ -299,6 +271,7 @@ __global__ void __launch_bounds__(kThreads, 3) tile128_pass_kernel(const __grid_
   uint32_t* parts = reinterpret_cast<uint32_t*>(bufs + 2 * kTileBytes);
   int* table = reinterpret_cast<int*>(bufs + 2 * kTileBytes + 2 * kPartBytes);
   __shared__ uint32_t s_red[2][8];
+  __shared__ uint32_t s_sc[128];  // column scales of the tile: byte q of column cl = run q's
   __shared__ int s_covered, s_tot;
   const Tile128Pass& A = K.a;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, h = lane >> 4, j = lane & 15;
@@ -475,10 +448,10 @@ __global__ void __launch_bounds__(kThreads, 3) tile128_pass_kernel(const __grid_
       const int seg = 32 * q4, n = min(32, t.rows - seg);
       const bool mine = n > 0 && 2 * cp < cols;
       const long long c = 128LL * t.ct + 2 * cp;  // this lane's first column
-      // Transposed rows that do not start 16-byte aligned (jagged groups), partial panels, or every
-      // tile with MXMOE_QUANT_TILE128=2: staged through shared memory and written as whole rows.
-      const bool staged = A.qt != nullptr && (K.stage_all || t.rows < 128 || (A.R & 15) != 0 ||
-                                              !aligned(A.qt + (static_cast<long long>(t.b) * A.C + 128LL * t.ct) * A.R + t.r0, 16));
+      // Transposed codes are staged through shared memory and written by whole warps, 128 contiguous
+      // bytes per store instruction (v9d: 1.2-1.4x faster than 16-byte stores from each lane, which
+      // touch 32 rows per instruction; docs/perf/quantize.md).
+      const bool staged = A.qt != nullptr;
       // Where staged codes go: x itself (cp.async) has the next tile landing in the other buffer, so
       // this tile's, after a barrier; computed inputs have the other buffer free until the next tile.
       uint8_t* cbuf = kAsync ? buf : bufs + ((it + 1) & 1) * kTileBytes;
@@ -505,18 +478,13 @@ __global__ void __launch_bounds__(kThreads, 3) tile128_pass_kernel(const __grid_
 #pragma unroll
           for (int k = 0; k < 8; ++k) olo[k] = ohi[k] = 0;
         }
-        if (!staged) {
-          uint8_t* d = A.qt + (static_cast<long long>(t.b) * A.C + c) * A.R + t.r0 + seg;
-          store_segment(d, olo, n);
-          store_segment(d + A.R, ohi, n);
-        } else if constexpr (!kAsync) {
-          stage_codes(cbuf, cp, q4, olo, ohi);  // the free buffer: no barrier needed first
-        }
+        if constexpr (!kAsync) stage_codes(cbuf, cp, q4, olo, ohi);  // the free buffer: no barrier first
       }
-      if (mine && A.scale_r != nullptr && t.in_group && t.run0 + q4 < A.n_r) {
-        uint8_t* d = A.scale_r + (static_cast<long long>(t.b) * A.C + c) * A.n_r + t.run0 + q4;
-        d[0] = static_cast<uint8_t>(s_lo);
-        d[A.n_r] = static_cast<uint8_t>(s_hi);
+      // Column scales: each row quarter's byte into s_sc (column cl's 4 runs as one word), written out
+      // below by one lane per column.
+      if (mine && A.scale_r != nullptr && t.in_group) {
+        reinterpret_cast<uint8_t*>(s_sc)[(2 * cp) * 4 + q4] = static_cast<uint8_t>(s_lo);
+        reinterpret_cast<uint8_t*>(s_sc)[(2 * cp + 1) * 4 + q4] = static_cast<uint8_t>(s_hi);
       }
       if (staged) {  // uniform over the CTA
         if constexpr (kAsync) {
@@ -524,7 +492,18 @@ __global__ void __launch_bounds__(kThreads, 3) tile128_pass_kernel(const __grid_
           if (A.qt != nullptr && mine) stage_codes(cbuf, cp, q4, olo, ohi);
         }
         __syncthreads();
-        // Each warp writes 16 whole transposed rows: lane l holds bytes 4 l .. 4 l + 3 of a row.
+        // Each warp writes 16 whole transposed rows. Aligned full panels: 4 rows per store instruction,
+        // 16 bytes per lane; otherwise lane l holds bytes 4 l .. 4 l + 3 of a row.
+        uint8_t* qt0 = A.qt + (static_cast<long long>(t.b) * A.C + 128LL * t.ct) * A.R + t.r0;
+        if (t.rows == 128 && (A.R & 15) == 0 && aligned(qt0, 16)) {
+#pragma unroll
+          for (int cc = 0; cc < 4; ++cc) {
+            const int cl = 16 * w + 4 * cc + (lane >> 3), u = lane & 7;
+            if (cl < cols)
+              *reinterpret_cast<uint4*>(qt0 + static_cast<long long>(cl) * A.R + 16 * u) =
+                  reinterpret_cast<const uint4*>(cbuf)[cl * 8 + (u ^ (cl & 7))];
+          }
+        } else {
         for (int cc = 0; cc < 16; ++cc) {
           const int cl = 16 * w + cc;
           if (cl >= cols) break;  // uniform over the warp
@@ -533,7 +512,25 @@ __global__ void __launch_bounds__(kThreads, 3) tile128_pass_kernel(const __grid_
           uint8_t* dst = A.qt + (static_cast<long long>(t.b) * A.C + 128LL * t.ct + cl) * A.R + t.r0;
           store_row_words(dst, word, prev, t.rows, lane);
         }
-        if constexpr (!kAsync) __syncthreads();  // cbuf is the next tile's buffer
+        }
+      }
+      if (A.scale_r != nullptr && t.in_group) {
+        if (!staged) __syncthreads();  // s_sc complete
+        const int cl = 32 * w + lane;
+        const int nruns = min((t.rows + 31) / 32, static_cast<int>(min(4LL, A.n_r - t.run0)));
+        if (w < 4 && cl < cols && nruns > 0) {
+          uint8_t* d = A.scale_r + (static_cast<long long>(t.b) * A.C + 128LL * t.ct + cl) * A.n_r + t.run0;
+          const uint32_t v = s_sc[cl];
+          if (nruns == 4 && aligned(d, 4)) {
+            *reinterpret_cast<uint32_t*>(d) = v;
+          } else {
+            for (int e = 0; e < nruns; ++e) d[e] = static_cast<uint8_t>(v >> (8 * e));
+          }
+        }
+        if (!staged) __syncthreads();  // s_sc is rewritten by the next tile
+      }
+      if constexpr (!kAsync) {
+        if (staged) __syncthreads();  // cbuf is the next tile's buffer
       }
     }
     t = tn;
@@ -547,7 +544,6 @@ void launch_tile128_pass(const Tile128Pass& a, int device, cudaStream_t stream) 
   K.a = a;
   K.grouped = a.offs != nullptr;
   K.row_on = !a.tile && a.row_codes;
-  K.stage_all = a.stage_all;
   K.P = static_cast<int>(cdiv(a.R, 128) + (K.grouped ? a.G + 1 : 0));
   K.ctiles = static_cast<int>(cdiv(a.C, 128));
   K.tiles = static_cast<long long>(a.B) * K.P * K.ctiles;

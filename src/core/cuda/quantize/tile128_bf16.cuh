@@ -34,7 +34,6 @@ struct Tile128Pass {
   long long n_r = 0;
   bool row_codes = false;  // rowwise 1x128 quantization wanted (not tile): q / scale_c
   bool col_codes = false;  // columnwise 128x1 wanted (not tile): qt / scale_r
-  bool stage_all = false;  // every tile's transposed codes through shared memory (else: unaligned ones)
   // A computed input (mxmoe_source_kind, 0: x itself), as quantize.cu's Params.
   int src = 0;
   const uint16_t* src_dy = nullptr;
