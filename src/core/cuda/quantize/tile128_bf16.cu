@@ -12,19 +12,20 @@
 //            Rowwise 1x128 blocks are complete in a half-warp: the 8 row maxima are reduce-scattered
 //            over its 16 lanes (8 shuffles, one scale per lane), the scales shuffled back, and the row
 //            side coded from registers (8-byte code stores).
-//   barrier: one per tile (tile, maxima and tile scales are double-buffered).
+//   barrier: the tile and its maxima are visible (maxima and tile scales double-buffered).
 //   column:  lane l of warp w takes the bf16 pair (column word) 32 (w & 1) + l of rows 32 (w >> 1)
 //            .. +31: the 8 warps' maxima give its two columns' scales; one conflict-free 4-byte shared
 //            load per row (a warp reads one 128-byte row run); 4 rows per cvt pair. The transposed
-//            codes are staged in shared memory (the tile's buffer after a second barrier, or the free
-//            one for computed inputs) and written by whole warps: 128 contiguous bytes of a transposed
-//            row per store instruction (4 rows of 16-byte stores when aligned, funnel-shifted words
-//            otherwise). Weights: the row side is coded from the shared tile here.
-// The next tile's loads are issued right after the barrier, so they are in flight during the
-// column phase (x itself and the unscaled gather: cp.async into the other tile buffer, no registers
-// held; computed inputs: registers, computed one tile ahead). Templated on the input (x or a computed source) and on weights vs activations, so
-// each instance carries only its own path. 74 KB of shared memory, 3 CTAs per SM. Design history and
-// measurements: docs/perf/quantize.md, version 9.
+//            codes are staged in shared memory (x itself: the tile's own buffer, after a barrier;
+//            computed inputs: a free buffer) and, after one more barrier, written by whole warps: 128
+//            contiguous bytes of a transposed row per store instruction (4 rows of 16-byte stores
+//            when aligned, funnel-shifted words otherwise); the column scales of a panel's 4 runs
+//            leave as one 4-byte store per column. Weights: the row side is coded from the tile here.
+// Loads run ahead of the work: x itself and the unscaled gather go through cp.async, two tiles ahead
+// in three tile buffers (no registers held); computed inputs are loaded and computed into registers
+// one tile ahead. Templated on the input (x or a computed source) and on weights vs activations, so
+// each instance carries only its own path. 106 KB of shared memory, 2 CTAs per SM. Design history
+// and measurements: docs/perf/quantize.md, version 9.
 #include "cuda/quantize/tile128_bf16.cuh"
 
 #include <algorithm>
@@ -42,6 +43,7 @@ using namespace qk;
 
 constexpr int kThreads = 256;
 constexpr int kTileBytes = 128 * 256;  // one 128 x 128 bf16 tile
+constexpr int kBufs = 3;               // tile buffers (x itself: two tiles in flight)
 constexpr int kPartBytes = 8 * 64 * 4;  // column maxima: 8 warps x 64 packed column pairs
 constexpr int kTable = 512;  // groups whose table fits in shared memory
 constexpr uint32_t kAbs2 = 0x7FFF7FFFu;
@@ -263,13 +265,15 @@ __device__ __forceinline__ void store_row_words(uint8_t* dst, uint32_t word, uin
       if (128 - a + e < n) base[128 + e] = static_cast<uint8_t>(word >> (8 * (4 - a + e)));
 }
 
+// 2 CTAs per SM (106 KB of shared memory each), 128 registers: no spills (the 3-CTA, 80-register
+// budget of two buffers spilled 20-280 bytes and measured 3-8 % slower).
 template <int SRC, bool TILE>
-__global__ void __launch_bounds__(kThreads, 3) tile128_pass_kernel(const __grid_constant__ KParams K) {
+__global__ void __launch_bounds__(kThreads, 2) tile128_pass_kernel(const __grid_constant__ KParams K) {
   extern __shared__ uint4 dyn_smem_[];
   uint8_t* bufs = reinterpret_cast<uint8_t*>(dyn_smem_);
   // Per buffer: the column maxima of each warp's 16 rows, [8 warps][64 packed column pairs].
-  uint32_t* parts = reinterpret_cast<uint32_t*>(bufs + 2 * kTileBytes);
-  int* table = reinterpret_cast<int*>(bufs + 2 * kTileBytes + 2 * kPartBytes);
+  uint32_t* parts = reinterpret_cast<uint32_t*>(bufs + kBufs * kTileBytes);
+  int* table = reinterpret_cast<int*>(bufs + kBufs * kTileBytes + 2 * kPartBytes);
   __shared__ uint32_t s_red[2][8];
   __shared__ uint32_t s_sc[128];  // column scales of the tile: byte q of column cl = run q's
   __shared__ int s_covered, s_tot;
@@ -309,16 +313,23 @@ __global__ void __launch_bounds__(kThreads, 3) tile128_pass_kernel(const __grid_
   constexpr bool kAsync = SRC == 0 || kGatherAsync;
   uint4 X[8];
   Tile t = resolve(K, table, covered, tot_panels, blockIdx.x);
-  if constexpr (kAsync) copy_tile_async<kGatherAsync>(K, t, bufs);
-  else load_tile<SRC>(K, t, X);
+  // x itself keeps two tiles in flight (three buffers: the tile being worked on, the next two landing).
+  Tile tn = resolve(K, table, covered, tot_panels, blockIdx.x + step);
+  if constexpr (kAsync) {
+    copy_tile_async<kGatherAsync>(K, t, bufs);
+    copy_tile_async<kGatherAsync>(K, tn, bufs + kTileBytes);
+  } else {
+    load_tile<SRC>(K, t, X);
+  }
   const int cp = 32 * (w & 1) + lane;  // column word of the column phase: columns 2 cp, 2 cp + 1
   const int q4 = w >> 1;               // its row quarter: rows 32 q4 .. +31
   // Row side: after the reduce-scatter below, lane j holds the complete max of round rho's row.
   const int rho = 4 * ((j >> 3) & 1) + 2 * ((j >> 2) & 1) + ((j >> 1) & 1);
   const int W = A.C / 32;  // scale_c entries per row
-  int it = 0;
+  int it = 0, slot = 0;  // slot = it % kBufs
   for (long long tile = blockIdx.x; tile < K.tiles; tile += step, ++it) {
-    uint8_t* buf = bufs + (it & 1) * kTileBytes;
+    const int slot2 = slot >= kBufs - 2 ? slot + 2 - kBufs : slot + 2;  // (it + 2) % kBufs
+    uint8_t* buf = bufs + slot * kTileBytes;
     uint32_t* part = parts + (it & 1) * (kPartBytes / 4);
     const uint32_t* bw = reinterpret_cast<const uint32_t*>(buf);
     const int cols = min(128, A.C - 128 * t.ct);
@@ -327,7 +338,7 @@ __global__ void __launch_bounds__(kThreads, 3) tile128_pass_kernel(const __grid_
 
     // ---- load phase: the tile and its column maxima into shared memory; activations' row side ----
     if constexpr (kAsync) {
-      asm volatile("cp.async.wait_all;\n" ::: "memory");  // this thread's copies of tile t landed
+      asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // this thread's copies of tile t landed
 #pragma unroll
       for (int i = 0; i < 8; ++i) X[i] = reinterpret_cast<const uint4*>(buf)[(16 * i + 2 * w + h) * 16 + j];
     } else {
@@ -385,28 +396,27 @@ __global__ void __launch_bounds__(kThreads, 3) tile128_pass_kernel(const __grid_
           store_scale_c(A.scale_c + (static_cast<long long>(t.b) * A.R + t.r0 + rr) * W + 4 * t.ct, s_mine, nj);
         uint8_t* qrow = A.q == nullptr ? nullptr
                                        : A.q + (static_cast<long long>(t.b) * A.R + t.r0) * A.C + 128LL * t.ct + 8 * j;
-        // All 8 chunks coded first (independent, branch-free), then the predicated stores.
-        uint2 qc[8];
+        // The 8 chunks are independent and coded branch-free (predicated stores), so they interleave.
+        const bool qok = qrow != nullptr && cok;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           const int src = (lane & 16) | (((i >> 2) & 1) << 3) | (((i >> 1) & 1) << 2) | ((i & 1) << 1);
-          qc[i] = codes8(X[i], __shfl_sync(kFull, s_mine, src));
-        }
-        if (qrow != nullptr && cok) {
-#pragma unroll
-          for (int i = 0; i < 8; ++i)
-            if (16 * i + 2 * w + h < t.rows)
-              *reinterpret_cast<uint2*>(qrow + static_cast<long long>(16 * i + 2 * w + h) * A.C) = qc[i];
+          const uint2 qc = codes8(X[i], __shfl_sync(kFull, s_mine, src));
+          if (qok && 16 * i + 2 * w + h < t.rows)
+            *reinterpret_cast<uint2*>(qrow + static_cast<long long>(16 * i + 2 * w + h) * A.C) = qc;
         }
       }
     }
-    __syncthreads();  // the tile and its maxima are in shared memory (one barrier per tile: two buffers)
+    __syncthreads();  // the tile and its maxima are in shared memory (one barrier per tile: three buffers)
 
-    // The next tile's loads, in flight during the column phase (its buffer was last read by the
-    // column phase of the tile before this one, which every thread finished before the barrier).
-    const Tile tn = resolve(K, table, covered, tot_panels, tile + step);
-    if constexpr (kAsync) copy_tile_async<kGatherAsync>(K, tn, bufs + ((it + 1) & 1) * kTileBytes);
-    else load_tile<SRC>(K, tn, X);
+    // x itself: tile it + 2's copies into the buffer of tile it - 1, whose last reader (its staged store
+    // phase) every thread finished before the barrier. Computed inputs: the next tile into registers.
+    if constexpr (kAsync) {
+      copy_tile_async<kGatherAsync>(K, resolve(K, table, covered, tot_panels, tile + 2 * step), bufs + slot2 * kTileBytes);
+    } else {
+      tn = resolve(K, table, covered, tot_panels, tile + step);
+      load_tile<SRC>(K, tn, X);
+    }
 
     // ---- column phase: scales, transposed codes; weights: also the row side ----
     if (t.valid && (TILE || A.col_codes)) {
@@ -435,13 +445,12 @@ __global__ void __launch_bounds__(kThreads, 3) tile128_pass_kernel(const __grid_
             store_scale_c(A.scale_c + (row0 + rr) * W + 4 * t.ct, s_lo, nj);
           if (A.q != nullptr && cok) {
             uint8_t* qrow = A.q + row0 * A.C + 128LL * t.ct + 8 * j;
-            uint2 qc[8];
 #pragma unroll
-            for (int i = 0; i < 8; ++i) qc[i] = codes8(reinterpret_cast<const uint4*>(buf)[(16 * i + 2 * w + h) * 16 + j], s_lo);
-#pragma unroll
-            for (int i = 0; i < 8; ++i)
+            for (int i = 0; i < 8; ++i) {
+              const uint2 qc = codes8(reinterpret_cast<const uint4*>(buf)[(16 * i + 2 * w + h) * 16 + j], s_lo);
               if (16 * i + 2 * w + h < t.rows)
-                *reinterpret_cast<uint2*>(qrow + static_cast<long long>(16 * i + 2 * w + h) * A.C) = qc[i];
+                *reinterpret_cast<uint2*>(qrow + static_cast<long long>(16 * i + 2 * w + h) * A.C) = qc;
+            }
           }
         }
       }
@@ -454,7 +463,7 @@ __global__ void __launch_bounds__(kThreads, 3) tile128_pass_kernel(const __grid_
       const bool staged = A.qt != nullptr;
       // Where staged codes go: x itself (cp.async) has the next tile landing in the other buffer, so
       // this tile's, after a barrier; computed inputs have the other buffer free until the next tile.
-      uint8_t* cbuf = kAsync ? buf : bufs + ((it + 1) & 1) * kTileBytes;
+      uint8_t* cbuf = kAsync ? buf : bufs + slot2 * kTileBytes;
       uint32_t olo[8], ohi[8];
       if (A.qt != nullptr && mine) {
         if (t.in_group) {
@@ -529,12 +538,12 @@ __global__ void __launch_bounds__(kThreads, 3) tile128_pass_kernel(const __grid_
         }
         if (!staged) __syncthreads();  // s_sc is rewritten by the next tile
       }
-      if constexpr (!kAsync) {
-        if (staged) __syncthreads();  // cbuf is the next tile's buffer
-      }
     }
     t = tn;
+    if constexpr (kAsync) tn = resolve(K, table, covered, tot_panels, tile + 2 * step);
+    slot = slot + 1 == kBufs ? 0 : slot + 1;
   }
+  if constexpr (kAsync) asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
 }  // namespace
@@ -549,8 +558,8 @@ void launch_tile128_pass(const Tile128Pass& a, int device, cudaStream_t stream) 
   K.tiles = static_cast<long long>(a.B) * K.P * K.ctiles;
   if (K.tiles <= 0) return;
   if (K.tiles > 0x7FFFFFFFLL) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: too many tiles for one launch");
-  const int smem = 2 * kTileBytes + 2 * kPartBytes + (K.grouped ? 3 * kTable * 4 : 0);
-  static_assert(sizeof(ScanSmem) <= 2 * kTileBytes, "the scan scratch lives in the tile buffers");
+  const int smem = kBufs * kTileBytes + 2 * kPartBytes + (K.grouped ? 3 * kTable * 4 : 0);
+  static_assert(sizeof(ScanSmem) <= kTileBytes, "the scan scratch lives in the tile buffers");
   auto go = [&](auto kernel) {
     const int blocks = occupancy(kernel, device, kThreads, smem), sms = sm_count(device);
     if (blocks < 1) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: kernel does not fit on the device");
