@@ -24,8 +24,8 @@
 // Loads run ahead of the work: x itself and the unscaled gather go through cp.async, two tiles ahead
 // in three tile buffers (no registers held); computed inputs are loaded and computed into registers
 // one tile ahead. Templated on the input (x or a computed source) and on weights vs activations, so
-// each instance carries only its own path. 106 KB of shared memory, 2 CTAs per SM. Design history
-// and measurements: docs/perf/quantize.md, version 9.
+// each instance carries only its own path. Design history and measurements: docs/perf/quantize.md,
+// version 9.
 #include "cuda/quantize/tile128_bf16.cuh"
 
 #include <algorithm>
@@ -43,11 +43,15 @@ using namespace qk;
 
 constexpr int kThreads = 256;
 constexpr int kTileBytes = 128 * 256;  // one 128 x 128 bf16 tile
-constexpr int kBufs = 3;               // tile buffers (x itself: two tiles in flight)
 constexpr int kPartBytes = 8 * 64 * 4;  // column maxima: 8 warps x 64 packed column pairs
 constexpr int kTable = 512;  // groups whose table fits in shared memory
 constexpr uint32_t kAbs2 = 0x7FFF7FFFu;
 constexpr int kSourceGatherRaw = 100;  // the kernel's instance for GATHER without row_scale (cp.async)
+// x itself and the unscaled gather (cp.async): three tile buffers, two tiles in flight, 2 CTAs per SM
+// with 128 registers. Computed inputs (register prefetch): two buffers, 3 CTAs per SM (their
+// latency-bound math wants the warps; measured 3-8 % faster than 2 CTAs).
+__host__ __device__ constexpr bool async_source(int src) { return src == 0 || src == kSourceGatherRaw; }
+__host__ __device__ constexpr int tile_buffers(int src) { return async_source(src) ? 3 : 2; }
 
 struct KParams {
   Tile128Pass a;
@@ -268,7 +272,8 @@ __device__ __forceinline__ void store_row_words(uint8_t* dst, uint32_t word, uin
 // 2 CTAs per SM (106 KB of shared memory each), 128 registers: no spills (the 3-CTA, 80-register
 // budget of two buffers spilled 20-280 bytes and measured 3-8 % slower).
 template <int SRC, bool TILE>
-__global__ void __launch_bounds__(kThreads, 2) tile128_pass_kernel(const __grid_constant__ KParams K) {
+__global__ void __launch_bounds__(kThreads, async_source(SRC) ? 2 : 3) tile128_pass_kernel(const __grid_constant__ KParams K) {
+  constexpr int kBufs = tile_buffers(SRC);
   extern __shared__ uint4 dyn_smem_[];
   uint8_t* bufs = reinterpret_cast<uint8_t*>(dyn_smem_);
   // Per buffer: the column maxima of each warp's 16 rows, [8 warps][64 packed column pairs].
@@ -328,7 +333,8 @@ __global__ void __launch_bounds__(kThreads, 2) tile128_pass_kernel(const __grid_
   const int W = A.C / 32;  // scale_c entries per row
   int it = 0, slot = 0;  // slot = it % kBufs
   for (long long tile = blockIdx.x; tile < K.tiles; tile += step, ++it) {
-    const int slot2 = slot >= kBufs - 2 ? slot + 2 - kBufs : slot + 2;  // (it + 2) % kBufs
+    const int slot2 = slot >= kBufs - 2 ? slot + 2 - kBufs : slot + 2;  // (it + 2) % kBufs (async)
+    const int slot1 = slot + 1 == kBufs ? 0 : slot + 1;                 // (it + 1) % kBufs
     uint8_t* buf = bufs + slot * kTileBytes;
     uint32_t* part = parts + (it & 1) * (kPartBytes / 4);
     const uint32_t* bw = reinterpret_cast<const uint32_t*>(buf);
@@ -463,7 +469,7 @@ __global__ void __launch_bounds__(kThreads, 2) tile128_pass_kernel(const __grid_
       const bool staged = A.qt != nullptr;
       // Where staged codes go: x itself (cp.async) has the next tile landing in the other buffer, so
       // this tile's, after a barrier; computed inputs have the other buffer free until the next tile.
-      uint8_t* cbuf = kAsync ? buf : bufs + slot2 * kTileBytes;
+      uint8_t* cbuf = kAsync ? buf : bufs + slot1 * kTileBytes;
       uint32_t olo[8], ohi[8];
       if (A.qt != nullptr && mine) {
         if (t.in_group) {
@@ -539,6 +545,9 @@ __global__ void __launch_bounds__(kThreads, 2) tile128_pass_kernel(const __grid_
         if (!staged) __syncthreads();  // s_sc is rewritten by the next tile
       }
     }
+    if constexpr (!kAsync) {
+      if (t.valid && (TILE || A.col_codes) && A.qt != nullptr) __syncthreads();  // cbuf: the next tile's buffer
+    }
     t = tn;
     if constexpr (kAsync) tn = resolve(K, table, covered, tot_panels, tile + 2 * step);
     slot = slot + 1 == kBufs ? 0 : slot + 1;
@@ -558,8 +567,10 @@ void launch_tile128_pass(const Tile128Pass& a, int device, cudaStream_t stream) 
   K.tiles = static_cast<long long>(a.B) * K.P * K.ctiles;
   if (K.tiles <= 0) return;
   if (K.tiles > 0x7FFFFFFFLL) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: too many tiles for one launch");
-  const int smem = kBufs * kTileBytes + 2 * kPartBytes + (K.grouped ? 3 * kTable * 4 : 0);
+  const int src = a.tile ? 0 : (a.src == MXMOE_SOURCE_GATHER && a.row_scale == nullptr ? kSourceGatherRaw : a.src);
+  const int smem = tile_buffers(src) * kTileBytes + 2 * kPartBytes + (K.grouped ? 3 * kTable * 4 : 0);
   static_assert(sizeof(ScanSmem) <= kTileBytes, "the scan scratch lives in the tile buffers");
+  static_assert(async_source(kSourceGatherRaw), "the unscaled gather runs on cp.async");
   auto go = [&](auto kernel) {
     const int blocks = occupancy(kernel, device, kThreads, smem), sms = sm_count(device);
     if (blocks < 1) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: kernel does not fit on the device");
