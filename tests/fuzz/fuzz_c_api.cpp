@@ -514,7 +514,7 @@ class Call {
         int64_t& s = t.shape[d];
         switch (pick(0, 10)) {
           case 0: s = sadd(s, 1); break;
-          case 1: s = s - 1; break;
+          case 1: s = sadd(s, -1); break;  // saturating: s may be INT64_MIN here (case 8)
           case 2: s = 0; break;
           case 3: s = smul(s, 2); break;
           case 4: s = s / 2; break;
@@ -528,7 +528,9 @@ class Call {
         contiguous_strides(t, used_dims(t));
         break;
       }
-      case 5: t.strides[d] = t.strides[d] == 0 ? -1 : -t.strides[d]; break;  // negative stride
+      case 5:  // negative stride (saturating: -INT64_MIN does not exist)
+        t.strides[d] = t.strides[d] == 0 ? -1 : (t.strides[d] == kI64Min ? kI64Max : -t.strides[d]);
+        break;
       case 6: layout_zero_stride(t, d); break;                                   // overlapping elements
       case 7: layout_transposed(t); break;
       case 8: layout_padded(t, pick(1, 64)); break;
