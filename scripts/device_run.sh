@@ -8,7 +8,8 @@
 # Steps are scripts/device.d/NN-name.sh, run in order (all when none is named); each gets
 # MXMOE_BUILD (the build dir), MXMOE_LIBRARY (libmxmoe.so), MXMOE_OPS_LIBRARY (libmxmoe_torch.so,
 # the op layer the Python package loads), OUT (results folder) in its env.
-# Results (logs, JSON) go under $OUT when the device tool sets it, else ./out/device.
+# Results (logs, JSON) go under $OUT when the device tool sets it, else ./out/device; when there are
+# more than the 8 files the device tool returns, they come back as $OUT/results.tgz + tables.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export MXMOE_BUILD=${MXMOE_BUILD:-$PWD/build-cuda}
@@ -46,4 +47,16 @@ for step in "${steps[@]}"; do
 done
 # Short tables last (each step writes $OUT/table-*.txt).
 for t in "$OUT"/table-*.txt; do [[ -f "$t" ]] && { echo; cat "$t"; }; done
+# The device tool brings back at most 8 files from $OUT (two folders deep): with more, everything
+# travels in one archive, results.tgz, beside tables.txt (the short tables above).
+if (( $(find "$OUT" -type f | wc -l) > 8 )); then
+  tgz=$(mktemp /tmp/mxmoe-results.XXXXXX.tgz) && chmod 644 "$tgz"
+  if tar -C "$OUT" -czf "$tgz" .; then
+    cat "$OUT"/table-*.txt > "$tgz.tables" 2>/dev/null
+    find "$OUT" -mindepth 1 -delete
+    mv "$tgz" "$OUT/results.tgz"
+    mv "$tgz.tables" "$OUT/tables.txt" 2>/dev/null
+    echo "results: $OUT/results.tgz (tar -xzf; $OUT held more than the 8 files the device tool returns)"
+  fi
+fi
 exit $status
