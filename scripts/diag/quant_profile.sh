@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Diagnostic (device): SASS opcode histogram of the warp-tile quantization kernel and Nsight Compute
 # sections of one launch per named bench case. Env: MXMOE_BUILD, OUT.
+#   bash scripts/diag/quant_profile.sh ["bench case#kernel name regex" ...]
+# e.g. "fused_1x128+128x1 A 16640x5120#regex:tile128_pass" (default: the cases below).
 set -uo pipefail
 B=${MXMOE_BUILD:?}
 export LD_LIBRARY_PATH="$B/src/core:${LD_LIBRARY_PATH:-}"
@@ -10,7 +12,8 @@ echo "warp kernel SASS lines: $(wc -l < "$OUT/warp.sass")"
 grep -oE '^\s+/\*[0-9a-f]{4}\*/\s+(@!?U?P[0-9T] )?[A-Z0-9_]+(\.[A-Z0-9_]+)*' "$OUT/warp.sass" \
   | awk '{print $NF}' | sort | uniq -c | sort -rn | head -40 > "$OUT/warp_sass_hist.txt"
 # "bench case#kernel name regex" pairs: the kernels whose copy ratio has no measured bound yet.
-cases=(
+cases=("$@")
+[[ ${#cases[@]} -gt 0 ]] || cases=(
   "fused_rt_1x32+rt_32x1 A 16640x5120#regex:quant_warp"
   "fused_rt_1x32+q_32x1 A 16640x5120#regex:quant_slab"
   "dequant_1x32 A 16640x5120#regex:dequant_rows"

@@ -246,6 +246,19 @@ __device__ __forceinline__ void zero_bytes_cta(uint8_t* p, long long lo, long lo
   }
 }
 
+// The group a panel (or 32-row run) index p falls in, from a shared group table of first indices
+// firsts[0..n) (non-decreasing, firsts[0] = 0): the last g with firsts[g] <= p, so empty groups are
+// skipped. Callers check p against the table's total first.
+__device__ __forceinline__ int table_group(const int* firsts, int n, long long p) {
+  int lo = 0, hi = n;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (firsts[mid] <= p) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
 // This CTA's share [lo, hi) of n items split evenly over the grid (1-D grid).
 __device__ __forceinline__ void grid_share(long long n, long long& lo, long long& hi, long long align = 1) {
   const long long ctas = gridDim.x;

@@ -75,12 +75,7 @@ struct Params {
   int tr_bytes = 0;      // transpose / column-partials region
   // A computed input (mxmoe_quantize_fused_source; tile kernel, direct loads only). x is then the
   // tensor read (gather rows / h), of row stride C (GATHER, SWIGLU_BACKWARD) or 2C (SWIGLU).
-  int src = 0;                     // mxmoe_source_kind, 0: x itself
-  const uint16_t* src_dy = nullptr;  // SWIGLU_BACKWARD: dy (R, C/2) bf16
-  const int32_t* perm = nullptr;   // GATHER
-  const float* row_scale = nullptr;
-  long long k = 1, perm_n = 1;     // GATHER: entries per row of x; rows of x * k (0: all rows zero)
-  SwigluParams act{};
+  SourceP src{};
 };
 
 constexpr int kMaxTable = 512;  // groups whose table fits in shared memory (else a scan per tile)
@@ -400,12 +395,7 @@ __device__ __forceinline__ TileInfo resolve(const Params& P, Smem& sm, const int
         const int* tstart = table;
         const int* tp0 = table + kMaxTable;
         const int* tb0 = table + 2 * kMaxTable;
-        int lo = 0, hi = P.G;  // last group with p0 <= p (p0[0] = 0)
-        while (hi - lo > 1) {
-          const int mid = (lo + hi) >> 1;
-          if (tp0[mid] <= t.p) lo = mid;
-          else hi = mid;
-        }
+        const int lo = table_group(tp0, P.G, t.p);
         start = tstart[lo];
         end = lo + 1 < P.G ? tstart[lo + 1] : sm.covered;
         p0 = tp0[lo];
@@ -484,13 +474,12 @@ __device__ __forceinline__ void prefetch(const Params& P, const TileInfo& t, uin
 template <typename In>
 __device__ __forceinline__ void load_source_row(const Params& P, Frag<In>& f, int i, long long r, long long c,
                                                 int cvalid) {
-  if (P.src == MXMOE_SOURCE_GATHER) {
-    const int32_t pr = __ldg(P.perm + r);
-    if (pr < 0 || P.perm_n == 0) return;  // a padding row (or nothing to gather): f's row stays zero
-    const long long e = min(static_cast<long long>(pr), P.perm_n - 1);  // clamped
-    f.load(i, static_cast<const In*>(P.x) + (e / P.k) * P.C + c, cvalid, P.x_vec);
-    if (P.row_scale != nullptr) {
-      const float sc = __ldg(P.row_scale + e);
+  if (P.src.kind == MXMOE_SOURCE_GATHER) {
+    const long long e = gather_entry(P.src, r);
+    if (e < 0) return;  // a padding row (or nothing to gather): f's row stays zero
+    f.load(i, static_cast<const In*>(P.x) + (e / P.src.k) * P.C + c, cvalid, P.x_vec);
+    if (P.src.row_scale != nullptr) {
+      const float sc = __ldg(P.src.row_scale + e);
       float v[8];
       f.values(i, v);
 #pragma unroll
@@ -501,7 +490,7 @@ __device__ __forceinline__ void load_source_row(const Params& P, Frag<In>& f, in
   }
   // SWIGLU / SWIGLU_BACKWARD: bf16 only, C % 8 == 0 (checked on the host), so cvalid >= 8 here.
   float v[8];
-  swiglu_source8(P, r, c, v);
+  swiglu_source8(static_cast<const uint16_t*>(P.x), P.C, P.src, r, c, v);
   f.set(i, v);
 }
 
@@ -814,7 +803,7 @@ __global__ void __launch_bounds__(NT, 2) quant_tile_kernel(const __grid_constant
       if (needs_x(P, t)) {
         const int lr0 = 4 * (tid >> 4), lc = 8 * (tid & 15);
         const int rows = t.r1 - t.r0, cvalid = min(128, P.C - 128 * t.ct) - lc;
-        if (P.src != 0) {
+        if (P.src.kind != 0) {
 #pragma unroll
           for (int i = 0; i < 4; ++i)
             if (lr0 + i < rows && cvalid > 0) load_source_row<In>(P, f, i, t.r0 + lr0 + i, 128LL * t.ct + lc, cvalid);
@@ -927,12 +916,7 @@ __device__ __forceinline__ SlabInfo resolve_slab(const PT& P, SlabSmem& sm, cons
     const int* tstart = table;
     const int* tp0 = table + kMaxTable;
     const int* tb0 = table + 2 * kMaxTable;
-    int lo = 0, hi = P.G;  // last group with b0 <= p
-    while (hi - lo > 1) {
-      const int mid = (lo + hi) >> 1;
-      if (tb0[mid] <= t.p) lo = mid;
-      else hi = mid;
-    }
+    const int lo = table_group(tb0, P.G, t.p);  // groups by their first 32-row run
     const long long start = tstart[lo];
     const long long end = lo + 1 < P.G ? tstart[lo + 1] : sm.covered;
     const int j = t.p - tb0[lo];
@@ -1763,7 +1747,7 @@ void launch_typed(Params& p, int device, cudaStream_t stream) {
     max_smem_cached = max_smem;
   }
   const int fixed = p.tr_bytes + table_bytes + static_cast<int>(sizeof(Smem));
-  p.stages = p.src != 0 ? 0 : forced;  // computed inputs: direct loads only
+  p.stages = p.src.kind != 0 ? 0 : forced;  // computed inputs: direct loads only
   if (p.stages == 3 && 3 * p.stage_bytes + fixed > max_smem) p.stages = 2;
   if (p.stages != 0 && p.stages != 3) p.stages = 2;
   int blocks = 0;
@@ -1795,7 +1779,7 @@ bool run_tile128_pass(const Params& p, const mxmoe_tensor& x, int device, cudaSt
   if ((p.row_on && !plain(r)) || (p.col_on && !plain(c))) return false;
   Tile128Pass a;
   if (p.tile) {
-    if (p.src != 0) return false;       // weights are tensors; a computed input stays on the tile kernel
+    if (p.src.kind != 0) return false;  // weights are tensors; a computed input stays on the tile kernel
     if (p.col_on && c.q) return false;  // codes in x's orientation come from the row side only
     if (p.row_on && p.col_on && r.qt && c.qt) return false;
     a.q = p.row_on ? r.q : nullptr;
@@ -1821,12 +1805,6 @@ bool run_tile128_pass(const Params& p, const mxmoe_tensor& x, int device, cudaSt
   a.tile = p.tile;
   a.n_r = p.n_r;
   a.src = p.src;
-  a.src_dy = p.src_dy;
-  a.perm = p.perm;
-  a.row_scale = p.row_scale;
-  a.k = p.k;
-  a.perm_n = p.perm_n;
-  a.act = p.act;
   launch_tile128_pass(a, device, stream);
   return true;
 }
@@ -1862,8 +1840,9 @@ void launch(Params& p, const mxmoe_tensor& x, const OptTensor& offs, void* strea
     return e ? std::atoi(e) : 1;
   }();
   p.order = order_env;
-  if (p.src != 0) {
-    // Computed inputs run on the tile kernel (every blocking, both sides, one pass).
+  if (p.src.kind != 0) {
+    // Computed inputs: the tile128 pass kernel where it takes the request, else the tile kernel
+    // (every blocking, both sides, one pass).
     if (run_tile128_pass(p, x, x.device, s)) return;
     if (p.tiles > 0x7FFFFFFFLL) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: too many tiles for one launch");
     if (bf16) launch_typed<uint16_t>(p, x.device, s);
@@ -2076,13 +2055,13 @@ void quantize_fused(const FusedArgs& a) {
     fail_status(MXMOE_ERR_UNSUPPORTED, "quantize_fused_source: CUDA concatenated SWIGLU_BACKWARD needs C % 16 == 0, got ", C);
   if (s.kind != MXMOE_SOURCE_GATHER && (!aligned(s.a.data, 16) || (s.b.data && !aligned(s.b.data, 16))))
     fail_status(MXMOE_ERR_UNSUPPORTED, "quantize_fused_source: CUDA SwiGLU sources need 16-byte aligned src.a, src.b");
-  p.src = s.kind;
-  p.src_dy = static_cast<const uint16_t*>(s.b.data);
-  p.perm = s.perm.present ? static_cast<const int32_t*>(s.perm.t.data) : nullptr;
-  p.row_scale = s.row_scale.present ? static_cast<const float*>(s.row_scale.t.data) : nullptr;
-  p.k = s.k;
-  p.perm_n = s.kind == MXMOE_SOURCE_GATHER ? s.a.shape[0] * s.k : 1;
-  p.act = SwigluParams{s.layout, s.alpha, s.limit, s.up_offset};
+  p.src.kind = s.kind;
+  p.src.dy = static_cast<const uint16_t*>(s.b.data);
+  p.src.perm = s.perm.present ? static_cast<const int32_t*>(s.perm.t.data) : nullptr;
+  p.src.row_scale = s.row_scale.present ? static_cast<const float*>(s.row_scale.t.data) : nullptr;
+  p.src.k = s.k;
+  p.src.perm_n = s.kind == MXMOE_SOURCE_GATHER ? s.a.shape[0] * s.k : 1;
+  p.src.act = SwigluParams{s.layout, s.alpha, s.limit, s.up_offset};
   mxmoe_tensor x = a.x;
   x.data = s.a.data;  // launch() reads the pointer, dtype and (logical) shape
   launch(p, x, a.offs, a.stream);

@@ -1,7 +1,6 @@
 // Computed inputs of mxmoe_quantize_fused_source on the device: the values the CPU reference
 // materializes (cpu/fused.cpp), bit for bit. Shared by the quantize kernels that read a computed
-// input (quantize.cu's tile kernel, quantize/tile128_bf16.cu). PT is any parameter struct with the
-// fields below (x: the tensor read, C: the logical row width, src, src_dy, act).
+// input (quantize.cu's tile kernel, quantize/tile128_bf16.cu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -15,7 +14,26 @@ namespace mxmoe {
 namespace cuda {
 namespace qk {
 
+// A computed input's parameters (the tensor read, x, and its logical row width C stay with the
+// kernel's own parameters).
+struct SourceP {
+  int kind = 0;                      // mxmoe_source_kind, 0: x itself
+  const uint16_t* dy = nullptr;      // SWIGLU_BACKWARD: dy (R, C/2) bf16
+  const int32_t* perm = nullptr;     // GATHER: sorted position -> flat entry t*k+j
+  const float* row_scale = nullptr;  // GATHER, optional: (T, k) f32
+  long long k = 1, perm_n = 1;       // GATHER: entries per row of x; rows of x * k (0: all rows zero)
+  SwigluParams act{};
+};
+
 #if defined(__CUDACC__)
+
+// GATHER: the flat entry row r reads (clamped into [0, perm_n)), or -1 for a padding row (or
+// nothing to gather): a row of zeros. The row of x is entry / k.
+__device__ __forceinline__ long long gather_entry(const SourceP& s, long long r) {
+  const int32_t pr = __ldg(s.perm + r);
+  if (pr < 0 || s.perm_n == 0) return -1;
+  return min(static_cast<long long>(pr), s.perm_n - 1);
+}
 
 // 8 bf16 values of one 16-byte word group as fp32.
 __device__ __forceinline__ void unpack8(const uint4 w, float (&v)[8]) {
@@ -30,16 +48,15 @@ __device__ __forceinline__ void unpack8(const uint4 w, float (&v)[8]) {
 // SWIGLU / SWIGLU_BACKWARD (bf16 only, C % 8 == 0, checked on the host): the fp32 values of logical
 // row r, columns c .. c+7, before their rounding to bf16.
 //   SWIGLU:          x = swiglu(h), h (R, 2C): gate and up halves concatenated or interleaved.
-//   SWIGLU_BACKWARD: x = dh (R, C) from h (R, C) and dy = src_dy (R, C/2).
-template <typename PT>
-__device__ __forceinline__ void swiglu_source8(const PT& P, long long r, long long c, float (&v)[8]) {
-  const uint16_t* h = static_cast<const uint16_t*>(P.x);
+//   SWIGLU_BACKWARD: x = dh (R, C) from h (R, C) and s.dy (R, C/2).
+__device__ __forceinline__ void swiglu_source8(const uint16_t* h, long long C, const SourceP& s, long long r,
+                                               long long c, float (&v)[8]) {
   float g[8], u[8];
-  if (P.src == MXMOE_SOURCE_SWIGLU) {
-    const uint16_t* hr = h + r * 2 * P.C;
-    if (P.act.layout == 0) {
+  if (s.kind == MXMOE_SOURCE_SWIGLU) {
+    const uint16_t* hr = h + r * 2 * C;
+    if (s.act.layout == 0) {
       unpack8(__ldg(reinterpret_cast<const uint4*>(hr + c)), g);
-      unpack8(__ldg(reinterpret_cast<const uint4*>(hr + P.C + c)), u);
+      unpack8(__ldg(reinterpret_cast<const uint4*>(hr + C + c)), u);
     } else {
       float a0[8], a1[8];
       unpack8(__ldg(reinterpret_cast<const uint4*>(hr + 2 * c)), a0);
@@ -51,13 +68,13 @@ __device__ __forceinline__ void swiglu_source8(const PT& P, long long r, long lo
       }
     }
 #pragma unroll
-    for (int q = 0; q < 8; ++q) v[q] = swiglu_value(g[q], u[q], P.act);
+    for (int q = 0; q < 8; ++q) v[q] = swiglu_value(g[q], u[q], s.act);
     return;
   }
-  const long long I = P.C / 2;
-  const uint16_t* hr = h + r * P.C;
-  const uint16_t* dyr = P.src_dy + r * I;
-  if (P.act.layout == 0) {
+  const long long I = C / 2;
+  const uint16_t* hr = h + r * C;
+  const uint16_t* dyr = s.dy + r * I;
+  if (s.act.layout == 0) {
     const bool gate = c < I;
     const long long i0 = gate ? c : c - I;
     float dy[8];
@@ -67,7 +84,7 @@ __device__ __forceinline__ void swiglu_source8(const PT& P, long long r, long lo
 #pragma unroll
     for (int q = 0; q < 8; ++q) {
       float dg, du;
-      swiglu_grad(g[q], u[q], dy[q], P.act, &dg, &du);
+      swiglu_grad(g[q], u[q], dy[q], s.act, &dg, &du);
       v[q] = gate ? dg : du;
     }
   } else {
@@ -77,7 +94,7 @@ __device__ __forceinline__ void swiglu_source8(const PT& P, long long r, long lo
     const float dy[4] = {__uint_as_float(d.x << 16), __uint_as_float(d.x & 0xFFFF0000u), __uint_as_float(d.y << 16),
                          __uint_as_float(d.y & 0xFFFF0000u)};
 #pragma unroll
-    for (int q = 0; q < 4; ++q) swiglu_grad(a0[2 * q], a0[2 * q + 1], dy[q], P.act, &v[2 * q], &v[2 * q + 1]);
+    for (int q = 0; q < 4; ++q) swiglu_grad(a0[2 * q], a0[2 * q + 1], dy[q], s.act, &v[2 * q], &v[2 * q + 1]);
   }
 }
 

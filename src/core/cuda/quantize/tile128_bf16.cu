@@ -87,12 +87,7 @@ __device__ __forceinline__ Tile resolve(const KParams& K, const int* table, int 
     const int* tstart = table;
     const int* tp0 = table + kTable;
     const int* tb0 = table + 2 * kTable;
-    int lo = 0, hi = K.a.G;  // the last group with p0 <= p (p0[0] = 0; empty groups are skipped)
-    while (hi - lo > 1) {
-      const int mid = (lo + hi) >> 1;
-      if (tp0[mid] <= p) lo = mid;
-      else hi = mid;
-    }
+    const int lo = table_group(tp0, K.a.G, p);
     const int end = lo + 1 < K.a.G ? tstart[lo + 1] : covered;
     t.r0 = tstart[lo] + 128 * (p - tp0[lo]);
     t.rows = min(end - t.r0, 128);
@@ -121,12 +116,11 @@ __device__ __forceinline__ uint4 load_chunk(const Tile128Pass& A, int b, long lo
   if constexpr (SRC == 0) {
     return __ldg(reinterpret_cast<const uint4*>(x + (static_cast<long long>(b) * A.R + gr) * A.C + c));
   } else if constexpr (SRC == MXMOE_SOURCE_GATHER) {
-    const int32_t pr = __ldg(A.perm + gr);
-    if (pr < 0 || A.perm_n == 0) return make_uint4(0, 0, 0, 0);  // a padding row: zeros
-    const long long e = min(static_cast<long long>(pr), A.perm_n - 1);
-    const uint4 w = __ldg(reinterpret_cast<const uint4*>(x + (e / A.k) * A.C + c));
-    if (A.row_scale == nullptr) return w;
-    const float sc = __ldg(A.row_scale + e);
+    const long long e = gather_entry(A.src, gr);
+    if (e < 0) return make_uint4(0, 0, 0, 0);  // a padding row: zeros
+    const uint4 w = __ldg(reinterpret_cast<const uint4*>(x + (e / A.src.k) * A.C + c));
+    if (A.src.row_scale == nullptr) return w;
+    const float sc = __ldg(A.src.row_scale + e);
     float v[8];
     unpack8(w, v);
 #pragma unroll
@@ -134,7 +128,7 @@ __device__ __forceinline__ uint4 load_chunk(const Tile128Pass& A, int b, long lo
     return make_uint4(pack_bf16_8(v, 0), pack_bf16_8(v, 1), pack_bf16_8(v, 2), pack_bf16_8(v, 3));
   } else {
     float v[8];
-    swiglu_source8(A, gr, c, v);
+    swiglu_source8(x, A.C, A.src, gr, c, v);
     return make_uint4(pack_bf16_8(v, 0), pack_bf16_8(v, 1), pack_bf16_8(v, 2), pack_bf16_8(v, 3));
   }
 }
@@ -166,13 +160,10 @@ __device__ __forceinline__ void copy_tile_async(const KParams& K, const Tile& t,
   const bool any = t.valid && (t.in_group || K.row_on) && 8 * j < A.C - 128 * t.ct;
   const uint16_t* x = static_cast<const uint16_t*>(A.x);
   const long long c = 128LL * t.ct + 8 * j;
-  int32_t pr[8];
+  long long e[8];  // GATHER: the entries, all read before any copy is issued
   if constexpr (GATHER) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int r = 16 * i + 2 * w + h;
-      pr[i] = any && r < t.rows && A.perm_n > 0 ? __ldg(A.perm + t.r0 + r) : -1;
-    }
+    for (int i = 0; i < 8; ++i) e[i] = any && 16 * i + 2 * w + h < t.rows ? gather_entry(A.src, t.r0 + 16 * i + 2 * w + h) : -1;
   }
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
@@ -180,9 +171,8 @@ __device__ __forceinline__ void copy_tile_async(const KParams& K, const Tile& t,
     bool ok = any && r < t.rows;
     const uint16_t* src = x;
     if constexpr (GATHER) {
-      ok = ok && pr[i] >= 0;
-      const long long e = min(static_cast<long long>(pr[i]), A.perm_n - 1);
-      if (ok) src = x + (e / A.k) * A.C + c;
+      ok = ok && e[i] >= 0;
+      if (ok) src = x + (e[i] / A.src.k) * A.C + c;
     } else {
       if (ok) src = x + (static_cast<long long>(t.b) * A.R + t.r0 + r) * A.C + c;
     }
@@ -269,8 +259,9 @@ __device__ __forceinline__ void store_row_words(uint8_t* dst, uint32_t word, uin
       if (128 - a + e < n) base[128 + e] = static_cast<uint8_t>(word >> (8 * (4 - a + e)));
 }
 
-// 2 CTAs per SM (106 KB of shared memory each), 128 registers: no spills (the 3-CTA, 80-register
-// budget of two buffers spilled 20-280 bytes and measured 3-8 % slower).
+// x itself (cp.async, three tile buffers): 2 CTAs per SM, 128 registers, no spills (the 3-CTA,
+// 80-register budget spilled and measured 3-8 % slower); computed inputs: two buffers, 3 CTAs per SM
+// (see tile_buffers).
 template <int SRC, bool TILE>
 __global__ void __launch_bounds__(kThreads, async_source(SRC) ? 2 : 3) tile128_pass_kernel(const __grid_constant__ KParams K) {
   constexpr int kBufs = tile_buffers(SRC);
@@ -466,12 +457,12 @@ __global__ void __launch_bounds__(kThreads, async_source(SRC) ? 2 : 3) tile128_p
       // Transposed codes are staged through shared memory and written by whole warps, 128 contiguous
       // bytes per store instruction (v9d: 1.2-1.4x faster than 16-byte stores from each lane, which
       // touch 32 rows per instruction; docs/perf/quantize.md).
-      const bool staged = A.qt != nullptr;
+      const bool has_qt = A.qt != nullptr;  // uniform over the CTA
       // Where staged codes go: x itself (cp.async) has the next tile landing in the other buffer, so
       // this tile's, after a barrier; computed inputs have the other buffer free until the next tile.
       uint8_t* cbuf = kAsync ? buf : bufs + slot1 * kTileBytes;
       uint32_t olo[8], ohi[8];
-      if (A.qt != nullptr && mine) {
+      if (has_qt && mine) {
         if (t.in_group) {
           const float r_lo = recip(s_lo), r_hi = recip(s_hi);
 #pragma unroll
@@ -501,10 +492,10 @@ __global__ void __launch_bounds__(kThreads, async_source(SRC) ? 2 : 3) tile128_p
         reinterpret_cast<uint8_t*>(s_sc)[(2 * cp) * 4 + q4] = static_cast<uint8_t>(s_lo);
         reinterpret_cast<uint8_t*>(s_sc)[(2 * cp + 1) * 4 + q4] = static_cast<uint8_t>(s_hi);
       }
-      if (staged) {  // uniform over the CTA
+      if (has_qt) {
         if constexpr (kAsync) {
           __syncthreads();  // every warp is done with the bf16 tile: its buffer now holds the codes
-          if (A.qt != nullptr && mine) stage_codes(cbuf, cp, q4, olo, ohi);
+          if (mine) stage_codes(cbuf, cp, q4, olo, ohi);
         }
         __syncthreads();
         // Each warp writes 16 whole transposed rows. Aligned full panels: 4 rows per store instruction,
@@ -530,7 +521,7 @@ __global__ void __launch_bounds__(kThreads, async_source(SRC) ? 2 : 3) tile128_p
         }
       }
       if (A.scale_r != nullptr && t.in_group) {
-        if (!staged) __syncthreads();  // s_sc complete
+        if (!has_qt) __syncthreads();  // s_sc complete (else: the staging barrier above)
         const int cl = 32 * w + lane;
         const int nruns = min((t.rows + 31) / 32, static_cast<int>(min(4LL, A.n_r - t.run0)));
         if (w < 4 && cl < cols && nruns > 0) {
@@ -542,11 +533,11 @@ __global__ void __launch_bounds__(kThreads, async_source(SRC) ? 2 : 3) tile128_p
             for (int e = 0; e < nruns; ++e) d[e] = static_cast<uint8_t>(v >> (8 * e));
           }
         }
-        if (!staged) __syncthreads();  // s_sc is rewritten by the next tile
+        if (!has_qt) __syncthreads();  // s_sc is rewritten by the next tile
       }
-    }
-    if constexpr (!kAsync) {
-      if (t.valid && (TILE || A.col_codes) && A.qt != nullptr) __syncthreads();  // cbuf: the next tile's buffer
+      if constexpr (!kAsync) {
+        if (has_qt) __syncthreads();  // cbuf is the next tile's buffer
+      }
     }
     t = tn;
     if constexpr (kAsync) tn = resolve(K, table, covered, tot_panels, tile + 2 * step);
@@ -567,24 +558,23 @@ void launch_tile128_pass(const Tile128Pass& a, int device, cudaStream_t stream) 
   K.tiles = static_cast<long long>(a.B) * K.P * K.ctiles;
   if (K.tiles <= 0) return;
   if (K.tiles > 0x7FFFFFFFLL) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: too many tiles for one launch");
-  const int src = a.tile ? 0 : (a.src == MXMOE_SOURCE_GATHER && a.row_scale == nullptr ? kSourceGatherRaw : a.src);
+  // The kernel instance: weights are tensors; the unscaled gather has its own (cp.async) instance.
+  const int src = a.tile ? 0 : (a.src.kind == MXMOE_SOURCE_GATHER && a.src.row_scale == nullptr ? kSourceGatherRaw : a.src.kind);
   const int smem = tile_buffers(src) * kTileBytes + 2 * kPartBytes + (K.grouped ? 3 * kTable * 4 : 0);
   static_assert(sizeof(ScanSmem) <= kTileBytes, "the scan scratch lives in the tile buffers");
-  static_assert(async_source(kSourceGatherRaw), "the unscaled gather runs on cp.async");
   auto go = [&](auto kernel) {
     const int blocks = occupancy(kernel, device, kThreads, smem), sms = sm_count(device);
     if (blocks < 1) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: kernel does not fit on the device");
     const long long grid = std::min<long long>(K.tiles, static_cast<long long>(blocks) * sms);
     kernel<<<static_cast<unsigned>(grid), kThreads, smem, stream>>>(K);
   };
-  switch (a.tile ? 0 : a.src) {  // weights are tensors
+  switch (src) {
     case 0: a.tile ? go(tile128_pass_kernel<0, true>) : go(tile128_pass_kernel<0, false>); break;
-    case MXMOE_SOURCE_GATHER:
-      a.row_scale ? go(tile128_pass_kernel<MXMOE_SOURCE_GATHER, false>) : go(tile128_pass_kernel<kSourceGatherRaw, false>);
-      break;
+    case kSourceGatherRaw: go(tile128_pass_kernel<kSourceGatherRaw, false>); break;
+    case MXMOE_SOURCE_GATHER: go(tile128_pass_kernel<MXMOE_SOURCE_GATHER, false>); break;
     case MXMOE_SOURCE_SWIGLU: go(tile128_pass_kernel<MXMOE_SOURCE_SWIGLU, false>); break;
     case MXMOE_SOURCE_SWIGLU_BACKWARD: go(tile128_pass_kernel<MXMOE_SOURCE_SWIGLU_BACKWARD, false>); break;
-    default: fail_status(MXMOE_ERR_INVALID_ARGUMENT, "quantize: unknown source kind ", a.src);
+    default: fail_status(MXMOE_ERR_INVALID_ARGUMENT, "quantize: unknown source kind ", a.src.kind);
   }
   cuda_check(cudaGetLastError(), "quantize: kernel launch");
 }

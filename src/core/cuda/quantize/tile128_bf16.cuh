@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "common/moe_activation.hpp"
+#include "cuda/quantize/source.cuh"
 
 namespace mxmoe {
 namespace cuda {
@@ -34,13 +34,8 @@ struct Tile128Pass {
   long long n_r = 0;
   bool row_codes = false;  // rowwise 1x128 quantization wanted (not tile): q / scale_c
   bool col_codes = false;  // columnwise 128x1 wanted (not tile): qt / scale_r
-  // A computed input (mxmoe_source_kind, 0: x itself), as quantize.cu's Params.
-  int src = 0;
-  const uint16_t* src_dy = nullptr;
-  const int32_t* perm = nullptr;
-  const float* row_scale = nullptr;
-  long long k = 1, perm_n = 1;
-  SwigluParams act{};
+  // A computed input (src.kind 0: x itself), as quantize.cu's Params.
+  qk::SourceP src{};
 };
 
 // Runs the pass on `stream` (device = x's device, already current). The caller has checked that the
