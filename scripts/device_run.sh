@@ -9,7 +9,8 @@
 # MXMOE_BUILD (the build dir), MXMOE_LIBRARY (libmxmoe.so), MXMOE_OPS_LIBRARY (libmxmoe_torch.so,
 # the op layer the Python package loads), OUT (results folder) in its env.
 # Results (logs, JSON) go under $OUT when the device tool sets it, else ./out/device; when there are
-# more than the 8 files the device tool returns, they come back as $OUT/results.tgz + tables.txt.
+# more than the 8 files the device tool returns, they come back as $OUT/results.tgz + tables.txt
+# (a log the caller redirects into $OUT is packed too: read it from the archive).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export MXMOE_BUILD=${MXMOE_BUILD:-$PWD/build-cuda}
