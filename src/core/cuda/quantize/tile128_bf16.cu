@@ -160,15 +160,10 @@ __device__ __forceinline__ void copy_tile_async(const KParams& K, const Tile& t,
   const bool any = t.valid && (t.in_group || K.row_on) && 8 * j < A.C - 128 * t.ct;
   const uint16_t* x = static_cast<const uint16_t*>(A.x);
   const long long c = 128LL * t.ct + 8 * j;
-  // GATHER: the 8 perm entries are loaded before any clamping or copy (all in flight at once; through
-  // gather_entry, one load at a time, this pass measured 0.41 of copy instead of 0.53).
-  int32_t pr[8];
+  long long e[8];  // GATHER: the entries, all read before any copy is issued
   if constexpr (GATHER) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int r = 16 * i + 2 * w + h;
-      pr[i] = any && r < t.rows && A.src.perm_n > 0 ? __ldg(A.src.perm + t.r0 + r) : -1;
-    }
+    for (int i = 0; i < 8; ++i) e[i] = any && 16 * i + 2 * w + h < t.rows ? gather_entry(A.src, t.r0 + 16 * i + 2 * w + h) : -1;
   }
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
@@ -176,9 +171,8 @@ __device__ __forceinline__ void copy_tile_async(const KParams& K, const Tile& t,
     bool ok = any && r < t.rows;
     const uint16_t* src = x;
     if constexpr (GATHER) {
-      ok = ok && pr[i] >= 0;  // a padding row: zero-filled
-      const long long e = min(static_cast<long long>(pr[i]), A.src.perm_n - 1);  // as gather_entry
-      if (ok) src = x + (e / A.src.k) * A.C + c;
+      ok = ok && e[i] >= 0;
+      if (ok) src = x + (e[i] / A.src.k) * A.C + c;
     } else {
       if (ok) src = x + (static_cast<long long>(t.b) * A.R + t.r0 + r) * A.C + c;
     }
