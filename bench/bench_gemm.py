@@ -3,7 +3,7 @@
 bf16 ``torch._grouped_mm`` and fp8 rowwise ``torch._scaled_grouped_mm`` (BENCH.md method: medians of
 CUDA-event timings via triton.testing.do_bench, which also flushes L2 between runs; random inputs).
 
-Shapes: every BENCH.md row. Passes (A: (M, K) activations, W: (G, N, K) experts, dY: (M, N)):
+Shapes: every BENCH.md row, and Qwen3-30B-A3B's expert GEMMs. Passes (A: (M, K) activations, W: (G, N, K) experts, dY: (M, N)):
   forward  Y  (M, N)    = A . W_g^T          mxmoe: a = x (1x128 blocks), b = W (128x128 tiles)
   dgrad    dA (M, K)    = dY . W_g           mxmoe: a = dY (1x128 along N), b = W^T copy (G, K, N)
   wgrad    dW (G, N, K) = dY_g^T . A_g       mxmoe: a = dY^T (N, M), b = x^T (K, M), 1x128 along M
@@ -37,6 +37,12 @@ SHAPES = [  # name, M, N, K, G list, jagged
     ("llama4-scout", 128000, 8192, 5120, [1, 8], False),
     ("deepseek-v3", 128000, 2048, 7168, [1, 8], False),
     ("jagged", 16384, 4096, 2048, [8, 32], True),
+    # fine-grained experts (BENCH.md: Qwen3-like gate_up / down), and Qwen3-30B-A3B's own (hidden 2048,
+    # width 768, 128 experts, 16K tokens x top-8, jagged as a router leaves them)
+    ("fine-gate-up", 32768, 1536, 1024, [16], False),
+    ("fine-down", 32768, 1024, 768, [16], False),
+    ("qwen3-30b-gate-up", 131072, 1536, 2048, [128], True),
+    ("qwen3-30b-down", 131072, 2048, 768, [128], True),
 ]
 
 
