@@ -58,10 +58,7 @@ using namespace cute;
 // One grouped GEMM configuration. GranN: scale granularity along the output's N (128 for the
 // weight tiles of forward/dgrad, 1 for wgrad's per-row B scales). TileN: CTA tile along N (128; a
 // 128x192 wgrad tile was measured 20-30% slower: ptxas spills ~300 bytes, docs/perf/gemm.md).
-// Pingpong: CUTLASS's ping-pong schedule (two consumer warpgroups on alternate 64 x TileN tiles, one
-// math while the other runs its epilogue) instead of the cooperative one (both on one 128-row tile);
-// issue 12's first measurement, A/B with MXMOE_GEMM_PINGPONG=1 (gemm_tile128.cu).
-template <class ElementD_, int GranN, int TileN = 128, bool Pingpong = false>
+template <class ElementD_, int GranN, int TileN = 128>
 struct Config {
   using ElementA = cutlass::float_e4m3_t;
   using ElementB = cutlass::float_e4m3_t;
@@ -72,11 +69,7 @@ struct Config {
   static constexpr int kAlignAB = 16;
   static constexpr int kAlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
 
-  using TileShape = Shape<Int<Pingpong ? 64 : 128>, Int<TileN>, _128>;
-  using EpilogueSchedule = cute::conditional_t<Pingpong, cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong,
-                                               cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
-  using MainloopSchedule = cute::conditional_t<Pingpong, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8Blockwise,
-                                               cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>;
+  using TileShape = Shape<_128, Int<TileN>, _128>;
   using ClusterShape = Shape<_1, _2, _1>;
   using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, GranN, kTile>;  // M-major SFs
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
@@ -91,14 +84,14 @@ struct Config {
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlignD, ElementD,
-      LayoutD*, kAlignD, EpilogueSchedule, Fusion>::CollectiveOp;
+      LayoutD*, kAlignD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative, Fusion>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, cute::tuple<LayoutA*, LayoutSFA*>,
       kAlignAB, ElementB, cute::tuple<LayoutB*, LayoutSFB*>, kAlignAB, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      MainloopSchedule>::CollectiveOp;
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
 
   using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
@@ -439,10 +432,9 @@ void run(const Plan& p, bool bias, const char* what) {
 // (gemm_tile128.cu) calls *_info_desc_* (one single-block kernel: GroupInfo + descriptors), launches
 // its fused prologue kernel, then *_run_* (the CUTLASS GEMM only). The *_info_desc_* entry points are
 // declared in gemm_tile128.cu next to their one caller.
-#define MXMOE_TILE128_FWD(SUFFIX, ELEMENT_D) MXMOE_TILE128_FWD_CFG(SUFFIX, ELEMENT_D, false)
-#define MXMOE_TILE128_FWD_CFG(SUFFIX, ELEMENT_D, PINGPONG)                                            \
+#define MXMOE_TILE128_FWD(SUFFIX, ELEMENT_D)                                                          \
   namespace mxmoe { namespace cuda { namespace tile128 {                                             \
-  using FwdCfg_##SUFFIX = sm90::Config<ELEMENT_D, kTile, 128, PINGPONG>;                             \
+  using FwdCfg_##SUFFIX = sm90::Config<ELEMENT_D, kTile>;                                            \
   size_t fwd_desc_bytes_##SUFFIX(int groups, int sm_count) {                                         \
     return sm90::carve<FwdCfg_##SUFFIX>(nullptr, groups, sm_count, nullptr);                         \
   }                                                                                                  \

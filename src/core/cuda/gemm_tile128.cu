@@ -22,7 +22,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstdint>
 #include <mutex>
 #include <vector>
@@ -42,7 +41,6 @@ namespace tile128 {
 // single-block kernel writing p.info (GroupInfo[G] from offs) and the CUTLASS descriptors in p.desc.
 // stage_mode: 0 never stage, 1 stage groups starting off a 16-token boundary, 2 stage every group.
 void fwd_info_desc_bf16(const FwdPlan& p, const int32_t* offs, int64_t offs_s);
-void fwd_info_desc_bf16_pp(const FwdPlan& p, const int32_t* offs, int64_t offs_s);
 void fwd_info_desc_f32(const FwdPlan& p, const int32_t* offs, int64_t offs_s);
 void kg_info_desc_bf16(const KgPlan& p, const int32_t* offs, int64_t offs_s, int stage_mode);
 void kg_info_desc_f32(const KgPlan& p, const int32_t* offs, int64_t offs_s, int stage_mode);
@@ -373,9 +371,8 @@ FwdLayout fwd_layout(void* ws, int64_t m, int64_t n, int64_t k, int64_t g, int s
   l.sfb = c.take<float>(g * nb * kb);
   l.bias = c.take<float>(g * n);
 #if defined(MXMOE_HAVE_CUTLASS)
-  const int64_t desc = static_cast<int64_t>(std::max({tile128::fwd_desc_bytes_bf16(static_cast<int>(g), sm_count),
-                                                      tile128::fwd_desc_bytes_bf16_pp(static_cast<int>(g), sm_count),
-                                                      tile128::fwd_desc_bytes_f32(static_cast<int>(g), sm_count)}));
+  const int64_t desc = static_cast<int64_t>(std::max(tile128::fwd_desc_bytes_bf16(static_cast<int>(g), sm_count),
+                                                     tile128::fwd_desc_bytes_f32(static_cast<int>(g), sm_count)));
 #else
   (void)sm_count;
   const int64_t desc = 0;
@@ -473,14 +470,7 @@ void grouped_mm_tile128(const GroupedMMArgs& a, void* workspace, int64_t workspa
   p.stream = stream;
   // 1. GroupInfo + CUTLASS descriptors (one block).
 #if defined(MXMOE_HAVE_CUTLASS)
-  // MXMOE_GEMM_PINGPONG=1: the ping-pong schedule for bf16 output (A/B runs, docs/perf/gemm.md).
-  static const bool pingpong = [] {
-    const char* e = std::getenv("MXMOE_GEMM_PINGPONG");
-    return e != nullptr && std::atoi(e) == 1;
-  }();
-  if (a.out.dtype == MXMOE_DTYPE_BF16 && pingpong)
-    tile128::fwd_info_desc_bf16_pp(p, static_cast<const int32_t*>(a.offs.data), a.offs.strides[0]);
-  else if (a.out.dtype == MXMOE_DTYPE_BF16)
+  if (a.out.dtype == MXMOE_DTYPE_BF16)
     tile128::fwd_info_desc_bf16(p, static_cast<const int32_t*>(a.offs.data), a.offs.strides[0]);
   else
     tile128::fwd_info_desc_f32(p, static_cast<const int32_t*>(a.offs.data), a.offs.strides[0]);
@@ -517,9 +507,7 @@ void grouped_mm_tile128(const GroupedMMArgs& a, void* workspace, int64_t workspa
   check_launch(what);
   // 3. The CUTLASS GEMM.
 #if defined(MXMOE_HAVE_CUTLASS)
-  if (a.out.dtype == MXMOE_DTYPE_BF16 && pingpong)
-    tile128::fwd_run_bf16_pp(p);
-  else if (a.out.dtype == MXMOE_DTYPE_BF16)
+  if (a.out.dtype == MXMOE_DTYPE_BF16)
     tile128::fwd_run_bf16(p);
   else
     tile128::fwd_run_f32(p);

@@ -69,7 +69,6 @@ struct KgPlan {
 
 // Bytes of device workspace the CUTLASS side needs (descriptor arrays + CUTLASS's own workspace).
 size_t fwd_desc_bytes_bf16(int groups, int sm_count);
-size_t fwd_desc_bytes_bf16_pp(int groups, int sm_count);  // ping-pong schedule (A/B)
 size_t fwd_desc_bytes_f32(int groups, int sm_count);
 size_t kg_desc_bytes_bf16(int groups, int sm_count);
 size_t kg_desc_bytes_f32(int groups, int sm_count);
@@ -77,7 +76,6 @@ size_t kg_desc_bytes_f32(int groups, int sm_count);
 // Launch the CUTLASS grouped GEMM alone on plan.stream (the descriptors come from the info+descriptor
 // kernel launched before it, *_info_desc_* in gemm_tile128.cu). Throw mxmoe::Error.
 void fwd_run_bf16(const FwdPlan& p);
-void fwd_run_bf16_pp(const FwdPlan& p);
 void fwd_run_f32(const FwdPlan& p);
 void kg_run_bf16(const KgPlan& p);
 void kg_run_f32(const KgPlan& p);

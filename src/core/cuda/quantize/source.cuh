@@ -81,11 +81,21 @@ __device__ __forceinline__ void swiglu_source8(const uint16_t* h, long long C, c
     unpack8(__ldg(reinterpret_cast<const uint4*>(hr + i0)), g);
     unpack8(__ldg(reinterpret_cast<const uint4*>(hr + I + i0)), u);
     unpack8(__ldg(reinterpret_cast<const uint4*>(dyr + i0)), dy);
+    // Only this half's gradient is evaluated (the other one's math was computed and dropped).
+    if (gate) {
 #pragma unroll
-    for (int q = 0; q < 8; ++q) {
-      float dg, du;
-      swiglu_grad(g[q], u[q], dy[q], s.act, &dg, &du);
-      v[q] = gate ? dg : du;
+      for (int q = 0; q < 8; ++q) {
+        float dg, du;
+        swiglu_grad(g[q], u[q], dy[q], s.act, &dg, &du);
+        v[q] = dg;
+      }
+    } else {
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        float dg, du;
+        swiglu_grad(g[q], u[q], dy[q], s.act, &dg, &du);
+        v[q] = du;
+      }
     }
   } else {
     float a0[8];

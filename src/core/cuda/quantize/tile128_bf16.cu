@@ -22,11 +22,11 @@
 //            when aligned, funnel-shifted words otherwise); the column scales of a panel's 4 runs
 //            leave as one 4-byte store per column. Weights: the row side is coded from the tile here.
 // Loads run ahead of the work: x itself and the unscaled gather go through cp.async, two tiles ahead
-// in three tile buffers (no registers held); computed inputs have their next tile's raw words loaded
-// into registers one tile ahead (fetch_raw) and computed when their turn comes (compute_raw).
-// Templated on the input (x or a computed source) and on weights vs activations, so
-// each instance carries only its own path. Design history and measurements: docs/perf/quantize.md,
-// version 9.
+// in three tile buffers (no registers held); the scaled gather's raw words are loaded into registers
+// one tile ahead and scaled into the shared tile in their turn; SwiGLU and its backward are loaded and
+// computed into registers one tile ahead. Templated on the input (x or a computed source) and on
+// weights vs activations, so each instance carries only its own path. Design history and
+// measurements: docs/perf/quantize.md, versions 9 and 10.
 #include "cuda/quantize/tile128_bf16.cuh"
 
 #include <algorithm>
@@ -48,11 +48,17 @@ constexpr int kPartBytes = 8 * 64 * 4;  // column maxima: 8 warps x 64 packed co
 constexpr int kTable = 512;  // groups whose table fits in shared memory
 constexpr uint32_t kAbs2 = 0x7FFF7FFFu;
 constexpr int kSourceGatherRaw = 100;  // the kernel's instance for GATHER without row_scale (cp.async)
-// x itself and the unscaled gather (cp.async): three tile buffers, two tiles in flight. Computed
-// inputs (their raw words one tile ahead in registers, fetch_raw): two buffers. Both 2 CTAs per SM
-// with 128 registers (the raw words alone take 64-96 of them).
+// x itself and the unscaled gather (cp.async): three tile buffers, two tiles in flight, 2 CTAs per SM
+// with 128 registers. Computed inputs (register prefetch): two buffers, 3 CTAs per SM (their
+// latency-bound math wants the warps; measured 3-8 % faster than 2 CTAs).
 __host__ __device__ constexpr bool async_source(int src) { return src == 0 || src == kSourceGatherRaw; }
 __host__ __device__ constexpr int tile_buffers(int src) { return async_source(src) ? 3 : 2; }
+// The scaled gather's raw words (40 registers) are fetched a whole tile ahead, at 2 CTAs per SM (v10:
+// 0.41 -> 0.45 of copy). The same for SwiGLU and its backward (64-96 registers of words) measured
+// 0.31 -> 0.25 and 0.235 -> 0.18: their exact per-element math wants the third CTA's warps more than
+// the loads want cover, so they keep v9's register prefetch at 3 CTAs per SM.
+__host__ __device__ constexpr bool pipelined_source(int src) { return src == MXMOE_SOURCE_GATHER; }
+__host__ __device__ constexpr int min_ctas(int src) { return async_source(src) || pipelined_source(src) ? 2 : 3; }
 
 struct KParams {
   Tile128Pass a;
@@ -110,192 +116,61 @@ __device__ __forceinline__ uint32_t pack_bf16_8(const float (&v)[8], int k) {
   return static_cast<uint32_t>(f32_to_bf16(v[2 * k])) | (static_cast<uint32_t>(f32_to_bf16(v[2 * k + 1])) << 16);
 }
 
-__device__ __forceinline__ uint4 abs8(const uint4 v) {
-  return make_uint4(v.x & kAbs2, v.y & kAbs2, v.z & kAbs2, v.w & kAbs2);
+// Whether this thread reads anything of tile t (nothing past the tensor's columns, C % 8 == 0, and
+// nowhere no output reads it: rows past the last group of a column-only request).
+__device__ __forceinline__ bool reads_tile(const KParams& K, const Tile& t) {
+  return t.valid && (t.in_group || K.row_on) && 8 * (threadIdx.x & 15) < K.a.C - 128 * t.ct;
 }
-__device__ __forceinline__ uint4 vmax4(const uint4 a, const uint4 b) {
-  return make_uint4(__vmaxu2(a.x, b.x), __vmaxu2(a.y, b.y), __vmaxu2(a.z, b.z), __vmaxu2(a.w, b.w));
-}
-// max of a packed pair of |bf16| as fp32 bits (NaN patterns order above everything else).
-__device__ __forceinline__ uint32_t pair_max(uint32_t m) { return max(m << 16, m & 0xFFFF0000u); }
-// Each of the 8 chunks' |x| maximum as fp32 bits.
-__device__ __forceinline__ void chunk_maxima(const uint4 (&X)[8], uint32_t (&m)[8]) {
+
+// SwiGLU / SwiGLU backward: this thread's 8 chunks of tile t as bf16 (zeros past the panel's rows and
+// where nothing reads them).
+template <int SRC>
+__device__ __forceinline__ void load_tile(const KParams& K, const Tile& t, uint4 (&X)[8]) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, h = lane >> 4, j = lane & 15;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) X[i] = make_uint4(0, 0, 0, 0);
+  if (!reads_tile(K, t)) return;
+  const long long c = 128LL * t.ct + 8 * j;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const uint4 v = abs8(X[i]);
-    m[i] = pair_max(__vmaxu2(__vmaxu2(v.x, v.y), __vmaxu2(v.z, v.w)));
+    const int r = 16 * i + 2 * w + h;
+    if (r < t.rows) {
+      float v[8];
+      swiglu_source8(static_cast<const uint16_t*>(K.a.x), K.a.C, K.a.src, t.r0 + r, c, v);
+      X[i] = make_uint4(pack_bf16_8(v, 0), pack_bf16_8(v, 1), pack_bf16_8(v, 2), pack_bf16_8(v, 3));
+    }
   }
 }
 
-// Computed inputs are software-pipelined through registers: the raw 16-byte words of a thread's 8
-// chunks of the next tile are loaded at the top of an iteration and stay in flight through this
-// tile's row and column phases (and its barriers); they are computed into bf16 chunks (the values
-// load_chunk gives, bit for bit) at the top of the next iteration. Before (v9), load_tile issued the
-// loads and computed at once, so every warp waited out the load latency right after the barrier.
-template <int SRC>
-struct RawTile {
-  uint4 a[8], b[8];     // SWIGLU: gate and up words (concat) / the two interleaved words; GATHER: x's words
-  uint4 d[8];           // SWIGLU_BACKWARD: dy's words (interleaved: .x .y), fetch_raw_late
-  float sc[8];          // scaled GATHER: the entry's row scale
-  unsigned ok = 0;      // bit i: chunk i is read (else it is zero)
-  bool gate = false;    // SWIGLU_BACKWARD concat: this column tile is in the gate half
+// The scaled gather, one tile ahead: the thread's 8 rows' 16-byte words and row scales of tile t (the
+// 8 perm entries loaded first, then the rows), kept in registers through the tile before.
+struct GatherWords {
+  uint4 a[8];
+  float sc[8];
+  unsigned ok = 0;  // bit i: chunk i is read (else: zero; a padding row, or nothing to read)
 };
 
-template <int SRC>
-__device__ __forceinline__ void fetch_raw(const KParams& K, const Tile& t, RawTile<SRC>& R) {
+__device__ __forceinline__ void fetch_gather(const KParams& K, const Tile& t, GatherWords& G) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, h = lane >> 4, j = lane & 15;
   const Tile128Pass& A = K.a;
-  R.ok = 0;
-  if (!t.valid || !(t.in_group || K.row_on) || 8 * j >= A.C - 128 * t.ct) return;  // C % 8 == 0
+  G.ok = 0;
+  if (!reads_tile(K, t)) return;
   const long long c = 128LL * t.ct + 8 * j;
   const uint16_t* x = static_cast<const uint16_t*>(A.x);
-  if constexpr (SRC == MXMOE_SOURCE_GATHER) {
-    int32_t pr[8];  // all perm entries in flight before the dependent loads
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int r = 16 * i + 2 * w + h;
-      pr[i] = r < t.rows && A.src.perm_n > 0 ? __ldg(A.src.perm + t.r0 + r) : -1;
-    }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const long long e = min(static_cast<long long>(pr[i]), A.src.perm_n - 1);  // as gather_entry
-      if (pr[i] >= 0) {
-        R.ok |= 1u << i;
-        R.a[i] = __ldg(reinterpret_cast<const uint4*>(x + (e / A.src.k) * A.C + c));
-        R.sc[i] = __ldg(A.src.row_scale + e);
-      }
-    }
-  } else if constexpr (SRC == MXMOE_SOURCE_SWIGLU) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int r = 16 * i + 2 * w + h;
-      if (r < t.rows) {
-        R.ok |= 1u << i;
-        const uint16_t* hr = x + static_cast<long long>(t.r0 + r) * 2 * A.C;
-        const uint4* pa = reinterpret_cast<const uint4*>(A.src.act.layout == 0 ? hr + c : hr + 2 * c);
-        const uint4* pb = reinterpret_cast<const uint4*>(A.src.act.layout == 0 ? hr + A.C + c : hr + 2 * c + 8);
-        R.a[i] = __ldg(pa);
-        R.b[i] = __ldg(pb);
-      }
-    }
-  } else {
-    static_assert(SRC == MXMOE_SOURCE_SWIGLU_BACKWARD, "computed inputs only");
-    const long long I = A.C / 2;
-    R.gate = c < I;
-    const long long i0 = R.gate ? c : c - I;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int r = 16 * i + 2 * w + h;
-      if (r < t.rows) {
-        R.ok |= 1u << i;
-        const uint16_t* hr = x + static_cast<long long>(t.r0 + r) * A.C;
-        if (A.src.act.layout == 0) {
-          R.a[i] = __ldg(reinterpret_cast<const uint4*>(hr + i0));
-          R.b[i] = __ldg(reinterpret_cast<const uint4*>(hr + I + i0));
-        } else {
-          R.a[i] = __ldg(reinterpret_cast<const uint4*>(hr + c));
-        }
-      }
-    }
-  }
-}
-
-// SWIGLU_BACKWARD's dy words of tile t (fetch_raw took its h words): issued later in the iteration,
-// after the column codes, so that h's and dy's 96 registers are never all live beside the row side's.
-template <int SRC>
-__device__ __forceinline__ void fetch_raw_late(const KParams& K, const Tile& t, RawTile<SRC>& R) {
-  if constexpr (SRC == MXMOE_SOURCE_SWIGLU_BACKWARD) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, h = lane >> 4, j = lane & 15;
-    const Tile128Pass& A = K.a;
-    if (R.ok == 0) return;
-    const long long c = 128LL * t.ct + 8 * j, I = A.C / 2;
-    const long long i0 = R.gate ? c : c - I;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      if ((R.ok >> i) & 1u) {
-        const uint16_t* dyr = A.src.dy + static_cast<long long>(t.r0 + 16 * i + 2 * w + h) * I;
-        if (A.src.act.layout == 0) {
-          R.d[i] = __ldg(reinterpret_cast<const uint4*>(dyr + i0));
-        } else {
-          const uint2 d = __ldg(reinterpret_cast<const uint2*>(dyr + c / 2));
-          R.d[i] = make_uint4(d.x, d.y, 0, 0);
-        }
-      }
-    }
-  }
-}
-
-// The fetched tile's bf16 chunks (zeros where nothing was read; the values the CPU reference
-// materializes, bit for bit), computed chunk by chunk into the thread's slots of the shared tile
-// `buf`, with each chunk's |x| maximum (m, the row side's input) and the column maxima (cm), so that
-// no chunk stays in registers.
-template <int SRC>
-__device__ __forceinline__ void compute_store(const KParams& K, const RawTile<SRC>& R, uint8_t* buf,
-                                              uint32_t (&m)[8], uint4& cm) {
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, h = lane >> 4, j = lane & 15;
-  const SourceP& s = K.a.src;
-  cm = make_uint4(0, 0, 0, 0);
+  int32_t pr[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    float v[8];
-    if constexpr (SRC == MXMOE_SOURCE_GATHER) {  // with row_scale (the unscaled one is kSourceGatherRaw)
-      unpack8(R.a[i], v);
+    const int r = 16 * i + 2 * w + h;
+    pr[i] = r < t.rows && A.src.perm_n > 0 ? __ldg(A.src.perm + t.r0 + r) : -1;
+  }
 #pragma unroll
-      for (int q = 0; q < 8; ++q) v[q] = mul_rn(v[q], R.sc[i]);
-    } else if constexpr (SRC == MXMOE_SOURCE_SWIGLU) {
-      float g[8], u[8];
-      if (s.act.layout == 0) {
-        unpack8(R.a[i], g);
-        unpack8(R.b[i], u);
-      } else {
-        float a0[8], a1[8];
-        unpack8(R.a[i], a0);
-        unpack8(R.b[i], a1);
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          g[q] = a0[2 * q], u[q] = a0[2 * q + 1];
-          g[q + 4] = a1[2 * q], u[q + 4] = a1[2 * q + 1];
-        }
-      }
-#pragma unroll
-      for (int q = 0; q < 8; ++q) v[q] = swiglu_value(g[q], u[q], s.act);
-    } else {
-      if (s.act.layout == 0) {
-        float g[8], u[8], dy[8];
-        unpack8(R.a[i], g);
-        unpack8(R.b[i], u);
-        unpack8(R.d[i], dy);
-        // A column tile's thread is in one half: only that half's gradient is evaluated.
-        if (R.gate) {
-#pragma unroll
-          for (int q = 0; q < 8; ++q) {
-            float dg, du;
-            swiglu_grad(g[q], u[q], dy[q], s.act, &dg, &du);
-            v[q] = dg;
-          }
-        } else {
-#pragma unroll
-          for (int q = 0; q < 8; ++q) {
-            float dg, du;
-            swiglu_grad(g[q], u[q], dy[q], s.act, &dg, &du);
-            v[q] = du;
-          }
-        }
-      } else {
-        float a0[8];
-        unpack8(R.a[i], a0);
-        const float dy[4] = {__uint_as_float(R.d[i].x << 16), __uint_as_float(R.d[i].x & 0xFFFF0000u),
-                             __uint_as_float(R.d[i].y << 16), __uint_as_float(R.d[i].y & 0xFFFF0000u)};
-#pragma unroll
-        for (int q = 0; q < 4; ++q) swiglu_grad(a0[2 * q], a0[2 * q + 1], dy[q], s.act, &v[2 * q], &v[2 * q + 1]);
-      }
+  for (int i = 0; i < 8; ++i) {
+    const long long e = min(static_cast<long long>(pr[i]), A.src.perm_n - 1);  // as gather_entry
+    if (pr[i] >= 0) {
+      G.ok |= 1u << i;
+      G.a[i] = __ldg(reinterpret_cast<const uint4*>(x + (e / A.src.k) * A.C + c));
+      G.sc[i] = __ldg(A.src.row_scale + e);
     }
-    uint4 y = make_uint4(pack_bf16_8(v, 0), pack_bf16_8(v, 1), pack_bf16_8(v, 2), pack_bf16_8(v, 3));
-    if (!((R.ok >> i) & 1u)) y = make_uint4(0, 0, 0, 0);
-    reinterpret_cast<uint4*>(buf)[(16 * i + 2 * w + h) * 16 + j] = y;
-    const uint4 ay = abs8(y);
-    m[i] = pair_max(__vmaxu2(__vmaxu2(ay.x, ay.y), __vmaxu2(ay.z, ay.w)));
-    cm = vmax4(cm, ay);
   }
 }
 
@@ -336,6 +211,36 @@ __device__ __forceinline__ void copy_tile_async(const KParams& K, const Tile& t,
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 16 : 0) : "memory");
   }
   asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+__device__ __forceinline__ uint4 abs8(const uint4 v) {
+  return make_uint4(v.x & kAbs2, v.y & kAbs2, v.z & kAbs2, v.w & kAbs2);
+}
+__device__ __forceinline__ uint4 vmax4(const uint4 a, const uint4 b) {
+  return make_uint4(__vmaxu2(a.x, b.x), __vmaxu2(a.y, b.y), __vmaxu2(a.z, b.z), __vmaxu2(a.w, b.w));
+}
+// max of a packed pair of |bf16| as fp32 bits (NaN patterns order above everything else).
+__device__ __forceinline__ uint32_t pair_max(uint32_t m) { return max(m << 16, m & 0xFFFF0000u); }
+
+// The scaled gather's chunks of the fetched tile (rows * their scale, as bf16; zeros where nothing
+// was read), chunk by chunk into the thread's slots of the shared tile `buf`, with each chunk's |x|
+// maximum (m, the row side's input) and the column maxima (cm): no chunk stays in registers.
+__device__ __forceinline__ void compute_gather(const GatherWords& G, uint8_t* buf, uint32_t (&m)[8], uint4& cm) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, h = lane >> 4, j = lane & 15;
+  cm = make_uint4(0, 0, 0, 0);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    float v[8];
+    unpack8(G.a[i], v);
+#pragma unroll
+    for (int q = 0; q < 8; ++q) v[q] = mul_rn(v[q], G.sc[i]);
+    uint4 y = make_uint4(pack_bf16_8(v, 0), pack_bf16_8(v, 1), pack_bf16_8(v, 2), pack_bf16_8(v, 3));
+    if (!((G.ok >> i) & 1u)) y = make_uint4(0, 0, 0, 0);
+    reinterpret_cast<uint4*>(buf)[(16 * i + 2 * w + h) * 16 + j] = y;
+    const uint4 ay = abs8(y);
+    m[i] = pair_max(__vmaxu2(__vmaxu2(ay.x, ay.y), __vmaxu2(ay.z, ay.w)));
+    cm = vmax4(cm, ay);
+  }
 }
 
 // 2^(127-s) for a scale byte s < 255 (e8m0_reciprocal_f32 without its NaN case).
@@ -406,10 +311,11 @@ __device__ __forceinline__ void store_row_words(uint8_t* dst, uint32_t word, uin
       if (128 - a + e < n) base[128 + e] = static_cast<uint8_t>(word >> (8 * (4 - a + e)));
 }
 
-// 2 CTAs per SM, 128 registers, no spills (x itself: the 3-CTA, 80-register budget spilled and
-// measured 3-8 % slower; computed inputs hold their next tile's raw words); see tile_buffers.
+// x itself (cp.async, three tile buffers): 2 CTAs per SM, 128 registers, no spills (the 3-CTA,
+// 80-register budget spilled and measured 3-8 % slower); the scaled gather (one tile of words in
+// flight): 2; SwiGLU sources: two buffers, 3 CTAs per SM (see min_ctas).
 template <int SRC, bool TILE>
-__global__ void __launch_bounds__(kThreads, 2) tile128_pass_kernel(const __grid_constant__ KParams K) {
+__global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(const __grid_constant__ KParams K) {
   constexpr int kBufs = tile_buffers(SRC);
   extern __shared__ uint4 dyn_smem_[];
   uint8_t* bufs = reinterpret_cast<uint8_t*>(dyn_smem_);
@@ -449,21 +355,23 @@ __global__ void __launch_bounds__(kThreads, 2) tile128_pass_kernel(const __grid_
   const int covered = s_covered, tot_panels = s_tot;
 
   const long long step = gridDim.x;
-  // x itself goes through cp.async into the tile buffers; computed inputs' raw words are loaded into
-  // registers one tile ahead.
+  // x itself goes through cp.async into the tile buffers; the scaled gather's raw words are loaded
+  // into registers a tile ahead; SwiGLU sources are loaded and computed into registers a tile ahead.
   constexpr bool kGatherAsync = SRC == kSourceGatherRaw;
   constexpr bool kAsync = SRC == 0 || kGatherAsync;
+  constexpr bool kPipelined = pipelined_source(SRC);
   uint4 X[8];
+  GatherWords G;  // the scaled gather only
   Tile t = resolve(K, table, covered, tot_panels, blockIdx.x);
-  // x itself keeps two tiles in flight (three buffers: the tile being worked on, the next two landing);
-  // computed inputs one tile's raw words (in registers).
+  // x itself keeps two tiles in flight (three buffers: the tile being worked on, the next two landing).
   Tile tn = resolve(K, table, covered, tot_panels, blockIdx.x + step);
-  RawTile<kAsync ? MXMOE_SOURCE_SWIGLU : SRC> R;  // unused by x itself
   if constexpr (kAsync) {
     copy_tile_async<kGatherAsync>(K, t, bufs);
     copy_tile_async<kGatherAsync>(K, tn, bufs + kTileBytes);
+  } else if constexpr (kPipelined) {
+    fetch_gather(K, t, G);
   } else {
-    fetch_raw<SRC>(K, t, R);
+    load_tile<SRC>(K, t, X);
   }
   const int cp = 32 * (w & 1) + lane;  // column word of the column phase: columns 2 cp, 2 cp + 1
   const int q4 = w >> 1;               // its row quarter: rows 32 q4 .. +31
@@ -486,15 +394,21 @@ __global__ void __launch_bounds__(kThreads, 2) tile128_pass_kernel(const __grid_
       asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // this thread's copies of tile t landed
 #pragma unroll
       for (int i = 0; i < 8; ++i) X[i] = reinterpret_cast<const uint4*>(buf)[(16 * i + 2 * w + h) * 16 + j];
+    } else if constexpr (!kPipelined) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) reinterpret_cast<uint4*>(buf)[(16 * i + 2 * w + h) * 16 + j] = X[i];
     }
-    // Each chunk's |x| maximum (m, the row side's input) and the column maxima (cm). Computed inputs:
-    // from the values as they are computed into the shared tile (from the words fetched an iteration
-    // ago), before R is refilled; x itself: m in the row side, where its registers are needed anyway.
+    // The scaled gather: its chunks computed into the shared tile with their maxima (m, cm), then the
+    // next tile's words fetched (in flight through this tile's row and column phases).
     uint32_t m[8];
     uint4 cm;
-    if constexpr (!kAsync) compute_store<SRC>(K, R, buf, m, cm);
+    if constexpr (kPipelined) {
+      compute_gather(G, buf, m, cm);
+      tn = resolve(K, table, covered, tot_panels, tile + step);
+      fetch_gather(K, tn, G);
+    }
     if (t.valid && t.in_group) {
-      if constexpr (kAsync) {
+      if constexpr (!kPipelined) {
         cm = abs8(X[0]);
 #pragma unroll
         for (int i = 1; i < 8; ++i) cm = vmax4(cm, abs8(X[i]));
@@ -512,17 +426,17 @@ __global__ void __launch_bounds__(kThreads, 2) tile128_pass_kernel(const __grid_
         if (h == 0) reinterpret_cast<uint4*>(part)[w * 16 + j] = cm;
       }
     }
-    if constexpr (!kAsync) {
-      // X is dead from here (the row side codes from the shared tile): the next tile's raw words go
-      // into R, in flight through this tile's row and column phases.
-      tn = resolve(K, table, covered, tot_panels, tile + step);
-      fetch_raw<SRC>(K, tn, R);
-    }
     if constexpr (!TILE) {
       if (t.valid && K.row_on) {
         // Row maxima: each lane's 8 chunk maxima, reduce-scattered over the 16 lanes of its row
         // (xor 8, 4, 2 halve the rows held, xor 1 completes): 8 shuffles and one scale per lane.
-        if constexpr (kAsync) chunk_maxima(X, m);
+        if constexpr (!kPipelined) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const uint4 v = abs8(X[i]);
+            m[i] = pair_max(__vmaxu2(__vmaxu2(v.x, v.y), __vmaxu2(v.z, v.w)));
+          }
+        }
         const bool b3 = (j >> 3) & 1, b2 = (j >> 2) & 1, b1 = (j >> 1) & 1;
         uint32_t t1[4], t2[2];
 #pragma unroll
@@ -552,7 +466,7 @@ __global__ void __launch_bounds__(kThreads, 2) tile128_pass_kernel(const __grid_
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           const int src = (lane & 16) | (((i >> 2) & 1) << 3) | (((i >> 1) & 1) << 2) | ((i & 1) << 1);
-          const uint4 xi = kAsync ? X[i] : reinterpret_cast<const uint4*>(buf)[(16 * i + 2 * w + h) * 16 + j];
+          const uint4 xi = kPipelined ? reinterpret_cast<const uint4*>(buf)[(16 * i + 2 * w + h) * 16 + j] : X[i];
           const uint2 qc = codes8(xi, __shfl_sync(kFull, s_mine, src));
           if (qok && 16 * i + 2 * w + h < t.rows)
             *reinterpret_cast<uint2*>(qrow + static_cast<long long>(16 * i + 2 * w + h) * A.C) = qc;
@@ -562,9 +476,13 @@ __global__ void __launch_bounds__(kThreads, 2) tile128_pass_kernel(const __grid_
     __syncthreads();  // the tile and its maxima are in shared memory (one barrier per tile: three buffers)
 
     // x itself: tile it + 2's copies into the buffer of tile it - 1, whose last reader (its staged store
-    // phase) every thread finished before the barrier.
-    if constexpr (kAsync)
+    // phase) every thread finished before the barrier. Computed inputs: the next tile into registers.
+    if constexpr (kAsync) {
       copy_tile_async<kGatherAsync>(K, resolve(K, table, covered, tot_panels, tile + 2 * step), bufs + slot2 * kTileBytes);
+    } else if constexpr (!kPipelined) {
+      tn = resolve(K, table, covered, tot_panels, tile + step);
+      load_tile<SRC>(K, tn, X);
+    }
 
     // ---- column phase: scales, transposed codes; weights: also the row side ----
     if (t.valid && (TILE || A.col_codes)) {
@@ -636,7 +554,6 @@ __global__ void __launch_bounds__(kThreads, 2) tile128_pass_kernel(const __grid_
         }
         if constexpr (!kAsync) stage_codes(cbuf, cp, q4, olo, ohi);  // the free buffer: no barrier first
       }
-      if constexpr (!kAsync) fetch_raw_late<SRC>(K, tn, R);
       // Column scales: each row quarter's byte into s_sc (column cl's 4 runs as one word), written out
       // below by one lane per column.
       if (mine && A.scale_r != nullptr && t.in_group) {
@@ -689,8 +606,6 @@ __global__ void __launch_bounds__(kThreads, 2) tile128_pass_kernel(const __grid_
       if constexpr (!kAsync) {
         if (has_qt) __syncthreads();  // cbuf is the next tile's buffer
       }
-    } else if constexpr (!kAsync) {
-      fetch_raw_late<SRC>(K, tn, R);  // no column phase (rowwise only, or no tile)
     }
     t = tn;
     if constexpr (kAsync) tn = resolve(K, table, covered, tot_panels, tile + 2 * step);
