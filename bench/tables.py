@@ -3,6 +3,8 @@
     python3 bench/tables.py host bench/results/host.json
     python3 bench/tables.py e2e bench/results/e2e.json [more e2e.json ...]
     python3 bench/tables.py moe bench/results/moe_layer.json
+    python3 bench/tables.py quantize bench/results/quantize.json   (kernel x shape: "us (copy ratio)")
+    python3 bench/tables.py gemm bench/results/gemm.json           (one row per pass and shape)
 """
 from __future__ import annotations
 
@@ -123,6 +125,36 @@ def moe(path: str) -> str:
     return "\n".join(text)
 
 
+def quantize(path: str) -> str:
+    """One table per input family (the shape's first word: A, dY, W, jag, moe), kernels as rows."""
+    rows = json.load(open(path))
+    fams = {}
+    for r in rows:
+        fams.setdefault(r["shape"].split()[0], []).append(r)
+    out = []
+    for fam, rs in fams.items():
+        shapes = list(dict.fromkeys(r["shape"] for r in rs))
+        kernels = list(dict.fromkeys(r["kernel"] for r in rs))
+        cell = {(r["kernel"], r["shape"]): r for r in rs}
+        body = [[k] + [f"{cell[k, sh]['us']:.0f} ({cell[k, sh]['copy_ratio']:.2f})" if (k, sh) in cell else ""
+                       for sh in shapes] for k in kernels]
+        out.append(_md(["kernel"] + shapes, body))
+    return "\n\n".join(out)
+
+
+def gemm(path: str) -> str:
+    rows = json.load(open(path))
+    f = lambda v, spec: format(v, spec) if v is not None else "n/a"  # noqa: E731
+    body = [[r["pass"], r["shape"], r["M"], r["N"], r["K"], f"{r['G']}{'*' if r.get('groups') else ''}",
+             f(r["mxmoe_us"], ".0f"), f(r["mxmoe_tflops"], ".0f"), f(r["bf16_us"], ".0f"), f(r["fp8_rowwise_us"], ".0f"),
+             f(r["fp8_rowwise_tflops"], ".0f"), f"{f(r['ratio_vs_bf16'], '.2f')}x",
+             f"{f(r['bf16_us'] / r['fp8_rowwise_us'] if r['bf16_us'] and r['fp8_rowwise_us'] else None, '.2f')}x"]
+            for r in rows]
+    return _md(["pass", "shape", "M", "N", "K", "G", "mxmoe us", "TFLOP/s", "bf16 us", "fp8 rowwise us", "TFLOP/s",
+                "mxmoe vs bf16", "fp8 rowwise vs bf16"], body) + "\n(* jagged: random group sizes, some empty)"
+
+
 if __name__ == "__main__":
     kind, *files = sys.argv[1:]
-    print(host(files[0]) if kind == "host" else moe(files[0]) if kind == "moe" else e2e(files))
+    one = {"host": host, "moe": moe, "quantize": quantize, "gemm": gemm}
+    print(one[kind](files[0]) if kind in one else e2e(files))
