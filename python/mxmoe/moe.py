@@ -151,8 +151,7 @@ class _Tile128Phases:
 
     @staticmethod
     def weights(w, mode):
-        q, s, qt, st = weight_cache.quantized(w, ("sm90_tile128", mode),
-                                              lambda t: ops.sm90_tile128_weight(_joined(t), mode))
+        q, s, qt, st = weight_cache.forms(w, "sm90_tile128", mode)
         return (q, s), (qt, st)  # forward (along K), dgrad (along N)
 
     @staticmethod
@@ -173,7 +172,7 @@ class _ExactPhases:
 
     @staticmethod
     def weights(w, mode):
-        dq, q, s = weight_cache.quantized(w, ("sm90_exact", mode), lambda t: ops.sm90_exact_weight(_joined(t), mode))
+        dq, q, s = weight_cache.forms(w, "sm90_exact", mode)
         return (dq,), (q, s)
 
     @staticmethod

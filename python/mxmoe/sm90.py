@@ -59,8 +59,7 @@ class Sm90Backend(Backend):
         # W's forms once per optimizer step (weight_cache): its MX round trip along K and W along N as
         # FP8 + scales (dgrad). One op: A's round trip (+ its wgrad operand), bf16 torch._grouped_mm,
         # rows past the groups zeroed.
-        w_dq, w_q, w_s = weight_cache.quantized(w, ("sm90_exact", recipe.mode),
-                                                lambda t: ops.sm90_exact_weight(t, recipe.mode))
+        w_dq, w_q, w_s = weight_cache.forms(w, "sm90_exact", recipe.mode)
         out, a_q, a_s = ops.sm90_exact_forward(a, w_dq, offs, recipe.mode, want_a_col)
         out = cast(_add_bias(out, bias, offs), out_dtype)
         return out, (w_q, w_s, a_q if want_a_col else None, a_s if want_a_col else None)
@@ -68,8 +67,7 @@ class Sm90Backend(Backend):
     def _forward_tile128(self, a, w, offs, bias, recipe, out_dtype, want_a_col):
         # W's 128x128 tiles once per optimizer step (both orientations from one pass); one op: A's FP8
         # operands from one pass and the FP8 grouped GEMM.
-        w_q, w_s, w_qt, w_st = weight_cache.quantized(w, ("sm90_tile128", recipe.mode),
-                                                      lambda t: ops.sm90_tile128_weight(t, recipe.mode))
+        w_q, w_s, w_qt, w_st = weight_cache.forms(w, "sm90_tile128", recipe.mode)
         out, a_qt, a_s = ops.sm90_tile128_forward(a, w_q, w_s, offs, bias, recipe.mode, out_dtype, want_a_col)
         return out, (w_qt, w_st, a_qt if want_a_col else None, a_s if want_a_col else None)
 

@@ -23,11 +23,16 @@ write torch does not count otherwise is through ``.data`` (``W.data.add_(...)``,
 updates): ``.data`` has its own version counter by design. After such writes call
 ``mxmoe.refresh_weights()``.
 
-Where it is off (the forms are computed on every call, as without a cache): inside torch.compile
-(Dynamo traces the weight pass into the graph; the cache's pointer and version checks are host-side
-Python), during CUDA-graph capture (a replay could not re-check the weight), for inference-mode
-tensors (no version counter), and everywhere with ``mxmoe.set_weight_cache(False)`` or env
-``MXMOE_WEIGHT_CACHE=0``.
+Under torch.compile the backends ask through one opaque op, ``torch.ops.mxmoe.weight_forms``
+(``forms`` below): Dynamo records the call, not the weight pass, and the op's body does the same
+lookup each time the compiled graph runs (a compiled graph gets the Parameter itself, with its
+version counter). The cached forms are read only by mxmoe's own ops inside a graph, so Inductor never
+writes into them (it reuses an extern op's output buffer only for a pointwise kernel that reads it).
+
+Where it is off (the forms are computed on every call, as without a cache): during CUDA-graph capture,
+also a compiled graph's (mode="reduce-overhead"; a replay runs no host code, so it could not re-check
+the weight: the weight pass is captured and replayed), for inference-mode tensors (no version
+counter), and everywhere with ``mxmoe.set_weight_cache(False)`` or env ``MXMOE_WEIGHT_CACHE=0``.
 
 Memory: between steps an entry keeps the weight's quantized forms (tile128: FP8 codes in both
 orientations + scales, about W's bf16 bytes; exact recipes: the bf16 round trip + FP8 along N, about
@@ -38,10 +43,12 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
+
+from . import ops
 
 _lock = threading.Lock()
 _enabled = os.environ.get("MXMOE_WEIGHT_CACHE", "1") not in ("0", "")
@@ -110,6 +117,45 @@ def quantized(w, form: tuple, compute: Callable) -> Tuple[Tensor, ...]:
             _stats["misses"] += 1
             _entries[key] = _Entry(tuple(weakref.ref(r, _drop(key)) for r in roots), state, tuple(forms))
     return forms
+
+
+# The recipes' weight passes: form name -> the op computing a (joined) weight's forms from (w, mode).
+# Looked up by name at call time (tests count the calls by patching the ops).
+_PASSES = {"sm90_tile128": "sm90_tile128_weight", "sm90_exact": "sm90_exact_weight"}
+
+
+def _joined(w):
+    """w itself, or the (E, 2I, H) concatenation of a (gate, up) pair (TorchTitan's w1, w3)."""
+    return torch.cat(w, dim=1) if isinstance(w, tuple) else w
+
+
+def _compute(form: str, mode: int):
+    op = _PASSES[form]
+    return lambda t: getattr(ops, op)(_joined(t), mode)
+
+
+def forms(w, form: str, mode: int) -> Tuple[Tensor, ...]:
+    """The quantized forms of weight ``w`` (a tensor, or a (gate, up) pair joined along dim 1) for the
+    recipe pass ``form`` ("sm90_tile128": (q, s, qt, st); "sm90_exact": (dq, q, s)) in scale mode
+    ``mode``, from the cache (``quantized``). Under torch.compile through the op
+    ``mxmoe::weight_forms``, so that the lookup runs when the compiled graph runs."""
+    parts = w if isinstance(w, tuple) else (w,)
+    if torch.compiler.is_compiling() and not all(hasattr(t, "mxmoe_forms") for t in parts):
+        return tuple(torch.ops.mxmoe.weight_forms(parts[0], parts[1] if len(parts) > 1 else None, form, mode))
+    return quantized(w, (form, mode), _compute(form, mode))
+
+
+@torch.library.custom_op("mxmoe::weight_forms", mutates_args=())
+def _weight_forms_op(w: Tensor, w_up: Optional[Tensor], form: str, mode: int) -> List[Tensor]:
+    if form not in _PASSES:
+        raise ValueError(f"mxmoe::weight_forms: form must be one of {sorted(_PASSES)}, got {form!r}")
+    key = w if w_up is None else (w, w_up)
+    return list(quantized(key, (form, mode), _compute(form, mode)))
+
+
+@_weight_forms_op.register_fake
+def _(w, w_up, form, mode):
+    return list(_compute(form, mode)(w if w_up is None else (w, w_up)))
 
 
 def _given_forms(parts, form) -> Tuple[Tensor, ...]:

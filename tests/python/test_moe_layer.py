@@ -315,6 +315,51 @@ def test_compile_fullgraph_dynamic(device, recipe):
         _same(leaves[n].grad, eager[1][n], f"compiled grad of {n}")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", [TILE, EXACT])
+def test_compile_reuses_cached_weights(device, recipe):
+    """Compiled (fullgraph, dynamic): the expert weights' forms come from the weight cache when the
+    graph runs (hits on every call after the first while the weights are unchanged), an in-place
+    write is seen on the next call, and results equal eager's."""
+    if not _fused_ok(device):
+        pytest.skip("needs Hopper and the tile128 GEMMs")
+    torch._dynamo.reset()
+    mxmoe.refresh_weights()
+    inp, dout = _inputs(device, T=64, seed=13)
+    leaves = _leaves({k: v for k, v in inp.items() if k not in ("bias13", "bias2")})
+
+    kw = dict(recipe=recipe, backend="fused")  # exact recipes take the fused path on CPU only if asked
+
+    def step(x, topk_idx, topk_weights, w13, w2):
+        return mxmoe.moe_experts(x, topk_idx, topk_weights, w13, w2, **kw)
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=True)
+    outs = []
+    for i in range(3):
+        if i == 1:
+            hits = mxmoe.weight_cache_info()["hits"]
+        out = compiled(**leaves)
+        out.backward(dout)
+        outs.append(out.detach())
+    assert mxmoe.weight_cache_info()["hits"] - hits == 4  # calls 2 and 3: w13 and w2 each
+    with torch.no_grad():
+        leaves["w13"].mul_(0.5)
+    changed = compiled(**leaves).detach()
+    mxmoe.set_weight_cache(False)
+    try:
+        ref = mxmoe.moe_experts(**leaves, **kw).detach()
+        with torch.no_grad():
+            leaves["w13"].mul_(2.0)
+        ref0 = mxmoe.moe_experts(**leaves, **kw).detach()
+    finally:
+        mxmoe.set_weight_cache(True)
+    _same(changed, ref, "compiled after an in-place write")
+    for o in outs:
+        _same(o, ref0, "compiled, cached weights")
+    assert not torch.equal(changed, ref0)
+    torch._dynamo.reset()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("recipe", [TILE, EXACT, None])
 def test_cuda_graph_equals_eager(recipe):

@@ -1,7 +1,8 @@
 """Expert weights quantized once per optimizer step (mxmoe/weight_cache.py): reused across
 micro-batches, never served stale after any tracked write (optimizer step, in-place edit, writes
-through views and detach() aliases, load_state_dict, dtype/device moves), off under torch.compile and for inference tensors,
-and results bit-identical to the cache turned off. The sm90 backend runs on CPU here (the core's CPU
+through views and detach() aliases, load_state_dict, dtype/device moves), the same under torch.compile
+(the lookup runs inside the op mxmoe::weight_forms when the compiled graph runs), off for inference
+tensors, and results bit-identical to the cache turned off. The sm90 backend runs on CPU here (the core's CPU
 kernels); the GPU suite runs the same file on the H200."""
 import contextlib
 
@@ -28,13 +29,16 @@ class Experts(torch.nn.Module):
 
 @pytest.fixture
 def counter(monkeypatch):
-    """Counts the weight-quantization ops the sm90 backend runs."""
+    """Counts the weight-quantization ops the sm90 backend runs (on real tensors: not torch.compile's
+    fake-tensor tracing of mxmoe::weight_forms)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
     calls = {"n": 0}
     for name in WEIGHT_OPS.values():
         real = getattr(ops, name)
 
         def counting(*args, _real=real):
-            calls["n"] += 1
+            calls["n"] += not isinstance(args[0], FakeTensor)
             return _real(*args)
 
         monkeypatch.setattr(ops, name, counting)
@@ -177,26 +181,80 @@ def test_untracked_data_write_needs_refresh(counter):
     assert torch.equal(model(a, offs, recipe).detach(), ref) and not torch.equal(ref, before)
 
 
-def test_off_under_compile_and_inference_mode(counter):
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_once_per_optimizer_step_under_compile(recipe, backend, counter):
+    """A compiled training step (fwd + bwd, fullgraph) reuses the forms across micro-batches and
+    re-quantizes after each optimizer step; outputs and gradients equal eager without the cache; the
+    cached tensors stay intact (Inductor never writes into an extern op's output that only extern ops
+    read)."""
+    torch.manual_seed(2)
+    model, plain = Experts(), Experts()
+    plain.load_state_dict(model.state_dict())
+    opt, opt_p = torch.optim.SGD(model.parameters(), lr=0.5), torch.optim.SGD(plain.parameters(), lr=0.5)
+    torch._dynamo.reset()
+    fwd = torch.compile(lambda a, o: model(a, o, recipe), fullgraph=True, backend=backend)
+    batches = [_batch("cpu") for _ in range(3)]
+    bits = lambda t: t.view(torch.uint8) if t.element_size() == 1 else t  # noqa: E731 (fp8 has no ==)
+    for _ in range(2):
+        for i, (a, offs) in enumerate(batches):
+            y = fwd(a, offs)
+            y.float().square().mean().backward()
+            with uncached():
+                assert torch.equal(y.detach(), _step(plain, a, offs, recipe))
+            (entry,) = weight_cache._entries.values()
+            if i == 0:
+                snapshot = [bits(f).clone() for f in entry.forms]
+        assert all(torch.equal(bits(f), c) for f, c in zip(entry.forms, snapshot))
+        assert torch.equal(model.w.grad, plain.w.grad)
+        opt.step(), opt_p.step()
+        opt.zero_grad(), opt_p.zero_grad()
+    # compiled: one weight pass per optimizer step; eager without the cache: one per micro-batch
+    assert counter["n"] == 2 + 2 * 3
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_tracked_writes_invalidate_under_compile(recipe, counter):
     model = Experts()
     a, offs = _batch("cpu")
-    recipe = "mxfp8_rceil_tile128"
     torch._dynamo.reset()
-    compiled = torch.compile(lambda a, o: model(a, o, recipe), fullgraph=True, backend="aot_eager")
-    y1 = compiled(a, offs)
+    fwd = torch.compile(lambda a, o: model(a, o, recipe), backend="aot_eager")
+
+    def fresh_equals_cached():
+        y = fwd(a, offs).detach()
+        with uncached():
+            ref = model(a, offs, recipe).detach()
+        return torch.equal(y, ref)
+
+    assert fresh_equals_cached()
+    n = counter["n"]
+    assert fresh_equals_cached() and counter["n"] == n + 1  # a hit in the graph (+1: the uncached ref)
     with torch.no_grad():
-        model.w.mul_(0.5)
-    y2 = compiled(a, offs)  # the weight pass is in the graph: never stale
-    with uncached():
-        assert torch.equal(y2, model(a, offs, recipe))
-    assert not torch.equal(y1, y2)
-    assert mxmoe.weight_cache_info()["entries"] == 0  # nothing cached from compiled code
+        model.w.mul_(2.0)
+    assert fresh_equals_cached()
+    model.w.detach()[1].neg_()
+    assert fresh_equals_cached()
+    model.load_state_dict({"w": torch.randn_like(model.w)})
+    assert fresh_equals_cached()
+    model.float()  # dtype move (recompiles)
+    assert fresh_equals_cached()
     torch._dynamo.reset()
+
+
+def test_weight_forms_op_rejects_unknown_form():
+    with pytest.raises(ValueError, match="form must be one of"):
+        torch.ops.mxmoe.weight_forms(torch.zeros(1, 128, 128, dtype=torch.bfloat16), None, "bogus", 0)
+
+
+def test_off_in_inference_mode(counter):
+    model = Experts()
+    a, offs = _batch("cpu")
     with torch.inference_mode():
         frozen = Experts()  # inference tensors have no version counter: never cached
-        frozen(a, offs, recipe)
+        frozen(a, offs, "mxfp8_rceil_tile128")
         assert mxmoe.weight_cache_info()["entries"] == 0
-        model(a, offs, recipe)  # a normal parameter used under inference_mode keeps its counter
+        model(a, offs, "mxfp8_rceil_tile128")  # a normal parameter used under inference_mode keeps its counter
     assert mxmoe.weight_cache_info()["entries"] == 1
 
 
