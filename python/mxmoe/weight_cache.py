@@ -29,10 +29,13 @@ lookup each time the compiled graph runs (a compiled graph gets the Parameter it
 version counter). The cached forms are read only by mxmoe's own ops inside a graph, so Inductor never
 writes into them (it reuses an extern op's output buffer only for a pointwise kernel that reads it).
 
-Where it is off (the forms are computed on every call, as without a cache): during CUDA-graph capture,
-also a compiled graph's (mode="reduce-overhead"; a replay runs no host code, so it could not re-check
-the weight: the weight pass is captured and replayed), for inference-mode tensors (no version
-counter), and everywhere with ``mxmoe.set_weight_cache(False)`` or env ``MXMOE_WEIGHT_CACHE=0``.
+Where it is off (the forms are computed on every call, as without a cache): during CUDA-graph capture
+(a replay runs no host code, so it could not re-check the weight: the weight pass is captured and
+replayed), and in compiled code with torch.compile's CUDA graphs (mode="reduce-overhead": they warm
+up and record on their own stream into a private memory pool, which must not keep an entry; the op
+computes the forms whenever it runs off the device's default stream), for inference-mode tensors (no
+version counter), and everywhere with ``mxmoe.set_weight_cache(False)`` or env
+``MXMOE_WEIGHT_CACHE=0``.
 
 Memory: between steps an entry keeps the weight's quantized forms (tile128: FP8 codes in both
 orientations + scales, about W's bf16 bytes; exact recipes: the bf16 round trip + FP8 along N, about
@@ -150,6 +153,11 @@ def _weight_forms_op(w: Tensor, w_up: Optional[Tensor], form: str, mode: int) ->
     if form not in _PASSES:
         raise ValueError(f"mxmoe::weight_forms: form must be one of {sorted(_PASSES)}, got {form!r}")
     key = w if w_up is None else (w, w_up)
+    if w.device.type == "cuda" and torch.cuda.current_stream(w.device) != torch.cuda.default_stream(w.device):
+        # torch.compile's CUDA graphs (mode="reduce-overhead") warm up and record on a stream of their
+        # own, allocating from the graph's private pool: an entry kept from there would be a live
+        # allocation the pool does not track. The forms are computed (and captured) instead.
+        return list(_compute(form, mode)(key))
     return list(quantized(key, (form, mode), _compute(form, mode)))
 
 
