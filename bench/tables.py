@@ -5,6 +5,8 @@
     python3 bench/tables.py moe bench/results/moe_layer.json
     python3 bench/tables.py quantize bench/results/quantize.json   (kernel x shape: "us (copy ratio)")
     python3 bench/tables.py gemm bench/results/gemm.json           (one row per pass and shape)
+    python3 bench/tables.py tile128_ab bench/results/quantize.json bench/results/quantize-tile128-off.json
+        (the tile128 pass kernel against the general kernels on the same requests, same run)
 """
 from __future__ import annotations
 
@@ -154,7 +156,22 @@ def gemm(path: str) -> str:
                 "mxmoe vs bf16", "fp8 rowwise vs bf16"], body) + "\n(* jagged: random group sizes, some empty)"
 
 
+def tile128_ab(main_path: str, off_path: str) -> str:
+    main = {(r["kernel"], r["shape"]): r for r in json.load(open(main_path))}
+    body = []
+    for r in json.load(open(off_path)):
+        m = main.get((r["kernel"], r["shape"]))
+        if m is None:
+            continue
+        body.append([r["kernel"], r["shape"], f"{m['us']:.0f} ({m['copy_ratio']:.2f})",
+                     f"{r['us']:.0f} ({r['copy_ratio']:.2f})", f"{r['us'] / m['us']:.2f}x"])
+    return _md(["request", "shape", "tile128 pass kernel us (copy)", "general kernels us (copy)", "speedup"], body)
+
+
 if __name__ == "__main__":
     kind, *files = sys.argv[1:]
     one = {"host": host, "moe": moe, "quantize": quantize, "gemm": gemm}
-    print(one[kind](files[0]) if kind in one else e2e(files))
+    if kind == "tile128_ab":
+        print(tile128_ab(*files))
+    else:
+        print(one[kind](files[0]) if kind in one else e2e(files))
