@@ -187,7 +187,8 @@ def run(args) -> dict:
                           progress=False)
             runs.append({"recipe": recipe, "seed": s, "mode": "compiled", "steps": args.compile_steps,
                          "timed_steps": args.compile_steps - args.compile_warmup, "tokens_per_s": r.tokens_per_s,
-                         "peak_mem_gib": r.peak_mem_bytes / 2**30, "wall_s": r.wall_s, "precision": r.precision})
+                         "peak_mem_gib": r.peak_mem_bytes / 2**30, "wall_s": r.wall_s, "precision": r.precision,
+                         "params": r.params})
             _save_partial(args, runs)
             print(f"{recipe:>22} compiled: {r.tokens_per_s:,.0f} tok/s ({time.perf_counter() - t:.0f} s incl. compile)",
                   flush=True)
@@ -248,10 +249,12 @@ def table(rep: dict) -> str:
              f"{'tok/s eager':>11} {'x':>5} {'tok/s compiled':>14} {'x':>5} {'peak GiB':>8} {'x':>5}"]
     for rc, s in summ.items():
         f = lambda k, fmt: format(s[k], fmt) if k in s and s[k] == s[k] else "-"  # noqa: E731
-        par = "-" if rc == BASELINE else ("yes" if s.get("loss_parity") else "NO")
-        spread = "[%.4f, %.4f]" % (s["eval_min"], s["eval_max"])
-        rel = ("%+.2f%%" % (100 * s["rel_eval_vs_bf16"])) if "rel_eval_vs_bf16" in s else "-"
-        lines.append(f"{rc:>22} {s['eval_mean']:>13.4f} {spread:>17} {rel:>8} "
+        evaluated = s["eval_mean"] == s["eval_mean"]  # no eager run (compiled / profile only): no held-out loss
+        par = "-" if rc == BASELINE or not evaluated else ("yes" if s.get("loss_parity") else "NO")
+        spread = "[%.4f, %.4f]" % (s["eval_min"], s["eval_max"]) if evaluated else "-"
+        rel = ("%+.2f%%" % (100 * s["rel_eval_vs_bf16"])) if evaluated and "rel_eval_vs_bf16" in s else "-"
+        mean = f"{s['eval_mean']:.4f}" if evaluated else "-"
+        lines.append(f"{rc:>22} {mean:>13} {spread:>17} {rel:>8} "
                      f"{par:>6} {f('tokens_per_s_eager', ',.0f'):>11} {f('speedup_eager', '.2f'):>5} "
                      f"{f('tokens_per_s_compiled', ',.0f'):>14} {f('speedup_compiled', '.2f'):>5} "
                      f"{f('peak_mem_gib', '.1f'):>8} {f('peak_mem_vs_bf16', '.2f'):>5}")
