@@ -59,8 +59,9 @@ def test_gather_source(device, blocking, dtype, scaled):
 @pytest.mark.parametrize("layout", [0, 1])
 @pytest.mark.parametrize("act", [(1.0, float("inf"), 0.0), (1.702, 7.0, 1.0)])
 @pytest.mark.parametrize("backward", [False, True])
-def test_swiglu_sources(device, blocking, layout, act, backward):
-    R, I = 300, 256
+@pytest.mark.parametrize("I", [256, 96])  # the tile128 backward pairs gate and up column tiles when I % 128 == 0
+def test_swiglu_sources(device, blocking, layout, act, backward, I):
+    R = 300
     offs = _offs([100, 0, 37, 150], device)  # rows 287..299 past the groups
     h = (torch.randn(R, 2 * I) * 3).to(BF16).to(device)
     rb, cb, ro, co = BLOCKINGS[blocking]

@@ -48,6 +48,9 @@ constexpr int kPartBytes = 8 * 64 * 4;  // column maxima: 8 warps x 64 packed co
 constexpr int kTable = 512;  // groups whose table fits in shared memory
 constexpr uint32_t kAbs2 = 0x7FFF7FFFu;
 constexpr int kSourceGatherRaw = 100;  // the kernel's instance for GATHER without row_scale (cp.async)
+// The instance for SWIGLU_BACKWARD with concatenated halves and I % 128 == 0: each CTA takes a gate
+// column tile and then its up tile (I columns further), both from one read of (g, u, dy) (load_pair).
+constexpr int kSourceSwigluBwdPaired = 101;
 // x itself and the unscaled gather (cp.async): three tile buffers, two tiles in flight, 2 CTAs per SM
 // with 128 registers. Computed inputs (register prefetch): two buffers, 3 CTAs per SM (their
 // latency-bound math wants the warps; measured 3-8 % faster than 2 CTAs).
@@ -58,7 +61,11 @@ __host__ __device__ constexpr int tile_buffers(int src) { return async_source(sr
 // 0.31 -> 0.25 and 0.235 -> 0.18: their exact per-element math wants the third CTA's warps more than
 // the loads want cover, so they keep v9's register prefetch at 3 CTAs per SM.
 __host__ __device__ constexpr bool pipelined_source(int src) { return src == MXMOE_SOURCE_GATHER; }
-__host__ __device__ constexpr int min_ctas(int src) { return async_source(src) || pipelined_source(src) ? 2 : 3; }
+// The paired SwiGLU backward holds its up tile's chunks (32 registers) from the gate tile's load to
+// its own turn: 2 CTAs per SM.
+__host__ __device__ constexpr int min_ctas(int src) {
+  return async_source(src) || pipelined_source(src) || src == kSourceSwigluBwdPaired ? 2 : 3;
+}
 
 struct KParams {
   Tile128Pass a;
@@ -67,6 +74,7 @@ struct KParams {
   int P = 0;            // panel slots per batch entry
   int ctiles = 0;
   long long tiles = 0;
+  int pair_ct = 0;      // kSourceSwigluBwdPaired: I / 128 (column tiles per half)
 };
 
 struct Tile {
@@ -138,6 +146,35 @@ __device__ __forceinline__ void load_tile(const KParams& K, const Tile& t, uint4
       float v[8];
       swiglu_source8(static_cast<const uint16_t*>(K.a.x), K.a.C, K.a.src, t.r0 + r, c, v);
       X[i] = make_uint4(pack_bf16_8(v, 0), pack_bf16_8(v, 1), pack_bf16_8(v, 2), pack_bf16_8(v, 3));
+    }
+  }
+}
+
+// kSourceSwigluBwdPaired: gate column tile t and its up tile (pair_ct tiles further) from one read of
+// (g, u, dy) per chunk: dg into X (tile t), du into Y (the CTA's next tile, see the kernel's seq).
+// swiglu_grad gives both halves' values from one evaluation of the sigmoid, bit for bit those of
+// swiglu_source8 for either half.
+__device__ __forceinline__ void load_pair(const KParams& K, const Tile& t, uint4 (&X)[8], uint4 (&Y)[8]) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, h = lane >> 4, j = lane & 15;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) X[i] = Y[i] = make_uint4(0, 0, 0, 0);
+  if (!reads_tile(K, t)) return;
+  const SourceP& s = K.a.src;
+  const long long I = K.a.C / 2, c = 128LL * t.ct + 8 * j;  // c < I: the gate half
+  const uint16_t* hx = static_cast<const uint16_t*>(K.a.x);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int r = 16 * i + 2 * w + h;
+    if (r < t.rows) {
+      const long long gr = t.r0 + r;
+      float g[8], u[8], dy[8], dg[8], du[8];
+      unpack8(__ldg(reinterpret_cast<const uint4*>(hx + gr * K.a.C + c)), g);
+      unpack8(__ldg(reinterpret_cast<const uint4*>(hx + gr * K.a.C + I + c)), u);
+      unpack8(__ldg(reinterpret_cast<const uint4*>(s.dy + gr * I + c)), dy);
+#pragma unroll
+      for (int q = 0; q < 8; ++q) swiglu_grad(g[q], u[q], dy[q], s.act, &dg[q], &du[q]);
+      X[i] = make_uint4(pack_bf16_8(dg, 0), pack_bf16_8(dg, 1), pack_bf16_8(dg, 2), pack_bf16_8(dg, 3));
+      Y[i] = make_uint4(pack_bf16_8(du, 0), pack_bf16_8(du, 1), pack_bf16_8(du, 2), pack_bf16_8(du, 3));
     }
   }
 }
@@ -360,16 +397,33 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
   constexpr bool kGatherAsync = SRC == kSourceGatherRaw;
   constexpr bool kAsync = SRC == 0 || kGatherAsync;
   constexpr bool kPipelined = pipelined_source(SRC);
+  constexpr bool kPaired = SRC == kSourceSwigluBwdPaired;
+  // The tile d places after tile `tile`, the it-th of this CTA: every gridDim.x-th tile; paired,
+  // every gridDim.x-th (gate, up) pair, the gate tile first (K.tiles: past the end).
+  auto ahead = [&](long long tile, int it, int d) -> long long {
+    if constexpr (kPaired) {
+      const long long k = it + d, q = blockIdx.x + (k >> 1) * step;
+      if (q >= K.tiles / 2) return K.tiles;
+      const long long bp = q / K.pair_ct;
+      return bp * K.ctiles + (q - bp * K.pair_ct) + (k & 1) * K.pair_ct;
+    } else {
+      return tile + d * step;
+    }
+  };
+  const long long first = kPaired ? ahead(0, 0, 0) : blockIdx.x;
   uint4 X[8];
+  uint4 Y[8];     // the paired SwiGLU backward only: the up tile's chunks, computed with its gate tile's
   GatherWords G;  // the scaled gather only
-  Tile t = resolve(K, table, covered, tot_panels, blockIdx.x);
+  Tile t = resolve(K, table, covered, tot_panels, first);
   // x itself keeps two tiles in flight (three buffers: the tile being worked on, the next two landing).
-  Tile tn = resolve(K, table, covered, tot_panels, blockIdx.x + step);
+  Tile tn = resolve(K, table, covered, tot_panels, ahead(first, 0, 1));
   if constexpr (kAsync) {
     copy_tile_async<kGatherAsync>(K, t, bufs);
     copy_tile_async<kGatherAsync>(K, tn, bufs + kTileBytes);
   } else if constexpr (kPipelined) {
     fetch_gather(K, t, G);
+  } else if constexpr (kPaired) {
+    load_pair(K, t, X, Y);
   } else {
     load_tile<SRC>(K, t, X);
   }
@@ -379,7 +433,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
   const int rho = 4 * ((j >> 3) & 1) + 2 * ((j >> 2) & 1) + ((j >> 1) & 1);
   const int W = A.C / 32;  // scale_c entries per row
   int it = 0, slot = 0;  // slot = it % kBufs
-  for (long long tile = blockIdx.x; tile < K.tiles; tile += step, ++it) {
+  for (long long tile = first; tile < K.tiles; tile = ahead(tile, it, 1), ++it) {
     const int slot2 = slot >= kBufs - 2 ? slot + 2 - kBufs : slot + 2;  // (it + 2) % kBufs (async)
     const int slot1 = slot + 1 == kBufs ? 0 : slot + 1;                 // (it + 1) % kBufs
     uint8_t* buf = bufs + slot * kTileBytes;
@@ -404,7 +458,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
     uint4 cm;
     if constexpr (kPipelined) {
       compute_gather(G, buf, m, cm);
-      tn = resolve(K, table, covered, tot_panels, tile + step);
+      tn = resolve(K, table, covered, tot_panels, ahead(tile, it, 1));
       fetch_gather(K, tn, G);
     }
     if (t.valid && t.in_group) {
@@ -478,9 +532,17 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
     // x itself: tile it + 2's copies into the buffer of tile it - 1, whose last reader (its staged store
     // phase) every thread finished before the barrier. Computed inputs: the next tile into registers.
     if constexpr (kAsync) {
-      copy_tile_async<kGatherAsync>(K, resolve(K, table, covered, tot_panels, tile + 2 * step), bufs + slot2 * kTileBytes);
+      copy_tile_async<kGatherAsync>(K, resolve(K, table, covered, tot_panels, ahead(tile, it, 2)), bufs + slot2 * kTileBytes);
+    } else if constexpr (kPaired) {
+      tn = resolve(K, table, covered, tot_panels, ahead(tile, it, 1));
+      if (it & 1) {
+        load_pair(K, tn, X, Y);  // the next pair's gate tile
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) X[i] = Y[i];  // this pair's up tile
+      }
     } else if constexpr (!kPipelined) {
-      tn = resolve(K, table, covered, tot_panels, tile + step);
+      tn = resolve(K, table, covered, tot_panels, ahead(tile, it, 1));
       load_tile<SRC>(K, tn, X);
     }
 
@@ -608,7 +670,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
       }
     }
     t = tn;
-    if constexpr (kAsync) tn = resolve(K, table, covered, tot_panels, tile + 2 * step);
+    if constexpr (kAsync) tn = resolve(K, table, covered, tot_panels, ahead(tile, it, 2));
     slot = slot + 1 == kBufs ? 0 : slot + 1;
   }
   if constexpr (kAsync) asm volatile("cp.async.wait_all;\n" ::: "memory");
@@ -627,13 +689,18 @@ void launch_tile128_pass(const Tile128Pass& a, int device, cudaStream_t stream) 
   if (K.tiles <= 0) return;
   if (K.tiles > 0x7FFFFFFFLL) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: too many tiles for one launch");
   // The kernel instance: weights are tensors; the unscaled gather has its own (cp.async) instance.
-  const int src = a.tile ? 0 : (a.src.kind == MXMOE_SOURCE_GATHER && a.src.row_scale == nullptr ? kSourceGatherRaw : a.src.kind);
+  int src = a.tile ? 0 : (a.src.kind == MXMOE_SOURCE_GATHER && a.src.row_scale == nullptr ? kSourceGatherRaw : a.src.kind);
+  if (src == MXMOE_SOURCE_SWIGLU_BACKWARD && a.src.act.layout == 0 && (a.C / 2) % 128 == 0) {
+    src = kSourceSwigluBwdPaired;
+    K.pair_ct = static_cast<int>(a.C / 2 / 128);
+  }
   const int smem = tile_buffers(src) * kTileBytes + 2 * kPartBytes + (K.grouped ? 3 * kTable * 4 : 0);
   static_assert(sizeof(ScanSmem) <= kTileBytes, "the scan scratch lives in the tile buffers");
   auto go = [&](auto kernel) {
     const int blocks = occupancy(kernel, device, kThreads, smem), sms = sm_count(device);
     if (blocks < 1) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: kernel does not fit on the device");
-    const long long grid = std::min<long long>(K.tiles, static_cast<long long>(blocks) * sms);
+    const long long work = src == kSourceSwigluBwdPaired ? K.tiles / 2 : K.tiles;  // tiles, or (gate, up) pairs
+    const long long grid = std::min<long long>(work, static_cast<long long>(blocks) * sms);
     kernel<<<static_cast<unsigned>(grid), kThreads, smem, stream>>>(K);
   };
   switch (src) {
@@ -642,6 +709,7 @@ void launch_tile128_pass(const Tile128Pass& a, int device, cudaStream_t stream) 
     case MXMOE_SOURCE_GATHER: go(tile128_pass_kernel<MXMOE_SOURCE_GATHER, false>); break;
     case MXMOE_SOURCE_SWIGLU: go(tile128_pass_kernel<MXMOE_SOURCE_SWIGLU, false>); break;
     case MXMOE_SOURCE_SWIGLU_BACKWARD: go(tile128_pass_kernel<MXMOE_SOURCE_SWIGLU_BACKWARD, false>); break;
+    case kSourceSwigluBwdPaired: go(tile128_pass_kernel<kSourceSwigluBwdPaired, false>); break;
     default: fail_status(MXMOE_ERR_INVALID_ARGUMENT, "quantize: unknown source kind ", a.src.kind);
   }
   cuda_check(cudaGetLastError(), "quantize: kernel launch");
