@@ -17,7 +17,10 @@ BLOCKINGS = {"tile128": (128, 128, Q | S, QT | S), "exact": (32, 32, DQ, Q | S),
 
 
 def _u8(t):
-    return t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, torch.float8_e8m0fnu) else t
+    """The bits (NaN == NaN when their bits are equal)."""
+    ints = {torch.float8_e4m3fn: torch.uint8, torch.float8_e8m0fnu: torch.uint8, torch.bfloat16: torch.int16,
+            torch.float32: torch.int32}
+    return t.view(ints[t.dtype]) if t.dtype in ints else t
 
 
 def _same_outputs(a, b):
@@ -63,7 +66,11 @@ def test_gather_source(device, blocking, dtype, scaled):
 def test_swiglu_sources(device, blocking, layout, act, backward, I):
     R = 300
     offs = _offs([100, 0, 37, 150], device)  # rows 287..299 past the groups
-    h = (torch.randn(R, 2 * I) * 3).to(BF16).to(device)
+    h = (torch.randn(R, 2 * I) * 3).to(BF16)
+    # special values in both halves (and in the gate / up columns a paired backward tile shares)
+    h[3, 5], h[40, I + 5], h[41, 7], h[120, I + I // 2], h[200, 2 * I - 1] = float("nan"), float("inf"), -float("inf"), \
+        float("nan"), 1e30
+    h = h.to(device)
     rb, cb, ro, co = BLOCKINGS[blocking]
     if backward:
         dy = torch.randn(R, I).to(BF16).to(device)

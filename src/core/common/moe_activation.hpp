@@ -89,11 +89,17 @@ MXMOE_HD float sigmoid_f32(float z) { return rcp_rn(add_rn(1.0f, exp_f32(-z))); 
 MXMOE_HD float swiglu_clamp_gate(float g, float limit) { return g > limit ? limit : g; }
 MXMOE_HD float swiglu_clamp_up(float u, float limit) { return u > limit ? limit : (u < -limit ? -limit : u); }
 
+// PLAIN: the caller has checked swiglu_is_plain(p) (no clamp, alpha 1: Qwen3, Mixtral, DeepSeek):
+// then min(g, +inf) = g, the up clamp is the identity and 1 * gc = gc, so skipping those operations
+// gives the same values (a NaN stays a NaN; only its payload may differ, which no MX output sees).
+MXMOE_HD bool swiglu_is_plain(const SwigluParams& p) { return p.limit == INFINITY && p.alpha == 1.0f; }
+
 // y = gc * sigmoid(alpha * gc) * (uc + up_offset), evaluated as (gc * s) * (uc + up_offset).
+template <bool PLAIN = false>
 MXMOE_HD float swiglu_value(float g, float u, const SwigluParams& p) {
-  const float gc = swiglu_clamp_gate(g, p.limit);
-  const float uc = swiglu_clamp_up(u, p.limit);
-  const float s = sigmoid_f32(mul_rn(p.alpha, gc));
+  const float gc = PLAIN ? g : swiglu_clamp_gate(g, p.limit);
+  const float uc = PLAIN ? u : swiglu_clamp_up(u, p.limit);
+  const float s = sigmoid_f32(PLAIN ? gc : mul_rn(p.alpha, gc));
   return mul_rn(mul_rn(gc, s), add_rn(uc, p.up_offset));
 }
 
@@ -104,16 +110,17 @@ MXMOE_HD float swiglu_value(float g, float u, const SwigluParams& p) {
 // The clamps pass the gradient at their bounds (torch.clamp's inclusive rule) and wherever the
 // comparison is false, i.e. also for NaN inputs: a NaN stays visible in the gradient (torch would
 // mask it to 0 under a finite clamp; with limit = +inf, plain silu(g) * u, it propagates too).
+template <bool PLAIN = false>
 MXMOE_HD void swiglu_grad(float g, float u, float dy, const SwigluParams& p, float* dg, float* du) {
-  const float gc = swiglu_clamp_gate(g, p.limit);
-  const float uc = swiglu_clamp_up(u, p.limit);
-  const float z = mul_rn(p.alpha, gc);
+  const float gc = PLAIN ? g : swiglu_clamp_gate(g, p.limit);
+  const float uc = PLAIN ? u : swiglu_clamp_up(u, p.limit);
+  const float z = PLAIN ? gc : mul_rn(p.alpha, gc);
   const float s = sigmoid_f32(z);
   const float uo = add_rn(uc, p.up_offset);
   const float dsig = add_rn(s, mul_rn(mul_rn(z, s), sub_rn(1.0f, s)));  // d(gc * s) / d gc
   const float dgc = mul_rn(mul_rn(dy, uo), dsig);
-  *dg = g > p.limit ? 0.0f : dgc;
-  *du = (u > p.limit || u < -p.limit) ? 0.0f : mul_rn(dy, mul_rn(gc, s));
+  *dg = !PLAIN && g > p.limit ? 0.0f : dgc;
+  *du = !PLAIN && (u > p.limit || u < -p.limit) ? 0.0f : mul_rn(dy, mul_rn(gc, s));
 }
 
 // ---- fixed reduction orders (CPU reference == CUDA, bit for bit) -------------------------------

@@ -49,6 +49,8 @@ __device__ __forceinline__ void unpack8(const uint4 w, float (&v)[8]) {
 // row r, columns c .. c+7, before their rounding to bf16.
 //   SWIGLU:          x = swiglu(h), h (R, 2C): gate and up halves concatenated or interleaved.
 //   SWIGLU_BACKWARD: x = dh (R, C) from h (R, C) and s.dy (R, C/2).
+// PLAIN: the activation is plain SiLU x up (swiglu_is_plain, checked by the caller; the same values).
+template <bool PLAIN = false>
 __device__ __forceinline__ void swiglu_source8(const uint16_t* h, long long C, const SourceP& s, long long r,
                                                long long c, float (&v)[8]) {
   float g[8], u[8];
@@ -68,7 +70,7 @@ __device__ __forceinline__ void swiglu_source8(const uint16_t* h, long long C, c
       }
     }
 #pragma unroll
-    for (int q = 0; q < 8; ++q) v[q] = swiglu_value(g[q], u[q], s.act);
+    for (int q = 0; q < 8; ++q) v[q] = swiglu_value<PLAIN>(g[q], u[q], s.act);
     return;
   }
   const long long I = C / 2;
@@ -86,14 +88,14 @@ __device__ __forceinline__ void swiglu_source8(const uint16_t* h, long long C, c
 #pragma unroll
       for (int q = 0; q < 8; ++q) {
         float dg, du;
-        swiglu_grad(g[q], u[q], dy[q], s.act, &dg, &du);
+        swiglu_grad<PLAIN>(g[q], u[q], dy[q], s.act, &dg, &du);
         v[q] = dg;
       }
     } else {
 #pragma unroll
       for (int q = 0; q < 8; ++q) {
         float dg, du;
-        swiglu_grad(g[q], u[q], dy[q], s.act, &dg, &du);
+        swiglu_grad<PLAIN>(g[q], u[q], dy[q], s.act, &dg, &du);
         v[q] = du;
       }
     }
@@ -104,7 +106,7 @@ __device__ __forceinline__ void swiglu_source8(const uint16_t* h, long long C, c
     const float dy[4] = {__uint_as_float(d.x << 16), __uint_as_float(d.x & 0xFFFF0000u), __uint_as_float(d.y << 16),
                          __uint_as_float(d.y & 0xFFFF0000u)};
 #pragma unroll
-    for (int q = 0; q < 4; ++q) swiglu_grad(a0[2 * q], a0[2 * q + 1], dy[q], s.act, &v[2 * q], &v[2 * q + 1]);
+    for (int q = 0; q < 4; ++q) swiglu_grad<PLAIN>(a0[2 * q], a0[2 * q + 1], dy[q], s.act, &v[2 * q], &v[2 * q + 1]);
   }
 }
 

@@ -51,6 +51,16 @@ constexpr int kSourceGatherRaw = 100;  // the kernel's instance for GATHER witho
 // The instance for SWIGLU_BACKWARD with concatenated halves and I % 128 == 0: each CTA takes a gate
 // column tile and then its up tile (I columns further), both from one read of (g, u, dy) (load_pair).
 constexpr int kSourceSwigluBwdPaired = 101;
+// SWIGLU and the paired backward with a plain activation (swiglu_is_plain: no clamps, alpha 1, the
+// Qwen3 / Mixtral / DeepSeek SwiGLU): the same values without the clamp and alpha operations.
+constexpr int kSourceSwigluPlain = 102;
+constexpr int kSourceSwigluBwdPairedPlain = 103;
+__host__ __device__ constexpr bool paired_source(int src) {
+  return src == kSourceSwigluBwdPaired || src == kSourceSwigluBwdPairedPlain;
+}
+__host__ __device__ constexpr bool plain_source(int src) {
+  return src == kSourceSwigluPlain || src == kSourceSwigluBwdPairedPlain;
+}
 // x itself and the unscaled gather (cp.async): three tile buffers, two tiles in flight, 2 CTAs per SM
 // with 128 registers. Computed inputs (register prefetch): two buffers, 3 CTAs per SM (their
 // latency-bound math wants the warps; measured 3-8 % faster than 2 CTAs).
@@ -64,7 +74,7 @@ __host__ __device__ constexpr bool pipelined_source(int src) { return src == MXM
 // The paired SwiGLU backward holds its up tile's chunks (32 registers) from the gate tile's load to
 // its own turn: 2 CTAs per SM.
 __host__ __device__ constexpr int min_ctas(int src) {
-  return async_source(src) || pipelined_source(src) || src == kSourceSwigluBwdPaired ? 2 : 3;
+  return async_source(src) || pipelined_source(src) || paired_source(src) ? 2 : 3;
 }
 
 struct KParams {
@@ -144,7 +154,7 @@ __device__ __forceinline__ void load_tile(const KParams& K, const Tile& t, uint4
     const int r = 16 * i + 2 * w + h;
     if (r < t.rows) {
       float v[8];
-      swiglu_source8(static_cast<const uint16_t*>(K.a.x), K.a.C, K.a.src, t.r0 + r, c, v);
+      swiglu_source8<plain_source(SRC)>(static_cast<const uint16_t*>(K.a.x), K.a.C, K.a.src, t.r0 + r, c, v);
       X[i] = make_uint4(pack_bf16_8(v, 0), pack_bf16_8(v, 1), pack_bf16_8(v, 2), pack_bf16_8(v, 3));
     }
   }
@@ -154,6 +164,7 @@ __device__ __forceinline__ void load_tile(const KParams& K, const Tile& t, uint4
 // (g, u, dy) per chunk: dg into X (tile t), du into Y (the CTA's next tile, see the kernel's seq).
 // swiglu_grad gives both halves' values from one evaluation of the sigmoid, bit for bit those of
 // swiglu_source8 for either half.
+template <bool PLAIN>
 __device__ __forceinline__ void load_pair(const KParams& K, const Tile& t, uint4 (&X)[8], uint4 (&Y)[8]) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, h = lane >> 4, j = lane & 15;
 #pragma unroll
@@ -172,7 +183,7 @@ __device__ __forceinline__ void load_pair(const KParams& K, const Tile& t, uint4
       unpack8(__ldg(reinterpret_cast<const uint4*>(hx + gr * K.a.C + I + c)), u);
       unpack8(__ldg(reinterpret_cast<const uint4*>(s.dy + gr * I + c)), dy);
 #pragma unroll
-      for (int q = 0; q < 8; ++q) swiglu_grad(g[q], u[q], dy[q], s.act, &dg[q], &du[q]);
+      for (int q = 0; q < 8; ++q) swiglu_grad<PLAIN>(g[q], u[q], dy[q], s.act, &dg[q], &du[q]);
       X[i] = make_uint4(pack_bf16_8(dg, 0), pack_bf16_8(dg, 1), pack_bf16_8(dg, 2), pack_bf16_8(dg, 3));
       Y[i] = make_uint4(pack_bf16_8(du, 0), pack_bf16_8(du, 1), pack_bf16_8(du, 2), pack_bf16_8(du, 3));
     }
@@ -397,7 +408,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
   constexpr bool kGatherAsync = SRC == kSourceGatherRaw;
   constexpr bool kAsync = SRC == 0 || kGatherAsync;
   constexpr bool kPipelined = pipelined_source(SRC);
-  constexpr bool kPaired = SRC == kSourceSwigluBwdPaired;
+  constexpr bool kPaired = paired_source(SRC);
   // The tile d places after tile `tile`, the it-th of this CTA: every gridDim.x-th tile; paired,
   // every gridDim.x-th (gate, up) pair, the gate tile first (K.tiles: past the end).
   auto ahead = [&](long long tile, int it, int d) -> long long {
@@ -423,7 +434,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
   } else if constexpr (kPipelined) {
     fetch_gather(K, t, G);
   } else if constexpr (kPaired) {
-    load_pair(K, t, X, Y);
+    load_pair<plain_source(SRC)>(K, t, X, Y);
   } else {
     load_tile<SRC>(K, t, X);
   }
@@ -536,7 +547,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
     } else if constexpr (kPaired) {
       tn = resolve(K, table, covered, tot_panels, ahead(tile, it, 1));
       if (it & 1) {
-        load_pair(K, tn, X, Y);  // the next pair's gate tile
+        load_pair<plain_source(SRC)>(K, tn, X, Y);  // the next pair's gate tile
       } else {
 #pragma unroll
         for (int i = 0; i < 8; ++i) X[i] = Y[i];  // this pair's up tile
@@ -690,16 +701,19 @@ void launch_tile128_pass(const Tile128Pass& a, int device, cudaStream_t stream) 
   if (K.tiles > 0x7FFFFFFFLL) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: too many tiles for one launch");
   // The kernel instance: weights are tensors; the unscaled gather has its own (cp.async) instance.
   int src = a.tile ? 0 : (a.src.kind == MXMOE_SOURCE_GATHER && a.src.row_scale == nullptr ? kSourceGatherRaw : a.src.kind);
+  const bool plain = swiglu_is_plain(a.src.act);
   if (src == MXMOE_SOURCE_SWIGLU_BACKWARD && a.src.act.layout == 0 && (a.C / 2) % 128 == 0) {
-    src = kSourceSwigluBwdPaired;
+    src = plain ? kSourceSwigluBwdPairedPlain : kSourceSwigluBwdPaired;
     K.pair_ct = static_cast<int>(a.C / 2 / 128);
+  } else if (src == MXMOE_SOURCE_SWIGLU && plain) {
+    src = kSourceSwigluPlain;
   }
   const int smem = tile_buffers(src) * kTileBytes + 2 * kPartBytes + (K.grouped ? 3 * kTable * 4 : 0);
   static_assert(sizeof(ScanSmem) <= kTileBytes, "the scan scratch lives in the tile buffers");
   auto go = [&](auto kernel) {
     const int blocks = occupancy(kernel, device, kThreads, smem), sms = sm_count(device);
     if (blocks < 1) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: kernel does not fit on the device");
-    const long long work = src == kSourceSwigluBwdPaired ? K.tiles / 2 : K.tiles;  // tiles, or (gate, up) pairs
+    const long long work = paired_source(src) ? K.tiles / 2 : K.tiles;  // tiles, or (gate, up) pairs
     const long long grid = std::min<long long>(work, static_cast<long long>(blocks) * sms);
     kernel<<<static_cast<unsigned>(grid), kThreads, smem, stream>>>(K);
   };
@@ -710,6 +724,8 @@ void launch_tile128_pass(const Tile128Pass& a, int device, cudaStream_t stream) 
     case MXMOE_SOURCE_SWIGLU: go(tile128_pass_kernel<MXMOE_SOURCE_SWIGLU, false>); break;
     case MXMOE_SOURCE_SWIGLU_BACKWARD: go(tile128_pass_kernel<MXMOE_SOURCE_SWIGLU_BACKWARD, false>); break;
     case kSourceSwigluBwdPaired: go(tile128_pass_kernel<kSourceSwigluBwdPaired, false>); break;
+    case kSourceSwigluPlain: go(tile128_pass_kernel<kSourceSwigluPlain, false>); break;
+    case kSourceSwigluBwdPairedPlain: go(tile128_pass_kernel<kSourceSwigluBwdPairedPlain, false>); break;
     default: fail_status(MXMOE_ERR_INVALID_ARGUMENT, "quantize: unknown source kind ", a.src.kind);
   }
   cuda_check(cudaGetLastError(), "quantize: kernel launch");
