@@ -186,11 +186,6 @@ class _ExactPhases:
         return da, _cast(dw, w_dtype)
 
 
-def _joined(w):
-    """w13 itself, or the (E, 2I, H) concatenation of a (gate, up) pair (TorchTitan's w1, w3)."""
-    return torch.cat(w, dim=1) if isinstance(w, tuple) else w
-
-
 def _split_grad(dw13: Optional[Tensor], up_rows: Optional[int]):
     """dw13, or (d gate, d up) for a pair whose halves have up_rows rows each."""
     if up_rows is None or dw13 is None:
@@ -267,7 +262,7 @@ class _Bf16(torch.autograd.Function):
     def forward(ctx, x, topk_idx, topk_w, w13, w2, b13, b2, mode: int, act: Swiglu, layout: int, w_up=None):
         k, E = topk_idx.shape[1], w13.shape[0]
         offs, perm, inv = ops.moe_routing(topk_idx, E)
-        w13b, w2b = _cast(w13 if w_up is None else _joined((w13, w_up)), BF16), _cast(w2, BF16)
+        w13b, w2b = _cast(w13 if w_up is None else weight_cache.joined((w13, w_up)), BF16), _cast(w2, BF16)
         xs = ops.moe_gather(x, perm, k, None, BF16)
         h = _add_bias(_mm(xs, w13b.transpose(-2, -1), offs), b13, offs)
         y = ops.swiglu(h, layout, act.alpha, act.limit, act.up_offset)

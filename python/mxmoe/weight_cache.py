@@ -127,14 +127,14 @@ def quantized(w, form: tuple, compute: Callable) -> Tuple[Tensor, ...]:
 _PASSES = {"sm90_tile128": "sm90_tile128_weight", "sm90_exact": "sm90_exact_weight"}
 
 
-def _joined(w):
+def joined(w):
     """w itself, or the (E, 2I, H) concatenation of a (gate, up) pair (TorchTitan's w1, w3)."""
     return torch.cat(w, dim=1) if isinstance(w, tuple) else w
 
 
 def _compute(form: str, mode: int):
     op = _PASSES[form]
-    return lambda t: getattr(ops, op)(_joined(t), mode)
+    return lambda t: getattr(ops, op)(joined(t), mode)
 
 
 def forms(w, form: str, mode: int) -> Tuple[Tensor, ...]:

@@ -45,6 +45,16 @@ __device__ __forceinline__ void unpack8(const uint4 w, float (&v)[8]) {
   }
 }
 
+// SWIGLU_BACKWARD, concatenated halves: gate g, up u and dy of logical row r at half-column i0 .. i0+7
+// (h (R, C), dy (R, C/2)).
+__device__ __forceinline__ void swiglu_bwd_inputs8(const uint16_t* h, long long C, const SourceP& s, long long r,
+                                                   long long i0, float (&g)[8], float (&u)[8], float (&dy)[8]) {
+  const long long I = C / 2;
+  unpack8(__ldg(reinterpret_cast<const uint4*>(h + r * C + i0)), g);
+  unpack8(__ldg(reinterpret_cast<const uint4*>(h + r * C + I + i0)), u);
+  unpack8(__ldg(reinterpret_cast<const uint4*>(s.dy + r * I + i0)), dy);
+}
+
 // SWIGLU / SWIGLU_BACKWARD (bf16 only, C % 8 == 0, checked on the host): the fp32 values of logical
 // row r, columns c .. c+7, before their rounding to bf16.
 //   SWIGLU:          x = swiglu(h), h (R, 2C): gate and up halves concatenated or interleaved.
@@ -74,15 +84,10 @@ __device__ __forceinline__ void swiglu_source8(const uint16_t* h, long long C, c
     return;
   }
   const long long I = C / 2;
-  const uint16_t* hr = h + r * C;
-  const uint16_t* dyr = s.dy + r * I;
   if (s.act.layout == 0) {
     const bool gate = c < I;
-    const long long i0 = gate ? c : c - I;
     float dy[8];
-    unpack8(__ldg(reinterpret_cast<const uint4*>(hr + i0)), g);
-    unpack8(__ldg(reinterpret_cast<const uint4*>(hr + I + i0)), u);
-    unpack8(__ldg(reinterpret_cast<const uint4*>(dyr + i0)), dy);
+    swiglu_bwd_inputs8(h, C, s, r, gate ? c : c - I, g, u, dy);
     // Only this half's gradient is evaluated (the other one's math was computed and dropped).
     if (gate) {
 #pragma unroll
@@ -101,8 +106,8 @@ __device__ __forceinline__ void swiglu_source8(const uint16_t* h, long long C, c
     }
   } else {
     float a0[8];
-    unpack8(__ldg(reinterpret_cast<const uint4*>(hr + c)), a0);
-    const uint2 d = __ldg(reinterpret_cast<const uint2*>(dyr + c / 2));
+    unpack8(__ldg(reinterpret_cast<const uint4*>(h + r * C + c)), a0);
+    const uint2 d = __ldg(reinterpret_cast<const uint2*>(s.dy + r * I + c / 2));
     const float dy[4] = {__uint_as_float(d.x << 16), __uint_as_float(d.x & 0xFFFF0000u), __uint_as_float(d.y << 16),
                          __uint_as_float(d.y & 0xFFFF0000u)};
 #pragma unroll

@@ -137,7 +137,21 @@ __device__ __forceinline__ uint32_t pack_bf16_8(const float (&v)[8], int k) {
 // Whether this thread reads anything of tile t (nothing past the tensor's columns, C % 8 == 0, and
 // nowhere no output reads it: rows past the last group of a column-only request).
 __device__ __forceinline__ bool reads_tile(const KParams& K, const Tile& t) {
-  return t.valid && (t.in_group || K.row_on) && 8 * (threadIdx.x & 15) < K.a.C - 128 * t.ct;
+  const int j = threadIdx.x & 15;
+  return t.valid && (t.in_group || K.row_on) && 8 * j < K.a.C - 128 * t.ct;
+}
+
+// GATHER: the perm entries of this thread's 8 rows of tile t, all 8 loads issued before any is used
+// (through gather_entry, one at a time, the cp.async gather measured 0.41 of copy instead of 0.53);
+// -1 for no row, a padding row or nothing to gather. A row reads entry min(pr, perm_n - 1), as
+// gather_entry.
+__device__ __forceinline__ void tile_perms(const KParams& K, const Tile& t, bool any, int32_t (&pr)[8]) {
+  const int w = threadIdx.x >> 5, h = (threadIdx.x & 31) >> 4;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int r = 16 * i + 2 * w + h;
+    pr[i] = any && r < t.rows && K.a.src.perm_n > 0 ? __ldg(K.a.src.perm + t.r0 + r) : -1;
+  }
 }
 
 // SwiGLU / SwiGLU backward: this thread's 8 chunks of tile t as bf16 (zeros past the panel's rows and
@@ -161,7 +175,7 @@ __device__ __forceinline__ void load_tile(const KParams& K, const Tile& t, uint4
 }
 
 // kSourceSwigluBwdPaired: gate column tile t and its up tile (pair_ct tiles further) from one read of
-// (g, u, dy) per chunk: dg into X (tile t), du into Y (the CTA's next tile, see the kernel's seq).
+// (g, u, dy) per chunk: dg into X (tile t), du into Y (the CTA's next tile, see the kernel's ahead).
 // swiglu_grad gives both halves' values from one evaluation of the sigmoid, bit for bit those of
 // swiglu_source8 for either half.
 template <bool PLAIN>
@@ -171,17 +185,14 @@ __device__ __forceinline__ void load_pair(const KParams& K, const Tile& t, uint4
   for (int i = 0; i < 8; ++i) X[i] = Y[i] = make_uint4(0, 0, 0, 0);
   if (!reads_tile(K, t)) return;
   const SourceP& s = K.a.src;
-  const long long I = K.a.C / 2, c = 128LL * t.ct + 8 * j;  // c < I: the gate half
+  const long long c = 128LL * t.ct + 8 * j;  // < I: the gate half
   const uint16_t* hx = static_cast<const uint16_t*>(K.a.x);
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int r = 16 * i + 2 * w + h;
     if (r < t.rows) {
-      const long long gr = t.r0 + r;
       float g[8], u[8], dy[8], dg[8], du[8];
-      unpack8(__ldg(reinterpret_cast<const uint4*>(hx + gr * K.a.C + c)), g);
-      unpack8(__ldg(reinterpret_cast<const uint4*>(hx + gr * K.a.C + I + c)), u);
-      unpack8(__ldg(reinterpret_cast<const uint4*>(s.dy + gr * I + c)), dy);
+      swiglu_bwd_inputs8(hx, K.a.C, s, t.r0 + r, c, g, u, dy);
 #pragma unroll
       for (int q = 0; q < 8; ++q) swiglu_grad<PLAIN>(g[q], u[q], dy[q], s.act, &dg[q], &du[q]);
       X[i] = make_uint4(pack_bf16_8(dg, 0), pack_bf16_8(dg, 1), pack_bf16_8(dg, 2), pack_bf16_8(dg, 3));
@@ -199,21 +210,17 @@ struct GatherWords {
 };
 
 __device__ __forceinline__ void fetch_gather(const KParams& K, const Tile& t, GatherWords& G) {
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, h = lane >> 4, j = lane & 15;
+  const int j = threadIdx.x & 15;
   const Tile128Pass& A = K.a;
   G.ok = 0;
   if (!reads_tile(K, t)) return;
   const long long c = 128LL * t.ct + 8 * j;
   const uint16_t* x = static_cast<const uint16_t*>(A.x);
   int32_t pr[8];
+  tile_perms(K, t, true, pr);
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const int r = 16 * i + 2 * w + h;
-    pr[i] = r < t.rows && A.src.perm_n > 0 ? __ldg(A.src.perm + t.r0 + r) : -1;
-  }
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const long long e = min(static_cast<long long>(pr[i]), A.src.perm_n - 1);  // as gather_entry
+    const long long e = min(static_cast<long long>(pr[i]), A.src.perm_n - 1);
     if (pr[i] >= 0) {
       G.ok |= 1u << i;
       G.a[i] = __ldg(reinterpret_cast<const uint4*>(x + (e / A.src.k) * A.C + c));
@@ -230,19 +237,11 @@ template <bool GATHER>
 __device__ __forceinline__ void copy_tile_async(const KParams& K, const Tile& t, uint8_t* buf) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, h = lane >> 4, j = lane & 15;
   const Tile128Pass& A = K.a;
-  const bool any = t.valid && (t.in_group || K.row_on) && 8 * j < A.C - 128 * t.ct;
+  const bool any = reads_tile(K, t);
   const uint16_t* x = static_cast<const uint16_t*>(A.x);
   const long long c = 128LL * t.ct + 8 * j;
-  // GATHER: the 8 perm entries are loaded before any clamping or copy (all in flight at once; through
-  // gather_entry, one load at a time, this pass measured 0.41 of copy instead of 0.53).
   int32_t pr[8];
-  if constexpr (GATHER) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int r = 16 * i + 2 * w + h;
-      pr[i] = any && r < t.rows && A.src.perm_n > 0 ? __ldg(A.src.perm + t.r0 + r) : -1;
-    }
-  }
+  if constexpr (GATHER) tile_perms(K, t, any, pr);
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int r = 16 * i + 2 * w + h;
@@ -250,7 +249,7 @@ __device__ __forceinline__ void copy_tile_async(const KParams& K, const Tile& t,
     const uint16_t* src = x;
     if constexpr (GATHER) {
       ok = ok && pr[i] >= 0;  // a padding row: zero-filled
-      const long long e = min(static_cast<long long>(pr[i]), A.src.perm_n - 1);  // as gather_entry
+      const long long e = min(static_cast<long long>(pr[i]), A.src.perm_n - 1);
       if (ok) src = x + (e / A.src.k) * A.C + c;
     } else {
       if (ok) src = x + (static_cast<long long>(t.b) * A.R + t.r0 + r) * A.C + c;
