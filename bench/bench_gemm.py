@@ -222,7 +222,36 @@ def sweep_scheduler(mx, label):
     return res
 
 
-def run_shape(name, M, N, K, G, jagged, passes, profile, sweep=False):
+def parse_variants(spec):
+    """'label:VAR=VAL+VAR2=VAL2,label2:VAR=VAL' -> [(label, {VAR: VAL, ...}), ...]."""
+    out = []
+    for item in filter(None, spec.split(",")):
+        label, _, env = item.partition(":")
+        out.append((label, dict(kv.split("=", 1) for kv in filter(None, env.split("+")))))
+    return out
+
+
+def bench_variants(mx, variants):
+    """mxmoe time of the same call under each variant's environment (the library reads its kernel
+    knobs per call), measured in this run beside the default."""
+    res = {}
+    for label, env in variants:
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            res[label] = bench_us(mx)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    if res:
+        print("    variants: " + "  ".join(f"{k} {v:.1f} us" for k, v in res.items()), flush=True)
+    return res
+
+
+def run_shape(name, M, N, K, G, jagged, passes, profile, sweep=False, variants=()):
     sizes = group_sizes(M, G, jagged, seed=M + N + K + G)
     offs = torch.tensor(sizes, dtype=torch.int64).cumsum(0).to(torch.int32).cuda()
     flops = 2.0 * M * N * K
@@ -234,8 +263,10 @@ def run_shape(name, M, N, K, G, jagged, passes, profile, sweep=False):
     w_bf = torch.randn(G, N, K, device="cuda", dtype=torch.bfloat16) * 0.05
     x8, w8 = fp8((M, K)), fp8((G, N, K))
 
-    def record(pas, t_mx, t_bf, t_f8):
+    def record(pas, t_mx, t_bf, t_f8, var=None):
         row = dict(pass_=pas, M=M, N=N, K=K, G=G, mxmoe_us=t_mx, bf16_us=t_bf, fp8_rowwise_us=t_f8)
+        if var:
+            row["variants_us"] = var
         row["ratio_vs_bf16"] = (t_bf / t_mx) if (t_bf and t_mx) else None
         for k in ("mxmoe", "bf16", "fp8_rowwise"):
             t = row[f"{k}_us"]
@@ -251,6 +282,7 @@ def run_shape(name, M, N, K, G, jagged, passes, profile, sweep=False):
         ws = workspace(LIB.mxmoe_grouped_mm_tile128_workspace_size(M, N, K, G, 0))
         mx = mx_fwd_call(x8, a_s, w8, b_s, offs, out, ws)
         t_mx = bench_us(mx)
+        var = bench_variants(mx, variants)
         if profile:
             stages["forward"] = profile_kernels(mx, f"forward {name} G={G}")
         if sweep:
@@ -261,7 +293,7 @@ def run_shape(name, M, N, K, G, jagged, passes, profile, sweep=False):
         w8t = w8.transpose(-2, -1)
         t_f8 = try_bench("fp8 rowwise forward", lambda: torch._scaled_grouped_mm(
             x8, w8t, sa, sb, offs=offs, out_dtype=torch.bfloat16))
-        record("forward", t_mx, t_bf, t_f8)
+        record("forward", t_mx, t_bf, t_f8, var)
         del out, ws, a_s, b_s
 
     if "dgrad" in passes:
@@ -273,6 +305,7 @@ def run_shape(name, M, N, K, G, jagged, passes, profile, sweep=False):
         ws = workspace(LIB.mxmoe_grouped_mm_tile128_workspace_size(M, K, N, G, 0))
         mx = mx_fwd_call(dy8, a_s, wt8, b_s, offs, out, ws)
         t_mx = bench_us(mx)
+        var = bench_variants(mx, variants)
         if profile:
             stages["dgrad"] = profile_kernels(mx, f"dgrad {name} G={G}")
         t_bf = try_bench("bf16 dgrad", lambda: torch._grouped_mm(dy_bf, w_bf, offs=offs))
@@ -280,7 +313,7 @@ def run_shape(name, M, N, K, G, jagged, passes, profile, sweep=False):
         wt8_cm = wt8.transpose(-2, -1)  # (G, N, K) view, column-major as _scaled_grouped_mm wants
         t_f8 = try_bench("fp8 rowwise dgrad", lambda: torch._scaled_grouped_mm(
             dy8, wt8_cm, sa, sb, offs=offs, out_dtype=torch.bfloat16))
-        record("dgrad", t_mx, t_bf, t_f8)
+        record("dgrad", t_mx, t_bf, t_f8, var)
         del dy_bf, dy8, wt8, out, ws, a_s, b_s
 
     if "wgrad" in passes:
@@ -331,7 +364,11 @@ def main():
     ap.add_argument("--only", default="", help="shape names to run (comma list); default all")
     ap.add_argument("--profile", default="llama4-scout:8,jagged:32", help="name:G pairs to profile")
     ap.add_argument("--sweep", default="", help="name:G pairs for the scheduler sweep (e.g. llama4-scout:8)")
+    ap.add_argument("--variants", default="",
+                    help="forward/dgrad re-timed under library env knobs, e.g. "
+                         "'cutlass:MXMOE_GEMM_SM90=cutlass,n128:MXMOE_GEMM_BLOCK_N=128'")
     args = ap.parse_args()
+    variants = parse_variants(args.variants)
     passes = args.passes.split(",")
     profile_set = {p for p in args.profile.split(",") if p}
     sweep_set = {p for p in args.sweep.split(",") if p}
@@ -362,7 +399,7 @@ def main():
         for G in gs:
             print(f"[{name}] M={M} N={N} K={K} G={G}", flush=True)
             rows, sizes, stages = run_shape(name, M, N, K, G, jagged, passes, f"{name}:{G}" in profile_set,
-                                            f"{name}:{G}" in sweep_set)
+                                            f"{name}:{G}" in sweep_set, variants)
             for r in rows:
                 r.update(shape=name, groups=sizes if jagged else None,
                          stages={"kernels": stages.get(r["pass_"]), "sweep": stages.get(r["pass_"] + "_sweep")})
@@ -375,6 +412,7 @@ def main():
             "G": r["G"], "mxmoe_us": r["mxmoe_us"], "bf16_us": r["bf16_us"], "fp8_rowwise_us": r["fp8_rowwise_us"],
             "ratio_vs_bf16": r["ratio_vs_bf16"], "mxmoe_tflops": r["mxmoe_tflops"], "bf16_tflops": r["bf16_tflops"],
             "fp8_rowwise_tflops": r["fp8_rowwise_tflops"], "groups": r["groups"], "stages": r["stages"],
+            "variants_us": r.get("variants_us"),
             "date": date, "commit": commit, "device": device, "clocks": clocks, "torch": torch.__version__,
         })
     with open(args.json, "w") as f:

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "cuda/gemm/sm90_grouped_m.hpp"
 #include "cuda/gemm_tile128.cuh"
 #include "mxmoe/mx_format.hpp"
 #include "ops.hpp"
@@ -453,6 +454,36 @@ void grouped_mm_tile128(const GroupedMMArgs& a, void* workspace, int64_t workspa
   }
   const bool bias = a.bias.present;
   const bool bias_bf16 = bias && a.bias.t.dtype == MXMOE_DTYPE_BF16;
+#if defined(MXMOE_HAVE_CUTLASS)
+  // The own sm_90a kernel (cuda/gemm/): one launch, E8M0 scales read in the mainloop, group table
+  // built on the device. The CUTLASS path below takes what it does not (and MXMOE_GEMM_SM90=cutlass).
+  if (gemm::sm90_own_kernels_enabled()) {
+    gemm::GroupedMRun r;
+    r.m = M;
+    r.n = N;
+    r.k = K;
+    r.groups = G;
+    r.a = static_cast<const uint8_t*>(a.a.data);
+    r.a_scale = static_cast<const uint8_t*>(a.a_scale.data);
+    r.as_s0 = a.a_scale.strides[0];
+    r.b = static_cast<const uint8_t*>(a.b.data);
+    r.b_scale = static_cast<const uint8_t*>(a.b_scale.data);
+    r.bs_s0 = a.b_scale.strides[0];
+    r.bs_s1 = a.b_scale.strides[1];
+    r.offs = static_cast<const int32_t*>(a.offs.data);
+    r.offs_s = a.offs.strides[0];
+    r.bias = bias ? a.bias.t.data : nullptr;
+    r.bias_bf16 = bias_bf16;
+    r.bias_s0 = bias ? a.bias.t.strides[0] : 0;
+    r.bias_s1 = bias ? a.bias.t.strides[1] : 0;
+    r.out = a.out.data;
+    r.out_bf16 = a.out.dtype == MXMOE_DTYPE_BF16;
+    r.sm_count = props.sm_count;
+    r.device = a.a.device;
+    r.stream = stream;
+    if (gemm::sm90_grouped_m(r)) return;
+  }
+#endif
   tile128::FwdPlan p;
   p.groups = G;
   p.m = M;

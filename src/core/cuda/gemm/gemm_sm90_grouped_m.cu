@@ -1,0 +1,148 @@
+// Host side of the sm_90a M-grouped FP8 GEMM: TMA descriptors, tile choice, launch.
+// sm_90a only (built with the CUTLASS-header SM90 objects, src/core/CMakeLists.txt).
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "common/error.hpp"
+#include "cuda/gemm/sm90_fp8_grouped_m_1x128_128x128.cuh"
+#include "cuda/gemm/sm90_grouped_m.hpp"
+#include "cuda/gemm/sm90_tile_heuristics.hpp"
+
+namespace mxmoe {
+namespace cuda {
+namespace gemm {
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q);
+    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  if (!fn) fail_status(MXMOE_ERR_CUDA, "grouped_mm_tile128: the driver has no cuTensorMapEncodeTiled");
+  return fn;
+}
+
+// 2D byte tensor (outer rows of `inner` bytes, row stride `ld` bytes), boxes of box_outer rows x
+// 128 bytes, 128-byte swizzle (the wgmma K-major layout), zeros outside the tensor.
+CUtensorMap kmajor_map(const void* base, uint64_t inner, uint64_t outer, uint64_t ld, uint32_t box_outer) {
+  CUtensorMap m;
+  std::memset(&m, 0, sizeof(m));
+  const cuuint64_t dims[2] = {inner, outer};
+  const cuuint64_t strides[1] = {ld};
+  const cuuint32_t box[2] = {128, box_outer};
+  const cuuint32_t elem[2] = {1, 1};
+  const CUresult r = encode_tiled()(&m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box,
+                                    elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    fail_status(MXMOE_ERR_CUDA, "grouped_mm_tile128: cuTensorMapEncodeTiled failed (", static_cast<int>(r),
+                ") for a ", outer, " x ", inner, " operand");
+  return m;
+}
+
+int optin_smem(int device) {
+  static std::mutex mu;
+  static std::vector<int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  if (static_cast<size_t>(device) >= cache.size()) cache.resize(device + 1, 0);
+  if (cache[device] == 0) {
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+      cudaGetLastError();
+      v = 48 * 1024;
+    }
+    cache[device] = v;
+  }
+  return cache[device];
+}
+
+// The kernel attribute (dynamic shared memory up to the opt-in limit) is set once per device.
+template <class K>
+void prepare(const void* fn, int device, int limit) {
+  static std::mutex mu;
+  static std::vector<char> done;
+  std::lock_guard<std::mutex> lock(mu);
+  if (static_cast<size_t>(device) >= done.size()) done.resize(device + 1, 0);
+  if (done[device]) return;
+  const cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    fail_status(MXMOE_ERR_CUDA, "grouped_mm_tile128: cudaFuncSetAttribute: ", cudaGetErrorString(e));
+  }
+  done[device] = 1;
+}
+
+template <class K>
+bool launch(const GroupedMRun& r) {
+  const int limit = optin_smem(r.device) - 1024;  // cub's scan storage is static shared memory
+  const size_t smem = K::smem_bytes(r.groups);
+  if (smem > static_cast<size_t>(limit)) return false;
+  void (*kernel)(const CUtensorMap, const CUtensorMap, const sm90::GroupedMParams) = sm90::grouped_m_kernel<K>;
+  prepare<K>(reinterpret_cast<const void*>(kernel), r.device, limit);
+  const CUtensorMap ma = kmajor_map(r.a, r.k, r.m, r.k, 128);
+  const CUtensorMap mb = kmajor_map(r.b, r.k, static_cast<uint64_t>(r.groups) * r.n, r.k, K::kBlockN);
+  sm90::GroupedMParams p{};
+  p.offs = r.offs;
+  p.offs_s = r.offs_s;
+  p.groups = r.groups;
+  p.m = static_cast<int>(r.m);
+  p.n = static_cast<int>(r.n);
+  p.k = static_cast<int>(r.k);
+  p.a_scale = r.a_scale;
+  p.as_s0 = r.as_s0;
+  p.b_scale = r.b_scale;
+  p.bs_s0 = r.bs_s0;
+  p.bs_s1 = r.bs_s1;
+  p.bias = r.bias;
+  p.bias_bf16 = r.bias_bf16 ? 1 : 0;
+  p.bias_s0 = r.bias_s0;
+  p.bias_s1 = r.bias_s1;
+  p.out = r.out;
+  const int64_t nt = (r.n + K::kBlockN - 1) / K::kBlockN;
+  const int64_t upper = ((r.m + 127) / 128 + r.groups) * nt;  // m-tiles <= ceil(M / 128) + G
+  const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(r.sm_count, upper)));
+  kernel<<<grid, K::kThreads, smem, r.stream>>>(ma, mb, p);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) fail_status(MXMOE_ERR_CUDA, "grouped_mm_tile128: kernel launch failed: ", cudaGetErrorString(e));
+  return true;
+}
+
+template <class Out>
+bool dispatch(const GroupedMRun& r) {
+  if (grouped_m_block_n(r.m, r.n, r.groups, r.sm_count) == 192)
+    return launch<sm90::GroupedM<192, 5, Out>>(r);
+  return launch<sm90::GroupedM<128, 6, Out>>(r);
+}
+
+}  // namespace
+
+bool sm90_own_kernels_enabled() {
+  const char* e = std::getenv("MXMOE_GEMM_SM90");
+  return !(e && std::strcmp(e, "cutlass") == 0);
+}
+
+bool sm90_grouped_m(const GroupedMRun& r) {
+  // TMA: 16-byte aligned bases and row strides; int32 coordinates and shapes.
+  if (r.k <= 0 || r.k % 16 != 0 || r.groups <= 0) return false;
+  if (reinterpret_cast<uintptr_t>(r.a) % 16 != 0 || reinterpret_cast<uintptr_t>(r.b) % 16 != 0) return false;
+  if (r.m >= (int64_t{1} << 31) || r.n * r.groups >= (int64_t{1} << 31) || r.k >= (int64_t{1} << 31)) return false;
+  if (r.m * r.n >= (int64_t{1} << 62)) return false;
+  return r.out_bf16 ? dispatch<__nv_bfloat16>(r) : dispatch<float>(r);
+}
+
+}  // namespace gemm
+}  // namespace cuda
+}  // namespace mxmoe

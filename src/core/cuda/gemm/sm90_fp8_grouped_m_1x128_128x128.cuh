@@ -1,0 +1,338 @@
+// sm_90a FP8 grouped GEMM with token groups along M: the forward and dgrad passes of the tile128
+// recipe.  out (M, N) = A (M, K) . B[g] (N, K)^T (+ bias[g]) over the rows of each group g.
+//   A  e4m3, K contiguous; one E8M0 scale per row and 128 of K (1x128), read from the recipe's
+//      1x32 scale rows directly (byte 4 kb of the row; no conversion kernel)
+//   B  e4m3 (G, N, K); one E8M0 scale per 128x128 tile (byte 4 kb of the tile's first row)
+//   fp32 accumulation: each 128-deep k-block's wgmma partial is promoted once into the fp32 sum
+//   with the product of its two scales (the recipe's contract, as the CUTLASS path)
+//
+// Structure (DeepGEMM's technique, our code): a persistent CTA per SM with three warpgroups.
+// Warpgroup 0 is the producer (one thread issues the TMA loads of A and B tiles into a ring of
+// shared-memory stages; 40 registers), warpgroups 1 and 2 each own 64 of the tile's 128 rows and
+// issue m64 x BlockN x k32 wgmmas from the staged tiles (232 registers: one fp32 set for the
+// in-flight k-block, one for the promoted sum). Tiles are 128 x BlockN; BlockN = 192 lowers the
+// shared-memory traffic per FLOP by 13% against 128 and straddles two weight-scale tiles, handled
+// per 8-column chunk. Group boundaries cost nothing in the mainloop: a tile's TMA box starts at
+// its group's row (any row, no 128-alignment), rows of the next group or past M load as data or
+// zeros and are masked in the epilogue. Offsets are read on the device (no host sync): every CTA
+// scans offs into a shared table of group ends and m-tile prefixes before its tile loop.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <utility>
+
+#include <cub/block/block_scan.cuh>
+
+#include "cute/arch/mma_sm90_desc.hpp"
+#include "cute/arch/mma_sm90_gmma.hpp"
+#include "cutlass/arch/barrier.h"
+#include "cutlass/arch/reg_reconfig.h"
+#include "mxmoe/mx_format.hpp"
+
+namespace mxmoe {
+namespace cuda {
+namespace gemm {
+namespace sm90 {
+
+// Device-side arguments (pointers are device memory; shapes fit int32, checked by the launcher).
+struct GroupedMParams {
+  const int32_t* offs;  // (G,) group ends, int32, any values (clamped like groups_from_offsets)
+  int64_t offs_s;
+  int groups;
+  int m, n, k;
+  const uint8_t* a_scale;  // (M, K/32) E8M0, row stride as_s0
+  int64_t as_s0;
+  const uint8_t* b_scale;  // (G, N, K/32) E8M0
+  int64_t bs_s0, bs_s1;
+  const void* bias;  // (G, N) bf16 or f32, or null
+  int bias_bf16;
+  int64_t bias_s0, bias_s1;
+  void* out;  // (M, N) contiguous, bf16 or f32
+};
+
+template <int BlockN>
+struct WgmmaOp;
+template <>
+struct WgmmaOp<128> {
+  using Op = cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>;
+};
+template <>
+struct WgmmaOp<192> {
+  using Op = cute::SM90::GMMA::MMA_64x192x32_F32E4M3E4M3_SS_TN<>;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// wgmma shared-memory descriptor of a K-major tile written by TMA with 128-byte swizzle: rows of
+// 128 bytes, 8-row core groups 1024 bytes apart (SBO), swizzle mode 1 (128B) in bits 62-63. The
+// k32 steps inside the 128-byte row advance the start address by 32 bytes (the swizzle is applied
+// to the final address, so this matches TMA's layout as long as stages are 1024-byte aligned).
+__device__ __forceinline__ uint64_t kmajor_sw128_desc(const void* p) {
+  const uint32_t a = smem_u32(p);
+  uint64_t d = static_cast<uint64_t>((a & 0x3FFFF) >> 4);
+  d |= static_cast<uint64_t>(1024 >> 4) << 32;
+  d |= 1ull << 62;
+  return d;
+}
+
+__device__ __forceinline__ void tma_load_2d(const CUtensorMap* map, uint64_t* bar, void* dst, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+      :
+      : "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar))
+      : "memory");
+}
+
+template <class Op, int N, size_t... I>
+__device__ __forceinline__ void wgmma(uint64_t da, uint64_t db, float (&d)[N], bool accumulate,
+                                      std::index_sequence<I...>) {
+  Op::fma(da, db, d[I]..., accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
+}
+
+struct MaxOp {
+  __device__ int operator()(int a, int b) const { return a > b ? a : b; }
+};
+
+template <class Out>
+__device__ __forceinline__ void store2(Out* p, float x, float y);
+template <>
+__device__ __forceinline__ void store2<float>(float* p, float x, float y) {
+  *reinterpret_cast<float2*>(p) = make_float2(x, y);
+}
+template <>
+__device__ __forceinline__ void store2<__nv_bfloat16>(__nv_bfloat16* p, float x, float y) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
+}
+
+template <int BlockN_, int Stages_, class Out_>
+struct GroupedM {
+  using Out = Out_;
+  static constexpr int kBlockN = BlockN_;
+  static constexpr int kStages = Stages_;
+  static constexpr int kBlockM = 128, kBlockK = 128;
+  static constexpr int kThreads = 384;  // producer warpgroup + two math warpgroups
+  static constexpr int kABytes = kBlockM * kBlockK;
+  static constexpr int kBBytes = kBlockN * kBlockK;
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  static constexpr int kAcc = kBlockN / 2;  // fp32 accumulators per math thread (64 x BlockN / 128)
+  static constexpr int kBand = 8;           // m-tiles per band of the tile order (L2 reuse of A and B)
+  static_assert(kBlockN % 64 == 0 && kBlockN <= 256, "BlockN: a multiple of 64 (the weight-scale straddle)");
+  static_assert(kStageBytes % 1024 == 0, "stages must keep the 1024-byte swizzle alignment");
+
+  // Dynamic shared memory: 1024 alignment slack | stages | full/empty barriers | group tables.
+  static constexpr size_t smem_bytes(int groups) {
+    return 1024 + static_cast<size_t>(kStages) * kStageBytes + 2 * kStages * sizeof(uint64_t) +
+           (2 * static_cast<size_t>(groups) + 1) * sizeof(int);
+  }
+};
+
+struct TileCoord {
+  int g, row0, rows, n0;
+};
+
+// Tile t of the persistent order: groups in order, inside a group bands of kBand m-tiles swept
+// along N (consecutive CTAs share B tiles of one expert and A tiles of one band). g is advanced
+// monotonically (t only grows per CTA).
+template <class K>
+__device__ __forceinline__ TileCoord tile_coord(int t, int& g, int nt, const int* s_end, const int* s_tiles) {
+  while (s_tiles[g + 1] * nt <= t) ++g;
+  const int local = t - s_tiles[g] * nt;
+  const int mt = s_tiles[g + 1] - s_tiles[g];
+  const int band = local / (K::kBand * nt);
+  const int rem = local - band * K::kBand * nt;
+  const int band_rows = min(K::kBand, mt - band * K::kBand);
+  const int n_idx = rem / band_rows;
+  const int m_idx = band * K::kBand + (rem - n_idx * band_rows);
+  const int start = g ? s_end[g - 1] : 0;
+  TileCoord c;
+  c.g = g;
+  c.row0 = start + m_idx * K::kBlockM;
+  c.rows = min(K::kBlockM, s_end[g] - c.row0);
+  c.n0 = n_idx * K::kBlockN;
+  return c;
+}
+
+template <class K>
+__global__ void __launch_bounds__(K::kThreads, 1)
+    grouped_m_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
+                     const GroupedMParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Op = typename WgmmaOp<K::kBlockN>::Op;
+  using Out = typename K::Out;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* smem_a = smem;
+  uint8_t* smem_b = smem + K::kStages * K::kABytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + K::kStages * K::kStageBytes);
+  uint64_t* empty = full + K::kStages;
+  int* s_end = reinterpret_cast<int*>(empty + K::kStages);  // [G] clamped group ends
+  int* s_tiles = s_end + p.groups;                          // [G + 1] m-tile prefix
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  if (tid == 0) {
+    for (int s = 0; s < K::kStages; ++s) {
+      cutlass::arch::ClusterBarrier::init(&full[s], 1);
+      cutlass::arch::ClusterBarrier::init(&empty[s], 8);  // lane 0 of each of the 8 math warps
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+
+  // Group table: end_g = min(M, max(end_{g-1}, offs[g])), m-tiles_g = ceil(len_g / 128).
+  {
+    using Scan = cub::BlockScan<int, K::kThreads>;
+    __shared__ typename Scan::TempStorage scan_tmp;
+    int carry_end = 0, carry_tiles = 0;
+    for (int base = 0; base < p.groups; base += K::kThreads) {
+      const int g = base + tid;
+      int e = 0;
+      if (g < p.groups) {
+        const int o = p.offs[g * p.offs_s];
+        e = o < 0 ? 0 : (o > p.m ? p.m : o);
+      }
+      int prev, agg;
+      Scan(scan_tmp).ExclusiveScan(e, prev, carry_end, MaxOp(), agg);
+      __syncthreads();
+      const int end = max(prev, e);
+      const int mt = g < p.groups ? (end - prev + K::kBlockM - 1) / K::kBlockM : 0;
+      int before, tiles;
+      Scan(scan_tmp).ExclusiveSum(mt, before, tiles);
+      __syncthreads();
+      if (g < p.groups) {
+        s_end[g] = end;
+        s_tiles[g] = carry_tiles + before;
+      }
+      carry_end = max(carry_end, agg);
+      carry_tiles += tiles;
+    }
+    if (tid == 0) s_tiles[p.groups] = carry_tiles;
+  }
+  __syncthreads();
+
+  const int nt = (p.n + K::kBlockN - 1) / K::kBlockN;
+  const int kblocks = (p.k + K::kBlockK - 1) / K::kBlockK;
+  const int total = s_tiles[p.groups] * nt;
+
+  if (wg == 0) {
+    // Producer: one thread streams every tile's k-blocks through the stage ring.
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    if (tid == 0) {
+      uint32_t it = 0;
+      int g = 0;
+      for (int t = blockIdx.x; t < total; t += gridDim.x) {
+        const TileCoord c = tile_coord<K>(t, g, nt, s_end, s_tiles);
+        const int brow = c.g * p.n + c.n0;
+        for (int kb = 0; kb < kblocks; ++kb, ++it) {
+          const int s = it % K::kStages;
+          const uint32_t ph = (it / K::kStages) & 1;
+          cutlass::arch::ClusterBarrier::wait(&empty[s], ph ^ 1);
+          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[s], K::kStageBytes);
+          tma_load_2d(&tma_a, &full[s], smem_a + s * K::kABytes, kb * K::kBlockK, c.row0);
+          tma_load_2d(&tma_b, &full[s], smem_b + s * K::kBBytes, kb * K::kBlockK, brow);
+        }
+      }
+    }
+    return;
+  }
+
+  // Math warpgroups.
+  cutlass::arch::warpgroup_reg_alloc<232>();
+  const int mw = wg - 1;
+  const int lt = tid - 128 * wg, warp = lt / 32, lane = lt % 32;
+  const int r0 = mw * 64 + warp * 16 + lane / 4;  // this thread's rows in the tile: r0, r0 + 8
+  const int nb = (p.n + 127) / 128;
+  float acc[K::kAcc], fin[K::kAcc];
+  uint32_t it = 0;
+  int g = 0;
+  for (int t = blockIdx.x; t < total; t += gridDim.x) {
+    const TileCoord c = tile_coord<K>(t, g, nt, s_end, s_tiles);
+#pragma unroll
+    for (int i = 0; i < K::kAcc; ++i) fin[i] = 0.f;
+    const int ar0 = min(c.row0 + r0, p.m - 1), ar1 = min(c.row0 + r0 + 8, p.m - 1);
+    const uint8_t* sa0 = p.a_scale + static_cast<int64_t>(ar0) * p.as_s0;
+    const uint8_t* sa1 = p.a_scale + static_cast<int64_t>(ar1) * p.as_s0;
+    const int ib0 = c.n0 / 128, ib1 = min(ib0 + 1, nb - 1);
+    const uint8_t* sb0 = p.b_scale + c.g * p.bs_s0 + static_cast<int64_t>(ib0) * 128 * p.bs_s1;
+    const uint8_t* sb1 = p.b_scale + c.g * p.bs_s0 + static_cast<int64_t>(ib1) * 128 * p.bs_s1;
+    const int jb = (128 - c.n0 % 128) / 8;  // 8-column chunks [0, jb) are in weight tile ib0
+    for (int kb = 0; kb < kblocks; ++kb, ++it) {
+      const int s = it % K::kStages;
+      const uint32_t ph = (it / K::kStages) & 1;
+      // Scales first: their loads are in flight while the wgmmas run.
+      const float a0 = e8m0_to_f32(sa0[4 * kb]), a1 = e8m0_to_f32(sa1[4 * kb]);
+      const float b0 = e8m0_to_f32(sb0[4 * kb]);
+      const float b1 = K::kBlockN > 128 ? e8m0_to_f32(sb1[4 * kb]) : b0;
+      cutlass::arch::ClusterBarrier::wait(&full[s], ph);
+#pragma unroll
+      for (int i = 0; i < K::kAcc; ++i) cute::warpgroup_fence_operand(acc[i]);
+      cute::warpgroup_arrive();
+      const uint8_t* ta = smem_a + s * K::kABytes + mw * 64 * K::kBlockK;
+      const uint8_t* tb = smem_b + s * K::kBBytes;
+#pragma unroll
+      for (int j = 0; j < K::kBlockK / 32; ++j)
+        wgmma<Op>(kmajor_sw128_desc(ta + 32 * j), kmajor_sw128_desc(tb + 32 * j), acc, j > 0,
+                  std::make_index_sequence<K::kAcc>{});
+      cute::warpgroup_commit_batch();
+#pragma unroll
+      for (int i = 0; i < K::kAcc; ++i) cute::warpgroup_fence_operand(acc[i]);
+      cute::warpgroup_wait<0>();
+      if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&empty[s]);
+      const float s00 = a0 * b0, s10 = a1 * b0, s01 = a0 * b1, s11 = a1 * b1;
+#pragma unroll
+      for (int j = 0; j < K::kAcc / 4; ++j) {
+        const bool first = K::kBlockN == 128 || j < jb;
+        const float t0 = first ? s00 : s01, t1 = first ? s10 : s11;
+        fin[4 * j + 0] = fmaf(acc[4 * j + 0], t0, fin[4 * j + 0]);
+        fin[4 * j + 1] = fmaf(acc[4 * j + 1], t0, fin[4 * j + 1]);
+        fin[4 * j + 2] = fmaf(acc[4 * j + 2], t1, fin[4 * j + 2]);
+        fin[4 * j + 3] = fmaf(acc[4 * j + 3], t1, fin[4 * j + 3]);
+      }
+    }
+    // Epilogue: + bias, masked stores of the group's rows and the columns < N (N % 8 == 0, so an
+    // 8-column chunk is all in or all out).
+    Out* out = static_cast<Out*>(p.out);
+    const bool row0_in = r0 < c.rows, row1_in = r0 + 8 < c.rows;
+#pragma unroll
+    for (int j = 0; j < K::kAcc / 4; ++j) {
+      const int col = c.n0 + 8 * j + 2 * (lane % 4);
+      if (col >= p.n) continue;
+      float bx = 0.f, by = 0.f;
+      if (p.bias) {
+        const int64_t o = c.g * p.bias_s0 + col * p.bias_s1;
+        if (p.bias_bf16) {
+          const auto* bb = static_cast<const uint16_t*>(p.bias);
+          bx = bf16_to_f32(bb[o]);
+          by = bf16_to_f32(bb[o + p.bias_s1]);
+        } else {
+          const auto* bf = static_cast<const float*>(p.bias);
+          bx = bf[o];
+          by = bf[o + p.bias_s1];
+        }
+      }
+      if (row0_in)
+        store2(out + static_cast<int64_t>(c.row0 + r0) * p.n + col, fin[4 * j + 0] + bx, fin[4 * j + 1] + by);
+      if (row1_in)
+        store2(out + static_cast<int64_t>(c.row0 + r0 + 8) * p.n + col, fin[4 * j + 2] + bx, fin[4 * j + 3] + by);
+    }
+  }
+  // Rows past the last group are zero (the math threads of every CTA, 16-byte stores; N * sizeof(Out)
+  // is a multiple of 16).
+  const int64_t end = p.groups ? s_end[p.groups - 1] : 0;
+  const int64_t per = 16 / sizeof(Out);
+  uint4* o = static_cast<uint4*>(p.out);
+  for (int64_t i = end * p.n / per + blockIdx.x * 256 + (tid - 128); i < static_cast<int64_t>(p.m) * p.n / per;
+       i += static_cast<int64_t>(gridDim.x) * 256)
+    o[i] = make_uint4(0, 0, 0, 0);
+#endif
+}
+
+}  // namespace sm90
+}  // namespace gemm
+}  // namespace cuda
+}  // namespace mxmoe

@@ -1,0 +1,33 @@
+// Tile shapes of the sm_90a grouped GEMMs, chosen per problem on the host (no device data: group
+// sizes are on the device, so the m-tile count is estimated from M and G).
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+
+namespace mxmoe {
+namespace cuda {
+namespace gemm {
+
+// BlockN of the M-grouped kernel: 128 or 192. Cost model: waves of tiles over the SMs times the
+// tile's work, with a 192-wide tile doing 8% more per unit time (13% less shared-memory traffic
+// per FLOP; docs/perf/gemm.md has the measured factor). Each group wastes ~half an m-tile.
+// MXMOE_GEMM_BLOCK_N=128|192 forces one (measurements).
+inline int grouped_m_block_n(int64_t m, int64_t n, int groups, int sm_count) {
+  if (const char* e = std::getenv("MXMOE_GEMM_BLOCK_N")) {
+    const int v = std::atoi(e);
+    if (v == 128 || v == 192) return v;
+  }
+  const int64_t m_tiles = (m + 127) / 128 + groups / 2;
+  const int64_t sms = sm_count > 0 ? sm_count : 132;
+  auto cost = [&](int64_t bn, double speed) {
+    const int64_t tiles = m_tiles * ((n + bn - 1) / bn);
+    const int64_t waves = (tiles + sms - 1) / sms;
+    return static_cast<double>(waves) * static_cast<double>(bn) / speed;
+  };
+  return cost(192, 1.08) < cost(128, 1.0) ? 192 : 128;
+}
+
+}  // namespace gemm
+}  // namespace cuda
+}  // namespace mxmoe
