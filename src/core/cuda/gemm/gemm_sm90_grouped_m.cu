@@ -69,29 +69,34 @@ int optin_smem(int device) {
   return cache[device];
 }
 
-// The kernel attribute (dynamic shared memory up to the opt-in limit) is set once per device.
+// The kernel's dynamic shared-memory limit (the opt-in maximum less its static shared memory, cub's
+// scan storage) is set once per device; returns that limit.
 template <class K>
-void prepare(const void* fn, int device, int limit) {
+int prepare(const void* fn, int device) {
   static std::mutex mu;
-  static std::vector<char> done;
+  static std::vector<int> limit;
   std::lock_guard<std::mutex> lock(mu);
-  if (static_cast<size_t>(device) >= done.size()) done.resize(device + 1, 0);
-  if (done[device]) return;
-  const cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
+  if (static_cast<size_t>(device) >= limit.size()) limit.resize(device + 1, 0);
+  if (limit[device]) return limit[device];
+  cudaFuncAttributes attr{};
+  cudaError_t e = cudaFuncGetAttributes(&attr, fn);
+  const int lim = optin_smem(device) - static_cast<int>(attr.sharedSizeBytes);
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, lim);
   if (e != cudaSuccess) {
     cudaGetLastError();
-    fail_status(MXMOE_ERR_CUDA, "grouped_mm_tile128: cudaFuncSetAttribute: ", cudaGetErrorString(e));
+    fail_status(MXMOE_ERR_CUDA, "grouped_mm_tile128: setting the kernel's shared memory (", lim,
+                " bytes): ", cudaGetErrorString(e));
   }
-  done[device] = 1;
+  limit[device] = lim;
+  return lim;
 }
 
 template <class K>
 bool launch(const GroupedMRun& r) {
-  const int limit = optin_smem(r.device) - 1024;  // cub's scan storage is static shared memory
+  void (*kernel)(const CUtensorMap, const CUtensorMap, const sm90::GroupedMParams) = sm90::grouped_m_kernel<K>;
+  const int limit = prepare<K>(reinterpret_cast<const void*>(kernel), r.device);
   const size_t smem = K::smem_bytes(r.groups);
   if (smem > static_cast<size_t>(limit)) return false;
-  void (*kernel)(const CUtensorMap, const CUtensorMap, const sm90::GroupedMParams) = sm90::grouped_m_kernel<K>;
-  prepare<K>(reinterpret_cast<const void*>(kernel), r.device, limit);
   const CUtensorMap ma = kmajor_map(r.a, r.k, r.m, r.k, 128);
   const CUtensorMap mb = kmajor_map(r.b, r.k, static_cast<uint64_t>(r.groups) * r.n, r.k, K::kBlockN);
   sm90::GroupedMParams p{};
