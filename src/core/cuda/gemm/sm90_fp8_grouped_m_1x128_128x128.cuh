@@ -95,6 +95,14 @@ __device__ __forceinline__ void wgmma(uint64_t da, uint64_t db, float (&d)[N], b
   Op::fma(da, db, d[I]..., accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
 }
 
+// e8m0_to_f32 without branches (selects): 2^(e-127), e = 0 the subnormal 2^-127, e = 255 NaN.
+__device__ __forceinline__ float e8m0_f32(uint32_t e) {
+  uint32_t b = e << 23;
+  b = e == 0 ? 0x00400000u : b;
+  b = e == 255 ? 0x7FC00000u : b;
+  return __uint_as_float(b);
+}
+
 struct MaxOp {
   __device__ int operator()(int a, int b) const { return a > b ? a : b; }
 };
@@ -261,13 +269,19 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     const uint8_t* sb0 = p.b_scale + c.g * p.bs_s0 + static_cast<int64_t>(ib0) * 128 * p.bs_s1;
     const uint8_t* sb1 = p.b_scale + c.g * p.bs_s0 + static_cast<int64_t>(ib1) * 128 * p.bs_s1;
     const int jb = (128 - c.n0 % 128) / 8;  // 8-column chunks [0, jb) are in weight tile ib0
+    // Scale bytes are loaded one k-block ahead and converted only after the wgmmas: their latency
+    // (an L1 or L2 round trip) then hides behind the tensor-core work instead of delaying its issue.
+    uint32_t na0 = __ldg(sa0), na1 = __ldg(sa1), nb0 = __ldg(sb0), nb1 = K::kBlockN > 128 ? __ldg(sb1) : 0u;
     for (int kb = 0; kb < kblocks; ++kb, ++it) {
       const int s = it % K::kStages;
       const uint32_t ph = (it / K::kStages) & 1;
-      // Scales first: their loads are in flight while the wgmmas run.
-      const float a0 = e8m0_to_f32(sa0[4 * kb]), a1 = e8m0_to_f32(sa1[4 * kb]);
-      const float b0 = e8m0_to_f32(sb0[4 * kb]);
-      const float b1 = K::kBlockN > 128 ? e8m0_to_f32(sb1[4 * kb]) : b0;
+      const uint32_t ea0 = na0, ea1 = na1, eb0 = nb0, eb1 = nb1;
+      if (kb + 1 < kblocks) {
+        na0 = __ldg(sa0 + 4 * (kb + 1));
+        na1 = __ldg(sa1 + 4 * (kb + 1));
+        nb0 = __ldg(sb0 + 4 * (kb + 1));
+        if (K::kBlockN > 128) nb1 = __ldg(sb1 + 4 * (kb + 1));
+      }
       cutlass::arch::ClusterBarrier::wait(&full[s], ph);
 #pragma unroll
       for (int i = 0; i < K::kAcc; ++i) cute::warpgroup_fence_operand(acc[i]);
@@ -283,6 +297,8 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       for (int i = 0; i < K::kAcc; ++i) cute::warpgroup_fence_operand(acc[i]);
       cute::warpgroup_wait<0>();
       if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&empty[s]);
+      const float a0 = e8m0_f32(ea0), a1 = e8m0_f32(ea1), b0 = e8m0_f32(eb0);
+      const float b1 = K::kBlockN > 128 ? e8m0_f32(eb1) : b0;
       const float s00 = a0 * b0, s10 = a1 * b0, s01 = a0 * b1, s11 = a1 * b1;
 #pragma unroll
       for (int j = 0; j < K::kAcc / 4; ++j) {
