@@ -98,7 +98,7 @@ bool launch(const GroupedMRun& r) {
   const size_t smem = K::smem_bytes(r.groups);
   if (smem > static_cast<size_t>(limit)) return false;
   const CUtensorMap ma = kmajor_map(r.a, r.k, r.m, r.k, 128);
-  const CUtensorMap mb = kmajor_map(r.b, r.k, static_cast<uint64_t>(r.groups) * r.n, r.k, K::kBlockN);
+  const CUtensorMap mb = kmajor_map(r.b, r.k, static_cast<uint64_t>(r.groups) * r.n, r.k, K::kBlockN / 2);
   sm90::GroupedMParams p{};
   p.offs = r.offs;
   p.offs_s = r.offs_s;
@@ -118,18 +118,37 @@ bool launch(const GroupedMRun& r) {
   p.out = r.out;
   const int64_t nt = (r.n + K::kBlockN - 1) / K::kBlockN;
   const int64_t upper = ((r.m + 127) / 128 + r.groups) * nt;  // m-tiles <= ceil(M / 128) + G
-  const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(r.sm_count, upper)));
-  kernel<<<grid, K::kThreads, smem, r.stream>>>(ma, mb, p);
-  const cudaError_t e = cudaGetLastError();
+  // Persistent grid: one CTA per SM (a multiple of the cluster size), at most one per tile slot.
+  int64_t grid = std::min<int64_t>(r.sm_count, (upper + K::kCluster - 1) / K::kCluster * K::kCluster);
+  grid = std::max<int64_t>(K::kCluster, grid / K::kCluster * K::kCluster);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(K::kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = r.stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = K::kCluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, ma, mb, p);
+  if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess) fail_status(MXMOE_ERR_CUDA, "grouped_mm_tile128: kernel launch failed: ", cudaGetErrorString(e));
   return true;
 }
 
+template <class Out, int Cluster>
+bool dispatch_n(const GroupedMRun& r) {
+  if (grouped_m_block_n(r.m, r.n, r.groups, r.sm_count) == 192)
+    return launch<sm90::GroupedM<192, 5, Out, Cluster>>(r);
+  return launch<sm90::GroupedM<128, 6, Out, Cluster>>(r);
+}
+
 template <class Out>
 bool dispatch(const GroupedMRun& r) {
-  if (grouped_m_block_n(r.m, r.n, r.groups, r.sm_count) == 192)
-    return launch<sm90::GroupedM<192, 5, Out>>(r);
-  return launch<sm90::GroupedM<128, 6, Out>>(r);
+  return grouped_m_cluster() == 2 ? dispatch_n<Out, 2>(r) : dispatch_n<Out, 1>(r);
 }
 
 }  // namespace

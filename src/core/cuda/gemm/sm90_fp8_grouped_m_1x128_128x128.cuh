@@ -27,6 +27,7 @@
 
 #include <cub/block/block_scan.cuh>
 
+#include "cute/arch/cluster_sm90.hpp"
 #include "cute/arch/mma_sm90_desc.hpp"
 #include "cute/arch/mma_sm90_gmma.hpp"
 #include "cutlass/arch/barrier.h"
@@ -89,6 +90,18 @@ __device__ __forceinline__ void tma_load_2d(const CUtensorMap* map, uint64_t* ba
       : "memory");
 }
 
+// The same box into the same shared-memory offset of every CTA in `mask` (the cluster), each
+// CTA's barrier at that offset counting the bytes.
+__device__ __forceinline__ void tma_load_2d_multicast(const CUtensorMap* map, uint64_t* bar, void* dst, int c0, int c1,
+                                                      uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3}], [%4], %5;"
+      :
+      : "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar)), "h"(mask)
+      : "memory");
+}
+
 template <class Op, int N, size_t... I>
 __device__ __forceinline__ void wgmma(uint64_t da, uint64_t db, float (&d)[N], bool accumulate,
                                       std::index_sequence<I...>) {
@@ -118,11 +131,15 @@ __device__ __forceinline__ void store2<__nv_bfloat16>(__nv_bfloat16* p, float x,
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
 }
 
-template <int BlockN_, int Stages_, class Out_>
+template <int BlockN_, int Stages_, class Out_, int Cluster_ = 1>
 struct GroupedM {
   using Out = Out_;
   static constexpr int kBlockN = BlockN_;
   static constexpr int kStages = Stages_;
+  // CTAs per cluster along the tile order: 2 = pairs of CTAs whose tiles share a B tile (same
+  // expert and columns, neighbouring m-tiles) each load half of it and multicast it to both.
+  static constexpr int kCluster = Cluster_;
+  static_assert(kCluster == 1 || kCluster == 2, "cluster of 1 or 2 CTAs");
   static constexpr int kBlockM = 128, kBlockK = 128;
   static constexpr int kThreads = 384;  // producer warpgroup + two math warpgroups
   static constexpr int kABytes = kBlockM * kBlockK;
@@ -132,6 +149,7 @@ struct GroupedM {
   static constexpr int kBand = 8;           // m-tiles per band of the tile order (L2 reuse of A and B)
   static_assert(kBlockN % 64 == 0 && kBlockN <= 256, "BlockN: a multiple of 64 (the weight-scale straddle)");
   static_assert(kStageBytes % 1024 == 0, "stages must keep the 1024-byte swizzle alignment");
+  static_assert(kBlockN / 2 * kBlockK % 1024 == 0, "a half B tile must keep the swizzle alignment");
 
   // Dynamic shared memory: 1024 alignment slack | stages | full/empty barriers | group tables.
   static constexpr size_t smem_bytes(int groups) {
@@ -173,6 +191,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Op = typename WgmmaOp<K::kBlockN>::Op;
   using Out = typename K::Out;
+  constexpr int kHalfB = K::kBBytes / 2;  // the B box is loaded as two halves of kBlockN / 2 rows
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint8_t* smem_a = smem;
@@ -184,10 +203,15 @@ __global__ void __launch_bounds__(K::kThreads, 1)
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
+  // Cluster rank and tile slot: CTA r of cluster c takes tile kCluster * P + r for P = c, c + clusters, ...
+  const int rank = K::kCluster > 1 ? static_cast<int>(cute::block_rank_in_cluster()) : 0;
+  const int cluster = blockIdx.x / K::kCluster, clusters = gridDim.x / K::kCluster;
   if (tid == 0) {
     for (int s = 0; s < K::kStages; ++s) {
       cutlass::arch::ClusterBarrier::init(&full[s], 1);
-      cutlass::arch::ClusterBarrier::init(&empty[s], 8);  // lane 0 of each of the 8 math warps
+      // lane 0 of each of the 8 math warps of every CTA of the cluster (a CTA not sharing the
+      // k-block arrives for its peer too, so the count is fixed)
+      cutlass::arch::ClusterBarrier::init(&empty[s], 8 * K::kCluster);
     }
     cutlass::arch::fence_barrier_init();
   }
@@ -221,130 +245,180 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     }
     if (tid == 0) s_tiles[p.groups] = carry_tiles;
   }
-  __syncthreads();
+  // Barriers initialized and the group table written in every CTA of the cluster before any CTA
+  // multicasts into a peer or arrives on its barriers.
+  if constexpr (K::kCluster > 1) {
+    cute::cluster_sync();
+  } else {
+    __syncthreads();
+  }
 
   const int nt = (p.n + K::kBlockN - 1) / K::kBlockN;
   const int kblocks = (p.k + K::kBlockK - 1) / K::kBlockK;
   const int total = s_tiles[p.groups] * nt;
+  // Tiles of one slot: this CTA's and its peer's; shared = both exist with the same B tile. Both CTAs
+  // of a cluster compute the same answer, so they agree on every multicast and remote arrival.
+  struct Slot {
+    TileCoord c;
+    bool valid, shared;
+  };
+  auto slot = [&](int P, int& g_mine, int& g_peer) {
+    Slot sl;
+    const int t = K::kCluster * P + rank;
+    sl.valid = t < total;
+    sl.shared = false;
+    if (sl.valid) sl.c = tile_coord<K>(t, g_mine, nt, s_end, s_tiles);
+    if constexpr (K::kCluster > 1) {
+      const int tp = K::kCluster * P + (1 - rank);
+      if (sl.valid && tp < total) {
+        const TileCoord pc = tile_coord<K>(tp, g_peer, nt, s_end, s_tiles);
+        sl.shared = pc.g == sl.c.g && pc.n0 == sl.c.n0;
+      }
+    }
+    return sl;
+  };
+  const int slots = (total + K::kCluster - 1) / K::kCluster;
 
   if (wg == 0) {
     // Producer: one thread streams every tile's k-blocks through the stage ring.
     cutlass::arch::warpgroup_reg_dealloc<40>();
     if (tid == 0) {
       uint32_t it = 0;
-      int g = 0;
-      for (int t = blockIdx.x; t < total; t += gridDim.x) {
-        const TileCoord c = tile_coord<K>(t, g, nt, s_end, s_tiles);
-        const int brow = c.g * p.n + c.n0;
+      int g_mine = 0, g_peer = 0;
+      for (int P = cluster; P < slots; P += clusters) {
+        const Slot sl = slot(P, g_mine, g_peer);
+        if (!sl.valid) break;
+        const int brow = sl.c.g * p.n + sl.c.n0;
         for (int kb = 0; kb < kblocks; ++kb, ++it) {
           const int s = it % K::kStages;
           const uint32_t ph = (it / K::kStages) & 1;
           cutlass::arch::ClusterBarrier::wait(&empty[s], ph ^ 1);
           cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[s], K::kStageBytes);
-          tma_load_2d(&tma_a, &full[s], smem_a + s * K::kABytes, kb * K::kBlockK, c.row0);
-          tma_load_2d(&tma_b, &full[s], smem_b + s * K::kBBytes, kb * K::kBlockK, brow);
+          const int k0 = kb * K::kBlockK;
+          tma_load_2d(&tma_a, &full[s], smem_a + s * K::kABytes, k0, sl.c.row0);
+          uint8_t* b = smem_b + s * K::kBBytes;
+          if (K::kCluster > 1 && sl.shared) {
+            tma_load_2d_multicast(&tma_b, &full[s], b + rank * kHalfB, k0, brow + rank * (K::kBlockN / 2),
+                                  static_cast<uint16_t>((1u << K::kCluster) - 1));
+          } else {
+            tma_load_2d(&tma_b, &full[s], b, k0, brow);
+            tma_load_2d(&tma_b, &full[s], b + kHalfB, k0, brow + K::kBlockN / 2);
+          }
         }
       }
     }
-    return;
-  }
-
-  // Math warpgroups.
-  cutlass::arch::warpgroup_reg_alloc<232>();
-  const int mw = wg - 1;
-  const int lt = tid - 128 * wg, warp = lt / 32, lane = lt % 32;
-  const int r0 = mw * 64 + warp * 16 + lane / 4;  // this thread's rows in the tile: r0, r0 + 8
-  const int nb = (p.n + 127) / 128;
-  float acc[K::kAcc], fin[K::kAcc];
-  uint32_t it = 0;
-  int g = 0;
-  for (int t = blockIdx.x; t < total; t += gridDim.x) {
-    const TileCoord c = tile_coord<K>(t, g, nt, s_end, s_tiles);
+  } else {
+    // Math warpgroups.
+    cutlass::arch::warpgroup_reg_alloc<232>();
+    const int mw = wg - 1;
+    const int lt = tid - 128 * wg, warp = lt / 32, lane = lt % 32;
+    const int r0 = mw * 64 + warp * 16 + lane / 4;  // this thread's rows in the tile: r0, r0 + 8
+    const int nb = (p.n + 127) / 128;
+    float acc[K::kAcc], fin[K::kAcc];
+    uint32_t it = 0;
+    int g_mine = 0, g_peer = 0;
+    for (int P = cluster; P < slots; P += clusters) {
+      const Slot sl = slot(P, g_mine, g_peer);
+      if (!sl.valid) break;
+      const TileCoord& c = sl.c;
 #pragma unroll
-    for (int i = 0; i < K::kAcc; ++i) fin[i] = 0.f;
-    const int ar0 = min(c.row0 + r0, p.m - 1), ar1 = min(c.row0 + r0 + 8, p.m - 1);
-    const uint8_t* sa0 = p.a_scale + static_cast<int64_t>(ar0) * p.as_s0;
-    const uint8_t* sa1 = p.a_scale + static_cast<int64_t>(ar1) * p.as_s0;
-    const int ib0 = c.n0 / 128, ib1 = min(ib0 + 1, nb - 1);
-    const uint8_t* sb0 = p.b_scale + c.g * p.bs_s0 + static_cast<int64_t>(ib0) * 128 * p.bs_s1;
-    const uint8_t* sb1 = p.b_scale + c.g * p.bs_s0 + static_cast<int64_t>(ib1) * 128 * p.bs_s1;
-    const int jb = (128 - c.n0 % 128) / 8;  // 8-column chunks [0, jb) are in weight tile ib0
-    // Scale bytes are loaded one k-block ahead and converted only after the wgmmas: their latency
-    // (an L1 or L2 round trip) then hides behind the tensor-core work instead of delaying its issue.
-    uint32_t na0 = __ldg(sa0), na1 = __ldg(sa1), nb0 = __ldg(sb0), nb1 = K::kBlockN > 128 ? __ldg(sb1) : 0u;
-    for (int kb = 0; kb < kblocks; ++kb, ++it) {
-      const int s = it % K::kStages;
-      const uint32_t ph = (it / K::kStages) & 1;
-      const uint32_t ea0 = na0, ea1 = na1, eb0 = nb0, eb1 = nb1;
-      if (kb + 1 < kblocks) {
-        na0 = __ldg(sa0 + 4 * (kb + 1));
-        na1 = __ldg(sa1 + 4 * (kb + 1));
-        nb0 = __ldg(sb0 + 4 * (kb + 1));
-        if (K::kBlockN > 128) nb1 = __ldg(sb1 + 4 * (kb + 1));
+      for (int i = 0; i < K::kAcc; ++i) fin[i] = 0.f;
+      const int ar0 = min(c.row0 + r0, p.m - 1), ar1 = min(c.row0 + r0 + 8, p.m - 1);
+      const uint8_t* sa0 = p.a_scale + static_cast<int64_t>(ar0) * p.as_s0;
+      const uint8_t* sa1 = p.a_scale + static_cast<int64_t>(ar1) * p.as_s0;
+      const int ib0 = c.n0 / 128, ib1 = min(ib0 + 1, nb - 1);
+      const uint8_t* sb0 = p.b_scale + c.g * p.bs_s0 + static_cast<int64_t>(ib0) * 128 * p.bs_s1;
+      const uint8_t* sb1 = p.b_scale + c.g * p.bs_s0 + static_cast<int64_t>(ib1) * 128 * p.bs_s1;
+      const int jb = (128 - c.n0 % 128) / 8;  // 8-column chunks [0, jb) are in weight tile ib0
+      // Scale bytes are loaded one k-block ahead and converted only after the wgmmas: their latency
+      // (an L1 or L2 round trip) then hides behind the tensor-core work instead of delaying its issue.
+      uint32_t na0 = __ldg(sa0), na1 = __ldg(sa1), nb0 = __ldg(sb0), nb1 = K::kBlockN > 128 ? __ldg(sb1) : 0u;
+      for (int kb = 0; kb < kblocks; ++kb, ++it) {
+        const int s = it % K::kStages;
+        const uint32_t ph = (it / K::kStages) & 1;
+        const uint32_t ea0 = na0, ea1 = na1, eb0 = nb0, eb1 = nb1;
+        if (kb + 1 < kblocks) {
+          na0 = __ldg(sa0 + 4 * (kb + 1));
+          na1 = __ldg(sa1 + 4 * (kb + 1));
+          nb0 = __ldg(sb0 + 4 * (kb + 1));
+          if (K::kBlockN > 128) nb1 = __ldg(sb1 + 4 * (kb + 1));
+        }
+        cutlass::arch::ClusterBarrier::wait(&full[s], ph);
+#pragma unroll
+        for (int i = 0; i < K::kAcc; ++i) cute::warpgroup_fence_operand(acc[i]);
+        cute::warpgroup_arrive();
+        const uint8_t* ta = smem_a + s * K::kABytes + mw * 64 * K::kBlockK;
+        const uint8_t* tb = smem_b + s * K::kBBytes;
+#pragma unroll
+        for (int j = 0; j < K::kBlockK / 32; ++j)
+          wgmma<Op>(kmajor_sw128_desc(ta + 32 * j), kmajor_sw128_desc(tb + 32 * j), acc, j > 0,
+                    std::make_index_sequence<K::kAcc>{});
+        cute::warpgroup_commit_batch();
+#pragma unroll
+        for (int i = 0; i < K::kAcc; ++i) cute::warpgroup_fence_operand(acc[i]);
+        cute::warpgroup_wait<0>();
+        // Stage s is read: release it to this CTA's producer and, when the peer multicast half of
+        // it, to the peer's producer too (a non-shared k-block counts twice here instead).
+        if (lane == 0) {
+          cutlass::arch::ClusterBarrier::arrive(&empty[s]);
+          if constexpr (K::kCluster > 1) {
+            if (sl.shared)
+              cutlass::arch::ClusterBarrier::arrive(&empty[s], static_cast<uint32_t>(1 - rank), 1u);
+            else
+              cutlass::arch::ClusterBarrier::arrive(&empty[s]);
+          }
+        }
+        const float a0 = e8m0_f32(ea0), a1 = e8m0_f32(ea1), b0 = e8m0_f32(eb0);
+        const float b1 = K::kBlockN > 128 ? e8m0_f32(eb1) : b0;
+        const float s00 = a0 * b0, s10 = a1 * b0, s01 = a0 * b1, s11 = a1 * b1;
+#pragma unroll
+        for (int j = 0; j < K::kAcc / 4; ++j) {
+          const bool first = K::kBlockN == 128 || j < jb;
+          const float t0 = first ? s00 : s01, t1 = first ? s10 : s11;
+          fin[4 * j + 0] = fmaf(acc[4 * j + 0], t0, fin[4 * j + 0]);
+          fin[4 * j + 1] = fmaf(acc[4 * j + 1], t0, fin[4 * j + 1]);
+          fin[4 * j + 2] = fmaf(acc[4 * j + 2], t1, fin[4 * j + 2]);
+          fin[4 * j + 3] = fmaf(acc[4 * j + 3], t1, fin[4 * j + 3]);
+        }
       }
-      cutlass::arch::ClusterBarrier::wait(&full[s], ph);
-#pragma unroll
-      for (int i = 0; i < K::kAcc; ++i) cute::warpgroup_fence_operand(acc[i]);
-      cute::warpgroup_arrive();
-      const uint8_t* ta = smem_a + s * K::kABytes + mw * 64 * K::kBlockK;
-      const uint8_t* tb = smem_b + s * K::kBBytes;
-#pragma unroll
-      for (int j = 0; j < K::kBlockK / 32; ++j)
-        wgmma<Op>(kmajor_sw128_desc(ta + 32 * j), kmajor_sw128_desc(tb + 32 * j), acc, j > 0,
-                  std::make_index_sequence<K::kAcc>{});
-      cute::warpgroup_commit_batch();
-#pragma unroll
-      for (int i = 0; i < K::kAcc; ++i) cute::warpgroup_fence_operand(acc[i]);
-      cute::warpgroup_wait<0>();
-      if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&empty[s]);
-      const float a0 = e8m0_f32(ea0), a1 = e8m0_f32(ea1), b0 = e8m0_f32(eb0);
-      const float b1 = K::kBlockN > 128 ? e8m0_f32(eb1) : b0;
-      const float s00 = a0 * b0, s10 = a1 * b0, s01 = a0 * b1, s11 = a1 * b1;
+      // Epilogue: + bias, masked stores of the group's rows and the columns < N (N % 8 == 0, so an
+      // 8-column chunk is all in or all out).
+      Out* out = static_cast<Out*>(p.out);
+      const bool row0_in = r0 < c.rows, row1_in = r0 + 8 < c.rows;
 #pragma unroll
       for (int j = 0; j < K::kAcc / 4; ++j) {
-        const bool first = K::kBlockN == 128 || j < jb;
-        const float t0 = first ? s00 : s01, t1 = first ? s10 : s11;
-        fin[4 * j + 0] = fmaf(acc[4 * j + 0], t0, fin[4 * j + 0]);
-        fin[4 * j + 1] = fmaf(acc[4 * j + 1], t0, fin[4 * j + 1]);
-        fin[4 * j + 2] = fmaf(acc[4 * j + 2], t1, fin[4 * j + 2]);
-        fin[4 * j + 3] = fmaf(acc[4 * j + 3], t1, fin[4 * j + 3]);
-      }
-    }
-    // Epilogue: + bias, masked stores of the group's rows and the columns < N (N % 8 == 0, so an
-    // 8-column chunk is all in or all out).
-    Out* out = static_cast<Out*>(p.out);
-    const bool row0_in = r0 < c.rows, row1_in = r0 + 8 < c.rows;
-#pragma unroll
-    for (int j = 0; j < K::kAcc / 4; ++j) {
-      const int col = c.n0 + 8 * j + 2 * (lane % 4);
-      if (col >= p.n) continue;
-      float bx = 0.f, by = 0.f;
-      if (p.bias) {
-        const int64_t o = c.g * p.bias_s0 + col * p.bias_s1;
-        if (p.bias_bf16) {
-          const auto* bb = static_cast<const uint16_t*>(p.bias);
-          bx = bf16_to_f32(bb[o]);
-          by = bf16_to_f32(bb[o + p.bias_s1]);
-        } else {
-          const auto* bf = static_cast<const float*>(p.bias);
-          bx = bf[o];
-          by = bf[o + p.bias_s1];
+        const int col = c.n0 + 8 * j + 2 * (lane % 4);
+        if (col >= p.n) continue;
+        float bx = 0.f, by = 0.f;
+        if (p.bias) {
+          const int64_t o = c.g * p.bias_s0 + col * p.bias_s1;
+          if (p.bias_bf16) {
+            const auto* bb = static_cast<const uint16_t*>(p.bias);
+            bx = bf16_to_f32(bb[o]);
+            by = bf16_to_f32(bb[o + p.bias_s1]);
+          } else {
+            const auto* bf = static_cast<const float*>(p.bias);
+            bx = bf[o];
+            by = bf[o + p.bias_s1];
+          }
         }
+        if (row0_in)
+          store2(out + static_cast<int64_t>(c.row0 + r0) * p.n + col, fin[4 * j + 0] + bx, fin[4 * j + 1] + by);
+        if (row1_in)
+          store2(out + static_cast<int64_t>(c.row0 + r0 + 8) * p.n + col, fin[4 * j + 2] + bx, fin[4 * j + 3] + by);
       }
-      if (row0_in)
-        store2(out + static_cast<int64_t>(c.row0 + r0) * p.n + col, fin[4 * j + 0] + bx, fin[4 * j + 1] + by);
-      if (row1_in)
-        store2(out + static_cast<int64_t>(c.row0 + r0 + 8) * p.n + col, fin[4 * j + 2] + bx, fin[4 * j + 3] + by);
     }
+    // Rows past the last group are zero (the math threads of every CTA, 16-byte stores; N * sizeof(Out)
+    // is a multiple of 16).
+    const int64_t end = p.groups ? s_end[p.groups - 1] : 0;
+    const int64_t per = 16 / sizeof(Out);
+    uint4* o = static_cast<uint4*>(p.out);
+    for (int64_t i = end * p.n / per + blockIdx.x * 256 + (tid - 128); i < static_cast<int64_t>(p.m) * p.n / per;
+         i += static_cast<int64_t>(gridDim.x) * 256)
+      o[i] = make_uint4(0, 0, 0, 0);
   }
-  // Rows past the last group are zero (the math threads of every CTA, 16-byte stores; N * sizeof(Out)
-  // is a multiple of 16).
-  const int64_t end = p.groups ? s_end[p.groups - 1] : 0;
-  const int64_t per = 16 / sizeof(Out);
-  uint4* o = static_cast<uint4*>(p.out);
-  for (int64_t i = end * p.n / per + blockIdx.x * 256 + (tid - 128); i < static_cast<int64_t>(p.m) * p.n / per;
-       i += static_cast<int64_t>(gridDim.x) * 256)
-    o[i] = make_uint4(0, 0, 0, 0);
+  // No CTA leaves while its peer may still arrive on its barriers or multicast into it.
+  if constexpr (K::kCluster > 1) cute::cluster_sync();
 #endif
 }
 

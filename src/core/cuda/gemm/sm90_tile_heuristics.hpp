@@ -28,6 +28,13 @@ inline int grouped_m_block_n(int64_t m, int64_t n, int groups, int sm_count) {
   return cost(192, 1.08) < cost(128, 1.0) ? 192 : 128;
 }
 
+// CTAs per cluster of the M-grouped kernel: 2 (pairs share B tiles through TMA multicast) unless
+// MXMOE_GEMM_CLUSTER=1.
+inline int grouped_m_cluster() {
+  const char* e = std::getenv("MXMOE_GEMM_CLUSTER");
+  return (e && std::atoi(e) == 1) ? 1 : 2;
+}
+
 }  // namespace gemm
 }  // namespace cuda
 }  // namespace mxmoe
