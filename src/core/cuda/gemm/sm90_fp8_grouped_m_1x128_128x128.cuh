@@ -147,6 +147,9 @@ struct GroupedM {
   static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr int kAcc = kBlockN / 2;  // fp32 accumulators per math thread (64 x BlockN / 128)
   static constexpr int kBand = 8;           // m-tiles per band of the tile order (L2 reuse of A and B)
+  // Promotion of k-block i overlapped with the wgmmas of k-block i + 1 needs a second accumulator
+  // set: 3 x 64 fp32 registers at BlockN 128 fit the 232 of a math thread, 3 x 96 at 192 do not.
+  static constexpr bool kOverlap = kBlockN <= 128;
   static_assert(kBlockN % 64 == 0 && kBlockN <= 256, "BlockN: a multiple of 64 (the weight-scale straddle)");
   static_assert(kStageBytes % 1024 == 0, "stages must keep the 1024-byte swizzle alignment");
   static_assert(kBlockN / 2 * kBlockK % 1024 == 0, "a half B tile must keep the swizzle alignment");
@@ -209,8 +212,9 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   if (tid == 0) {
     for (int s = 0; s < K::kStages; ++s) {
       cutlass::arch::ClusterBarrier::init(&full[s], 1);
-      // lane 0 of each of the 8 math warps of every CTA of the cluster (a CTA not sharing the
-      // k-block arrives for its peer too, so the count is fixed)
+      // lane 0 of each of the 8 math warps of every CTA of the cluster: every k-block is released
+      // to both producers, shared or not, so the CTAs of a cluster stay within one ring of each
+      // other and no arrival can land in a later phase
       cutlass::arch::ClusterBarrier::init(&empty[s], 8 * K::kCluster);
     }
     cutlass::arch::fence_barrier_init();
@@ -256,24 +260,31 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   const int nt = (p.n + K::kBlockN - 1) / K::kBlockN;
   const int kblocks = (p.k + K::kBlockK - 1) / K::kBlockK;
   const int total = s_tiles[p.groups] * nt;
-  // Tiles of one slot: this CTA's and its peer's; shared = both exist with the same B tile. Both CTAs
-  // of a cluster compute the same answer, so they agree on every multicast and remote arrival.
+  // Tiles of one slot: this CTA's and its peer's; shared = both have the same B tile. Both CTAs of a
+  // cluster compute the same answer, so they agree on every multicast. A slot past the last tile
+  // (only the last slot, when the tile count is odd) is a ghost: it runs the peer's tile without
+  // storing, so both CTAs still take every k-block of every slot in step.
   struct Slot {
     TileCoord c;
-    bool valid, shared;
+    bool store, shared;
   };
   auto slot = [&](int P, int& g_mine, int& g_peer) {
     Slot sl;
     const int t = K::kCluster * P + rank;
-    sl.valid = t < total;
+    sl.store = t < total;
     sl.shared = false;
-    if (sl.valid) sl.c = tile_coord<K>(t, g_mine, nt, s_end, s_tiles);
     if constexpr (K::kCluster > 1) {
       const int tp = K::kCluster * P + (1 - rank);
-      if (sl.valid && tp < total) {
-        const TileCoord pc = tile_coord<K>(tp, g_peer, nt, s_end, s_tiles);
-        sl.shared = pc.g == sl.c.g && pc.n0 == sl.c.n0;
+      TileCoord pc{};
+      if (tp < total) pc = tile_coord<K>(tp, g_peer, nt, s_end, s_tiles);
+      if (sl.store) {
+        sl.c = tile_coord<K>(t, g_mine, nt, s_end, s_tiles);
+        sl.shared = tp < total && pc.g == sl.c.g && pc.n0 == sl.c.n0;
+      } else {
+        sl.c = pc;
       }
+    } else {
+      if (sl.store) sl.c = tile_coord<K>(t, g_mine, nt, s_end, s_tiles);
     }
     return sl;
   };
@@ -287,7 +298,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       int g_mine = 0, g_peer = 0;
       for (int P = cluster; P < slots; P += clusters) {
         const Slot sl = slot(P, g_mine, g_peer);
-        if (!sl.valid) break;
+        if (K::kCluster == 1 && !sl.store) break;
         const int brow = sl.c.g * p.n + sl.c.n0;
         for (int kb = 0; kb < kblocks; ++kb, ++it) {
           const int s = it % K::kStages;
@@ -315,11 +326,12 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     const int r0 = mw * 64 + warp * 16 + lane / 4;  // this thread's rows in the tile: r0, r0 + 8
     const int nb = (p.n + 127) / 128;
     float acc[K::kAcc], fin[K::kAcc];
+    float acc2[K::kOverlap ? K::kAcc : 1];  // the second in-flight set (overlapped promotion only)
     uint32_t it = 0;
     int g_mine = 0, g_peer = 0;
     for (int P = cluster; P < slots; P += clusters) {
       const Slot sl = slot(P, g_mine, g_peer);
-      if (!sl.valid) break;
+      if (K::kCluster == 1 && !sl.store) break;
       const TileCoord& c = sl.c;
 #pragma unroll
       for (int i = 0; i < K::kAcc; ++i) fin[i] = 0.f;
@@ -330,61 +342,99 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       const uint8_t* sb0 = p.b_scale + c.g * p.bs_s0 + static_cast<int64_t>(ib0) * 128 * p.bs_s1;
       const uint8_t* sb1 = p.b_scale + c.g * p.bs_s0 + static_cast<int64_t>(ib1) * 128 * p.bs_s1;
       const int jb = (128 - c.n0 % 128) / 8;  // 8-column chunks [0, jb) are in weight tile ib0
-      // Scale bytes are loaded one k-block ahead and converted only after the wgmmas: their latency
-      // (an L1 or L2 round trip) then hides behind the tensor-core work instead of delaying its issue.
-      uint32_t na0 = __ldg(sa0), na1 = __ldg(sa1), nb0 = __ldg(sb0), nb1 = K::kBlockN > 128 ? __ldg(sb1) : 0u;
-      for (int kb = 0; kb < kblocks; ++kb, ++it) {
-        const int s = it % K::kStages;
-        const uint32_t ph = (it / K::kStages) & 1;
-        const uint32_t ea0 = na0, ea1 = na1, eb0 = nb0, eb1 = nb1;
-        if (kb + 1 < kblocks) {
-          na0 = __ldg(sa0 + 4 * (kb + 1));
-          na1 = __ldg(sa1 + 4 * (kb + 1));
-          nb0 = __ldg(sb0 + 4 * (kb + 1));
-          if (K::kBlockN > 128) nb1 = __ldg(sb1 + 4 * (kb + 1));
-        }
-        cutlass::arch::ClusterBarrier::wait(&full[s], ph);
+      // Per k-block: wait for its stage, issue its 4 wgmmas into `a` (async), later wait, release
+      // the stage to both producers and promote `a` into fin with the block's two scales. The scale
+      // bytes of a k-block are loaded when its wgmmas are issued and converted at its promotion,
+      // so their latency hides behind tensor-core work.
+      struct ScaleBytes {
+        uint32_t a0, a1, b0, b1;
+      };
+      auto load_scales = [&](int kb) {
+        ScaleBytes e;
+        e.a0 = __ldg(sa0 + 4 * kb);
+        e.a1 = __ldg(sa1 + 4 * kb);
+        e.b0 = __ldg(sb0 + 4 * kb);
+        e.b1 = K::kBlockN > 128 ? __ldg(sb1 + 4 * kb) : 0u;
+        return e;
+      };
+      auto issue = [&](uint32_t i, float(&a)[K::kAcc]) {
+        const int s = i % K::kStages;
+        cutlass::arch::ClusterBarrier::wait(&full[s], (i / K::kStages) & 1);
 #pragma unroll
-        for (int i = 0; i < K::kAcc; ++i) cute::warpgroup_fence_operand(acc[i]);
+        for (int q = 0; q < K::kAcc; ++q) cute::warpgroup_fence_operand(a[q]);
         cute::warpgroup_arrive();
         const uint8_t* ta = smem_a + s * K::kABytes + mw * 64 * K::kBlockK;
         const uint8_t* tb = smem_b + s * K::kBBytes;
 #pragma unroll
         for (int j = 0; j < K::kBlockK / 32; ++j)
-          wgmma<Op>(kmajor_sw128_desc(ta + 32 * j), kmajor_sw128_desc(tb + 32 * j), acc, j > 0,
+          wgmma<Op>(kmajor_sw128_desc(ta + 32 * j), kmajor_sw128_desc(tb + 32 * j), a, j > 0,
                     std::make_index_sequence<K::kAcc>{});
         cute::warpgroup_commit_batch();
+      };
+      auto retire = [&](uint32_t i, float(&a)[K::kAcc], const ScaleBytes& e) {
 #pragma unroll
-        for (int i = 0; i < K::kAcc; ++i) cute::warpgroup_fence_operand(acc[i]);
-        cute::warpgroup_wait<0>();
-        // Stage s is read: release it to this CTA's producer and, when the peer multicast half of
-        // it, to the peer's producer too (a non-shared k-block counts twice here instead).
+        for (int q = 0; q < K::kAcc; ++q) cute::warpgroup_fence_operand(a[q]);
         if (lane == 0) {
+          const int s = i % K::kStages;
           cutlass::arch::ClusterBarrier::arrive(&empty[s]);
-          if constexpr (K::kCluster > 1) {
-            if (sl.shared)
-              cutlass::arch::ClusterBarrier::arrive(&empty[s], static_cast<uint32_t>(1 - rank), 1u);
-            else
-              cutlass::arch::ClusterBarrier::arrive(&empty[s]);
-          }
+          if constexpr (K::kCluster > 1)
+            cutlass::arch::ClusterBarrier::arrive(&empty[s], static_cast<uint32_t>(1 - rank), 1u);
         }
-        const float a0 = e8m0_f32(ea0), a1 = e8m0_f32(ea1), b0 = e8m0_f32(eb0);
-        const float b1 = K::kBlockN > 128 ? e8m0_f32(eb1) : b0;
+        const float a0 = e8m0_f32(e.a0), a1 = e8m0_f32(e.a1), b0 = e8m0_f32(e.b0);
+        const float b1 = K::kBlockN > 128 ? e8m0_f32(e.b1) : b0;
         const float s00 = a0 * b0, s10 = a1 * b0, s01 = a0 * b1, s11 = a1 * b1;
 #pragma unroll
         for (int j = 0; j < K::kAcc / 4; ++j) {
           const bool first = K::kBlockN == 128 || j < jb;
           const float t0 = first ? s00 : s01, t1 = first ? s10 : s11;
-          fin[4 * j + 0] = fmaf(acc[4 * j + 0], t0, fin[4 * j + 0]);
-          fin[4 * j + 1] = fmaf(acc[4 * j + 1], t0, fin[4 * j + 1]);
-          fin[4 * j + 2] = fmaf(acc[4 * j + 2], t1, fin[4 * j + 2]);
-          fin[4 * j + 3] = fmaf(acc[4 * j + 3], t1, fin[4 * j + 3]);
+          fin[4 * j + 0] = fmaf(a[4 * j + 0], t0, fin[4 * j + 0]);
+          fin[4 * j + 1] = fmaf(a[4 * j + 1], t0, fin[4 * j + 1]);
+          fin[4 * j + 2] = fmaf(a[4 * j + 2], t1, fin[4 * j + 2]);
+          fin[4 * j + 3] = fmaf(a[4 * j + 3], t1, fin[4 * j + 3]);
+        }
+      };
+      if constexpr (K::kOverlap) {
+        // Two wgmma accumulator sets: k-block kb + 1 is issued before k-block kb is promoted, so the
+        // tensor cores have work queued while the FFMAs run (wait<1>: only the older group done).
+        ScaleBytes e0 = load_scales(0), e1{};
+        issue(it, acc);
+        int kb = 0;
+        for (; kb + 2 < kblocks; kb += 2) {  // k-blocks kb + 1 and kb + 2 exist
+          e1 = load_scales(kb + 1);
+          issue(it + kb + 1, acc2);
+          cute::warpgroup_wait<1>();
+          retire(it + kb, acc, e0);
+          e0 = load_scales(kb + 2);
+          issue(it + kb + 2, acc);
+          cute::warpgroup_wait<1>();
+          retire(it + kb + 1, acc2, e1);
+        }
+        if (kb + 1 < kblocks) {  // two k-blocks left: kb (in flight in acc) and kb + 1
+          e1 = load_scales(kb + 1);
+          issue(it + kb + 1, acc2);
+          cute::warpgroup_wait<1>();
+          retire(it + kb, acc, e0);
+          cute::warpgroup_wait<0>();
+          retire(it + kb + 1, acc2, e1);
+        } else {
+          cute::warpgroup_wait<0>();
+          retire(it + kb, acc, e0);
+        }
+      } else {
+        ScaleBytes e = load_scales(0);
+        for (int kb = 0; kb < kblocks; ++kb) {
+          const ScaleBytes cur = e;
+          if (kb + 1 < kblocks) e = load_scales(kb + 1);
+          issue(it + kb, acc);
+          cute::warpgroup_wait<0>();
+          retire(it + kb, acc, cur);
         }
       }
+      it += kblocks;
       // Epilogue: + bias, masked stores of the group's rows and the columns < N (N % 8 == 0, so an
       // 8-column chunk is all in or all out).
       Out* out = static_cast<Out*>(p.out);
-      const bool row0_in = r0 < c.rows, row1_in = r0 + 8 < c.rows;
+      const bool row0_in = sl.store && r0 < c.rows, row1_in = sl.store && r0 + 8 < c.rows;
 #pragma unroll
       for (int j = 0; j < K::kAcc / 4; ++j) {
         const int col = c.n0 + 8 * j + 2 * (lane % 4);
