@@ -24,6 +24,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mxmoe/mxmoe.h"
@@ -456,6 +457,56 @@ TEST(CudaGemmTile128, DgradShapes) {
       bool unsupported = false;
       run_fwd_case(c, seed++, &unsupported);
       if (unsupported) GTEST_SKIP() << "tile128 GEMMs unsupported here: " << mxmoe_last_error();
+    }
+  }
+  g_data = Data::kFullRange;
+}
+
+// The own sm_90a M-grouped kernel (src/core/cuda/gemm/, opt-in through MXMOE_GEMM_SM90): the same
+// forward and dgrad cases, with "mxmoe-only" so a call the kernel does not take fails instead of
+// falling back to CUTLASS, at both cluster sizes (B multicast on / off) and both tile widths.
+struct EnvGuard {
+  std::vector<std::pair<std::string, std::string>> saved;
+  std::vector<std::string> unset_names;
+  void set(const char* name, const char* value) {
+    const char* old = std::getenv(name);
+    if (old) saved.emplace_back(name, old); else unset_names.emplace_back(name);
+    setenv(name, value, 1);
+  }
+  ~EnvGuard() {
+    for (auto& kv : saved) setenv(kv.first.c_str(), kv.second.c_str(), 1);
+    for (auto& n : unset_names) unsetenv(n.c_str());
+  }
+};
+
+TEST(CudaGemmTile128, OwnSm90Kernel) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(8);
+  std::vector<FwdCase> cases = {
+      {300, 160, 224, {257}, MXMOE_DTYPE_BF16, true},                  // tail rows, N, K not multiples of 128
+      {1000, 256, 384, {0, 129, 500, 0, 300}, MXMOE_DTYPE_F32, true},  // empty groups, odd m-tile counts
+      {2048, 512, 1024, random_sizes(8, 2000, rng, false), MXMOE_DTYPE_F32, false},
+      {1500, 96, 288, random_sizes(64, 1400, rng, true), MXMOE_DTYPE_BF16, true},  // G = 64, N < 128
+      {777, 352, 416, random_sizes(16, 777, rng, false), MXMOE_DTYPE_F32, false},  // dgrad-like shape
+      {256, 128, 128, {0, 0, 0}, MXMOE_DTYPE_F32, true},                            // all rows are tail
+      {100, 576, 256, {100}, MXMOE_DTYPE_F32, false},  // 5 (BlockN 128) or 3 (192) tiles: the last slot a ghost
+  };
+  uint32_t seed = 300;
+  for (const char* cluster : {"2", "1"}) {
+    for (const char* block_n : {"128", "192"}) {
+      EnvGuard env;
+      env.set("MXMOE_GEMM_SM90", "mxmoe-only");
+      env.set("MXMOE_GEMM_CLUSTER", cluster);
+      env.set("MXMOE_GEMM_BLOCK_N", block_n);
+      for (Data d : {Data::kExactGrid, Data::kFullRange}) {
+        g_data = d;
+        for (const auto& c : cases) {
+          SCOPED_TRACE(std::string("cluster ") + cluster + ", BlockN " + block_n);
+          bool unsupported = false;
+          run_fwd_case(c, seed++, &unsupported);
+          if (unsupported) GTEST_SKIP() << "tile128 GEMMs unsupported here: " << mxmoe_last_error();
+        }
+      }
     }
   }
   g_data = Data::kFullRange;

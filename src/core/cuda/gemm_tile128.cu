@@ -456,8 +456,9 @@ void grouped_mm_tile128(const GroupedMMArgs& a, void* workspace, int64_t workspa
   const bool bias_bf16 = bias && a.bias.t.dtype == MXMOE_DTYPE_BF16;
 #if defined(MXMOE_HAVE_CUTLASS)
   // The own sm_90a kernel (cuda/gemm/): one launch, E8M0 scales read in the mainloop, group table
-  // built on the device. The CUTLASS path below takes what it does not (and MXMOE_GEMM_SM90=cutlass).
-  if (gemm::sm90_own_kernels_enabled()) {
+  // built on the device; opt-in (MXMOE_GEMM_SM90=mxmoe) until it beats the CUTLASS path below.
+  const gemm::Sm90Kernel choice = gemm::sm90_kernel_choice();
+  if (choice != gemm::Sm90Kernel::kCutlass) {
     gemm::GroupedMRun r;
     r.m = M;
     r.n = N;
@@ -482,6 +483,9 @@ void grouped_mm_tile128(const GroupedMMArgs& a, void* workspace, int64_t workspa
     r.device = a.a.device;
     r.stream = stream;
     if (gemm::sm90_grouped_m(r)) return;
+    if (choice == gemm::Sm90Kernel::kOwnOnly)
+      fail(what, ": MXMOE_GEMM_SM90=mxmoe-only, but the sm90 kernel does not take this call (K = ", K, ", G = ", G,
+           ", 16-byte aligned a and b required)");
   }
 #endif
   tile128::FwdPlan p;

@@ -153,9 +153,12 @@ bool dispatch(const GroupedMRun& r) {
 
 }  // namespace
 
-bool sm90_own_kernels_enabled() {
+Sm90Kernel sm90_kernel_choice() {
   const char* e = std::getenv("MXMOE_GEMM_SM90");
-  return !(e && std::strcmp(e, "cutlass") == 0);
+  if (!e || !*e || std::strcmp(e, "cutlass") == 0) return Sm90Kernel::kCutlass;
+  if (std::strcmp(e, "mxmoe") == 0) return Sm90Kernel::kOwn;
+  if (std::strcmp(e, "mxmoe-only") == 0) return Sm90Kernel::kOwnOnly;
+  fail("MXMOE_GEMM_SM90: expected cutlass, mxmoe or mxmoe-only, got '", e, "'");
 }
 
 bool sm90_grouped_m(const GroupedMRun& r) {

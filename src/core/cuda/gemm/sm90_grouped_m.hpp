@@ -34,9 +34,12 @@ struct GroupedMRun {
   cudaStream_t stream = nullptr;
 };
 
-// Whether calls go to this kernel (MXMOE_GEMM_SM90=cutlass selects the CUTLASS kernels instead, for
-// A/B measurements; read per call).
-bool sm90_own_kernels_enabled();
+// Which kernel runs the tile128 forward / dgrad on Hopper, from MXMOE_GEMM_SM90 (read per call):
+//   unset or "cutlass"  the CUTLASS kernel (the default: faster today, docs/perf/gemm.md)
+//   "mxmoe"             this kernel where it takes the call, else CUTLASS
+//   "mxmoe-only"        this kernel, and an error where it does not take the call (tests)
+enum class Sm90Kernel { kCutlass, kOwn, kOwnOnly };
+Sm90Kernel sm90_kernel_choice();
 
 // Launches the kernel on r.stream and returns true, or returns false having launched nothing when
 // the call is outside what the kernel takes (K = 0, unaligned bases, too many groups for the
