@@ -139,11 +139,20 @@ bool launch(const GroupedMRun& r) {
   return true;
 }
 
+// Stages: as many as fit ~210 KB beside the epilogue buffer (leaving room for the group table).
+template <int BlockN, class Out>
+constexpr int stages() {
+  constexpr int stage = (128 + BlockN) * 128;
+  constexpr int epi = 2 * 64 * (BlockN * static_cast<int>(sizeof(Out)) + (sizeof(Out) == 2 ? 16 : 32));
+  constexpr int n = (210 * 1024 - epi) / stage;
+  return n > 6 ? 6 : n;
+}
+
 template <class Out, int Cluster>
 bool dispatch_n(const GroupedMRun& r) {
   if (grouped_m_block_n(r.m, r.n, r.groups, r.sm_count) == 192)
-    return launch<sm90::GroupedM<192, 5, Out, Cluster>>(r);
-  return launch<sm90::GroupedM<128, 6, Out, Cluster>>(r);
+    return launch<sm90::GroupedM<192, stages<192, Out>(), Out, Cluster>>(r);
+  return launch<sm90::GroupedM<128, stages<128, Out>(), Out, Cluster>>(r);
 }
 
 template <class Out>

@@ -154,9 +154,15 @@ struct GroupedM {
   static_assert(kStageBytes % 1024 == 0, "stages must keep the 1024-byte swizzle alignment");
   static_assert(kBlockN / 2 * kBlockK % 1024 == 0, "a half B tile must keep the swizzle alignment");
 
-  // Dynamic shared memory: 1024 alignment slack | stages | full/empty barriers | group tables.
+  // Epilogue staging: each math warpgroup's 64 x BlockN output rows, padded by 16 bytes (bf16) or 32
+  // (f32) per row so the accumulator-layout writes hit distinct banks.
+  static constexpr int kEpiRowBytes = kBlockN * static_cast<int>(sizeof(Out)) + (sizeof(Out) == 2 ? 16 : 32);
+  static constexpr int kEpiBytes = 2 * 64 * kEpiRowBytes;
+  static_assert(kEpiBytes % 1024 == 0, "the epilogue buffer keeps the stages 1024-byte aligned");
+
+  // Dynamic shared memory: 1024 alignment slack | stages | epilogue | full/empty barriers | group tables.
   static constexpr size_t smem_bytes(int groups) {
-    return 1024 + static_cast<size_t>(kStages) * kStageBytes + 2 * kStages * sizeof(uint64_t) +
+    return 1024 + static_cast<size_t>(kStages) * kStageBytes + kEpiBytes + 2 * kStages * sizeof(uint64_t) +
            (2 * static_cast<size_t>(groups) + 1) * sizeof(int);
   }
 };
@@ -199,7 +205,8 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint8_t* smem_a = smem;
   uint8_t* smem_b = smem + K::kStages * K::kABytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + K::kStages * K::kStageBytes);
+  uint8_t* smem_epi = smem + K::kStages * K::kStageBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem_epi + K::kEpiBytes);
   uint64_t* empty = full + K::kStages;
   int* s_end = reinterpret_cast<int*>(empty + K::kStages);  // [G] clamped group ends
   int* s_tiles = s_end + p.groups;                          // [G + 1] m-tile prefix
@@ -431,16 +438,19 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         }
       }
       it += kblocks;
-      // Epilogue: + bias, masked stores of the group's rows and the columns < N (N % 8 == 0, so an
-      // 8-column chunk is all in or all out).
-      Out* out = static_cast<Out*>(p.out);
-      const bool row0_in = sl.store && r0 < c.rows, row1_in = sl.store && r0 + 8 < c.rows;
+      // Epilogue: + bias, rounded to Out into this warpgroup's shared buffer (accumulator layout),
+      // then read back as rows of 16-byte chunks: each store instruction of a warp writes whole
+      // 128-byte lines (2 rows of bf16 / 1 of f32 per quarter-warp... see kChunksPerRow) instead of 8
+      // half-used sectors. Rows past the group and columns past N are masked (N % 16 == 0, so a
+      // 16-byte chunk is all in or all out).
+      uint8_t* epi = smem_epi + mw * 64 * K::kEpiRowBytes;
+      asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");  // the previous tile's read-out is done
 #pragma unroll
       for (int j = 0; j < K::kAcc / 4; ++j) {
-        const int col = c.n0 + 8 * j + 2 * (lane % 4);
-        if (col >= p.n) continue;
+        const int cl = 8 * j + 2 * (lane % 4);
+        const int col = c.n0 + cl;
         float bx = 0.f, by = 0.f;
-        if (p.bias) {
+        if (p.bias && col < p.n) {
           const int64_t o = c.g * p.bias_s0 + col * p.bias_s1;
           if (p.bias_bf16) {
             const auto* bb = static_cast<const uint16_t*>(p.bias);
@@ -452,10 +462,24 @@ __global__ void __launch_bounds__(K::kThreads, 1)
             by = bf[o + p.bias_s1];
           }
         }
-        if (row0_in)
-          store2(out + static_cast<int64_t>(c.row0 + r0) * p.n + col, fin[4 * j + 0] + bx, fin[4 * j + 1] + by);
-        if (row1_in)
-          store2(out + static_cast<int64_t>(c.row0 + r0 + 8) * p.n + col, fin[4 * j + 2] + bx, fin[4 * j + 3] + by);
+        const int lr = warp * 16 + lane / 4;  // row in this warpgroup's 64
+        store2(reinterpret_cast<Out*>(epi + lr * K::kEpiRowBytes) + cl, fin[4 * j + 0] + bx, fin[4 * j + 1] + by);
+        store2(reinterpret_cast<Out*>(epi + (lr + 8) * K::kEpiRowBytes) + cl, fin[4 * j + 2] + bx,
+               fin[4 * j + 3] + by);
+      }
+      asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");
+      if (sl.store) {
+        constexpr int kChunksPerRow = K::kBlockN * static_cast<int>(sizeof(Out)) / 16;
+        const int rows_here = c.rows - mw * 64;  // rows of this warpgroup's 64 inside the group
+        const int cols_left = p.n - c.n0;        // columns < N in this tile
+        for (int q = lt; q < 64 * kChunksPerRow; q += 128) {
+          const int lr = q / kChunksPerRow, ch = q - lr * kChunksPerRow;
+          const int cl = ch * (16 / static_cast<int>(sizeof(Out)));
+          if (lr >= rows_here || cl >= cols_left) continue;
+          const uint4 v = *reinterpret_cast<const uint4*>(epi + lr * K::kEpiRowBytes + 16 * ch);
+          *reinterpret_cast<uint4*>(static_cast<Out*>(p.out) + static_cast<int64_t>(c.row0 + mw * 64 + lr) * p.n +
+                                    c.n0 + cl) = v;
+        }
       }
     }
     // Rows past the last group are zero (the math threads of every CTA, 16-byte stores; N * sizeof(Out)

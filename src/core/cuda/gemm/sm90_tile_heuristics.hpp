@@ -10,8 +10,9 @@ namespace cuda {
 namespace gemm {
 
 // BlockN of the M-grouped kernel: 128 or 192. Cost model: waves of tiles over the SMs times the
-// tile's work, with a 192-wide tile doing 8% more per unit time (13% less shared-memory traffic
-// per FLOP; docs/perf/gemm.md has the measured factor). Each group wastes ~half an m-tile.
+// tile's work, a 192-wide tile doing 3% less work per unit time than a 128-wide one (measured at v3,
+// docs/perf/gemm.md: 13% fewer bytes per FLOP, but its two 96-register accumulator sets leave no
+// room for the overlapped promotion). Each group wastes ~half an m-tile.
 // MXMOE_GEMM_BLOCK_N=128|192 forces one (measurements).
 inline int grouped_m_block_n(int64_t m, int64_t n, int groups, int sm_count) {
   if (const char* e = std::getenv("MXMOE_GEMM_BLOCK_N")) {
@@ -25,7 +26,7 @@ inline int grouped_m_block_n(int64_t m, int64_t n, int groups, int sm_count) {
     const int64_t waves = (tiles + sms - 1) / sms;
     return static_cast<double>(waves) * static_cast<double>(bn) / speed;
   };
-  return cost(192, 1.08) < cost(128, 1.0) ? 192 : 128;
+  return cost(192, 0.97) < cost(128, 1.0) ? 192 : 128;
 }
 
 // CTAs per cluster of the M-grouped kernel: 2 (pairs share B tiles through TMA multicast) unless
