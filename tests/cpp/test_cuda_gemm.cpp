@@ -416,8 +416,26 @@ TEST(CudaGemmTile128, SmallForwardAndWgrad) {  // the compute-sanitizer case
   g_data = Data::kFullRange;
 }
 
+struct EnvGuard {
+  std::vector<std::pair<std::string, std::string>> saved;
+  std::vector<std::string> unset_names;
+  void set(const char* name, const char* value) {
+    const char* old = std::getenv(name);
+    if (old) saved.emplace_back(name, old); else unset_names.emplace_back(name);
+    setenv(name, value, 1);
+  }
+  ~EnvGuard() {
+    for (auto& kv : saved) setenv(kv.first.c_str(), kv.second.c_str(), 1);
+    for (auto& n : unset_names) unsetenv(n.c_str());
+  }
+};
+
+// Forward / dgrad through the CUTLASS kernel (the default picks the own kernel for small K and N,
+// which OwnSm90Kernel covers).
 TEST(CudaGemmTile128, Forward) {
   SKIP_WITHOUT_CUDA();
+  EnvGuard env;
+  env.set("MXMOE_GEMM_SM90", "cutlass");
   std::mt19937 rng(5);
   std::vector<FwdCase> cases = {
       {300, 160, 224, {300}, MXMOE_DTYPE_F32, false},                  // G = 1, N and K not multiples of 128
@@ -445,6 +463,8 @@ TEST(CudaGemmTile128, Forward) {
 // transposed weight copy (G, K_model, N_model) whose 128x128 tiles are the forward tiles transposed.
 TEST(CudaGemmTile128, DgradShapes) {
   SKIP_WITHOUT_CUDA();
+  EnvGuard env;
+  env.set("MXMOE_GEMM_SM90", "cutlass");
   std::mt19937 rng(6);
   std::vector<FwdCase> cases = {
       {777, 352, 416, random_sizes(4, 700, rng, true), MXMOE_DTYPE_F32, false},
@@ -462,23 +482,9 @@ TEST(CudaGemmTile128, DgradShapes) {
   g_data = Data::kFullRange;
 }
 
-// The own sm_90a M-grouped kernel (src/core/cuda/gemm/, opt-in through MXMOE_GEMM_SM90): the same
+// The own sm_90a M-grouped kernel (src/core/cuda/gemm/) forced through MXMOE_GEMM_SM90: the same
 // forward and dgrad cases, with "mxmoe-only" so a call the kernel does not take fails instead of
 // falling back to CUTLASS, at both cluster sizes (B multicast on / off) and both tile widths.
-struct EnvGuard {
-  std::vector<std::pair<std::string, std::string>> saved;
-  std::vector<std::string> unset_names;
-  void set(const char* name, const char* value) {
-    const char* old = std::getenv(name);
-    if (old) saved.emplace_back(name, old); else unset_names.emplace_back(name);
-    setenv(name, value, 1);
-  }
-  ~EnvGuard() {
-    for (auto& kv : saved) setenv(kv.first.c_str(), kv.second.c_str(), 1);
-    for (auto& n : unset_names) unsetenv(n.c_str());
-  }
-};
-
 TEST(CudaGemmTile128, OwnSm90Kernel) {
   SKIP_WITHOUT_CUDA();
   std::mt19937 rng(8);

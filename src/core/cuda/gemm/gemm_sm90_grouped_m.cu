@@ -157,18 +157,21 @@ bool dispatch_n(const GroupedMRun& r) {
 
 template <class Out>
 bool dispatch(const GroupedMRun& r) {
-  return grouped_m_cluster() == 2 ? dispatch_n<Out, 2>(r) : dispatch_n<Out, 1>(r);
+  return grouped_m_cluster(r.k) == 2 ? dispatch_n<Out, 2>(r) : dispatch_n<Out, 1>(r);
 }
 
 }  // namespace
 
 Sm90Kernel sm90_kernel_choice() {
   const char* e = std::getenv("MXMOE_GEMM_SM90");
-  if (!e || !*e || std::strcmp(e, "cutlass") == 0) return Sm90Kernel::kCutlass;
+  if (!e || !*e || std::strcmp(e, "auto") == 0) return Sm90Kernel::kAuto;
+  if (std::strcmp(e, "cutlass") == 0) return Sm90Kernel::kCutlass;
   if (std::strcmp(e, "mxmoe") == 0) return Sm90Kernel::kOwn;
   if (std::strcmp(e, "mxmoe-only") == 0) return Sm90Kernel::kOwnOnly;
-  fail("MXMOE_GEMM_SM90: expected cutlass, mxmoe or mxmoe-only, got '", e, "'");
+  fail("MXMOE_GEMM_SM90: expected auto, cutlass, mxmoe or mxmoe-only, got '", e, "'");
 }
+
+bool sm90_prefers_own(int64_t n, int64_t k) { return grouped_m_prefer_own(n, k); }
 
 bool sm90_grouped_m(const GroupedMRun& r) {
   // TMA: 16-byte aligned bases and row strides; int32 coordinates and shapes.

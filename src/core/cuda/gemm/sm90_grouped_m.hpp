@@ -35,11 +35,13 @@ struct GroupedMRun {
 };
 
 // Which kernel runs the tile128 forward / dgrad on Hopper, from MXMOE_GEMM_SM90 (read per call):
-//   unset or "cutlass"  the CUTLASS kernel (the default: faster today, docs/perf/gemm.md)
-//   "mxmoe"             this kernel where it takes the call, else CUTLASS
-//   "mxmoe-only"        this kernel, and an error where it does not take the call (tests)
-enum class Sm90Kernel { kCutlass, kOwn, kOwnOnly };
+//   unset or "auto"  this kernel where it measured faster (sm90_prefers_own), else CUTLASS's
+//   "cutlass"        the CUTLASS kernel
+//   "mxmoe"          this kernel where it takes the call, else CUTLASS
+//   "mxmoe-only"     this kernel, and an error where it does not take the call (tests)
+enum class Sm90Kernel { kAuto, kCutlass, kOwn, kOwnOnly };
 Sm90Kernel sm90_kernel_choice();
+bool sm90_prefers_own(int64_t n, int64_t k);  // the auto choice (sm90_tile_heuristics.hpp)
 
 // Launches the kernel on r.stream and returns true, or returns false having launched nothing when
 // the call is outside what the kernel takes (K = 0, unaligned bases, too many groups for the

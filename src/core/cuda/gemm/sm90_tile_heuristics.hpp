@@ -29,12 +29,21 @@ inline int grouped_m_block_n(int64_t m, int64_t n, int groups, int sm_count) {
   return cost(192, 0.97) < cost(128, 1.0) ? 192 : 128;
 }
 
-// CTAs per cluster of the M-grouped kernel: 2 (pairs share B tiles through TMA multicast) unless
-// MXMOE_GEMM_CLUSTER=1.
-inline int grouped_m_cluster() {
-  const char* e = std::getenv("MXMOE_GEMM_CLUSTER");
-  return (e && std::atoi(e) == 1) ? 1 : 2;
+// CTAs per cluster of the M-grouped kernel: 2 (pairs share B tiles through TMA multicast) at
+// K >= 4096, where the multicast saves 3-7%; 1 below, where the pairs' lockstep costs more than it
+// saves (up to 20% at K 768; measured at ab170b6, docs/perf/gemm.md). MXMOE_GEMM_CLUSTER=1|2 forces.
+inline int grouped_m_cluster(int64_t k) {
+  if (const char* e = std::getenv("MXMOE_GEMM_CLUSTER")) {
+    const int v = std::atoi(e);
+    if (v == 1 || v == 2) return v;
+  }
+  return k >= 4096 ? 2 : 1;
 }
+
+// The default choice between the own kernel and CUTLASS's (MXMOE_GEMM_SM90 unset or "auto"): the
+// own kernel where it measured ahead, fine-grained experts (K <= 1024, N <= 1536: 1.0-1.11x the
+// CUTLASS kernel at ab170b6), CUTLASS elsewhere (the own kernel 0.88-0.97x there).
+inline bool grouped_m_prefer_own(int64_t n, int64_t k) { return k <= 1024 && n <= 1536; }
 
 }  // namespace gemm
 }  // namespace cuda
