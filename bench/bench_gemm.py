@@ -222,6 +222,27 @@ def sweep_scheduler(mx, label):
     return res
 
 
+def sm90_choice(pas, N, K, G, M, env=None):
+    """(kernel, tile) the library picks for a tile128 call under `env` (default: os.environ), mirroring
+    src/core/cuda/gemm/sm90_tile_heuristics.hpp (MXMOE_GEMM_SM90 / _CLUSTER / _BLOCK_N and the auto rule)."""
+    env = os.environ if env is None else {**os.environ, **env}
+    cutlass = ("cutlass_coop_fp8_blockwise", "128x128x128 cluster 1x2")
+    if pas == "wgrad":
+        return cutlass
+    mode = env.get("MXMOE_GEMM_SM90", "") or "auto"
+    if mode == "cutlass" or (mode == "auto" and not (K <= 1024 and N <= 1536)):
+        return cutlass
+    bn = int(env["MXMOE_GEMM_BLOCK_N"]) if env.get("MXMOE_GEMM_BLOCK_N") in ("128", "192") else None
+    if bn is None:
+        m_tiles, sms = (M + 127) // 128 + G // 2, 132
+
+        def cost(b, speed):
+            return -(-m_tiles * (-(-N // b)) // sms) * b / speed
+        bn = 192 if cost(192, 0.97) < cost(128, 1.0) else 128
+    cl = int(env["MXMOE_GEMM_CLUSTER"]) if env.get("MXMOE_GEMM_CLUSTER") in ("1", "2") else (2 if K >= 4096 else 1)
+    return "mxmoe_sm90_grouped_m", f"128x{bn}x128 cluster {cl}"
+
+
 def parse_variants(spec):
     """'label:VAR=VAL+VAR2=VAL2,label2:VAR=VAL' -> [(label, {VAR: VAL, ...}), ...]."""
     out = []
@@ -265,8 +286,13 @@ def run_shape(name, M, N, K, G, jagged, passes, profile, sweep=False, variants=(
 
     def record(pas, t_mx, t_bf, t_f8, var=None):
         row = dict(pass_=pas, M=M, N=N, K=K, G=G, mxmoe_us=t_mx, bf16_us=t_bf, fp8_rowwise_us=t_f8)
+        # the call's (M, N, K): dgrad reduces over the model's N and writes K columns
+        cn, ck = (K, N) if pas == "dgrad" else (N, K)
+        row["kernel"], row["tile"] = sm90_choice(pas, cn, ck, G, M)
         if var:
             row["variants_us"] = var
+            row["variants_kernel"] = {label: " ".join(sm90_choice(pas, cn, ck, G, M, env))
+                                      for label, env in variants}
         row["ratio_vs_bf16"] = (t_bf / t_mx) if (t_bf and t_mx) else None
         for k in ("mxmoe", "bf16", "fp8_rowwise"):
             t = row[f"{k}_us"]
@@ -412,7 +438,10 @@ def main():
             "G": r["G"], "mxmoe_us": r["mxmoe_us"], "bf16_us": r["bf16_us"], "fp8_rowwise_us": r["fp8_rowwise_us"],
             "ratio_vs_bf16": r["ratio_vs_bf16"], "mxmoe_tflops": r["mxmoe_tflops"], "bf16_tflops": r["bf16_tflops"],
             "fp8_rowwise_tflops": r["fp8_rowwise_tflops"], "groups": r["groups"], "stages": r["stages"],
-            "variants_us": r.get("variants_us"),
+            "variants_us": r.get("variants_us"), "variants_kernel": r.get("variants_kernel"),
+            "kernel": r["kernel"], "tile": r["tile"],
+            # DeepGEMM beside mxmoe (issue 12) when the GPU machine can import it; it cannot today
+            "deepgemm_us": None,
             "date": date, "commit": commit, "device": device, "clocks": clocks, "torch": torch.__version__,
         })
     with open(args.json, "w") as f:

@@ -156,6 +156,22 @@ def gemm(path: str) -> str:
                 "mxmoe vs bf16", "fp8 rowwise vs bf16"], body) + "\n(* jagged: random group sizes, some empty)"
 
 
+def gemm_kernels(path: str) -> str:
+    """Forward/dgrad rows timed under several kernel choices in one run (bench_gemm.py --variants):
+    the default's time, each variant's, and the best variant against the default."""
+    rows = [r for r in json.load(open(path)) if r.get("variants_us")]
+    labels = list(rows[0]["variants_us"]) if rows else []
+    body = []
+    for r in rows:
+        v = r["variants_us"]
+        best = min(v.values())
+        body.append([r["pass"], r["shape"], f"{r['G']}{'*' if r.get('groups') else ''}", r["kernel"].split("_")[0],
+                     f"{r['mxmoe_us']:.0f}"] + [f"{v[k]:.0f}" for k in labels] +
+                    [f"{r['mxmoe_us'] / best:.2f}x", f"{r['bf16_us'] / min(best, r['mxmoe_us']):.2f}x"])
+    return _md(["pass", "shape", "G", "default", "default us"] + [f"{k} us" for k in labels] +
+               ["best variant vs default", "fastest vs bf16"], body)
+
+
 def tile128_ab(main_path: str, off_path: str) -> str:
     main = {(r["kernel"], r["shape"]): r for r in json.load(open(main_path))}
     body = []
@@ -170,7 +186,7 @@ def tile128_ab(main_path: str, off_path: str) -> str:
 
 if __name__ == "__main__":
     kind, *files = sys.argv[1:]
-    one = {"host": host, "moe": moe, "quantize": quantize, "gemm": gemm}
+    one = {"host": host, "moe": moe, "quantize": quantize, "gemm": gemm, "gemm_kernels": gemm_kernels}
     if kind == "tile128_ab":
         print(tile128_ab(*files))
     else:
