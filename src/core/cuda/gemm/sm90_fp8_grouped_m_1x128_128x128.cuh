@@ -9,13 +9,16 @@
 // Structure (DeepGEMM's technique, our code): a persistent CTA per SM with three warpgroups.
 // Warpgroup 0 is the producer (one thread issues the TMA loads of A and B tiles into a ring of
 // shared-memory stages; 40 registers), warpgroups 1 and 2 each own 64 of the tile's 128 rows and
-// issue m64 x BlockN x k32 wgmmas from the staged tiles (232 registers: one fp32 set for the
-// in-flight k-block, one for the promoted sum). Tiles are 128 x BlockN; BlockN = 192 lowers the
-// shared-memory traffic per FLOP by 13% against 128 and straddles two weight-scale tiles, handled
-// per 8-column chunk. Group boundaries cost nothing in the mainloop: a tile's TMA box starts at
-// its group's row (any row, no 128-alignment), rows of the next group or past M load as data or
-// zeros and are masked in the epilogue. Offsets are read on the device (no host sync): every CTA
-// scans offs into a shared table of group ends and m-tile prefixes before its tile loop.
+// issue m64 x BlockN x k32 wgmmas from the staged tiles (232 registers). At BlockN 128 a math
+// thread holds two in-flight fp32 sets and the promoted sum, so k-block i is promoted while the
+// wgmmas of k-block i + 1 run; at BlockN 192 (13% less shared-memory traffic per FLOP; straddles
+// two weight-scale tiles, handled per 8-column chunk) one in-flight set. Optional clusters of 2
+// CTAs whose neighbouring m-tiles share a B tile load half of it each and multicast it. Group
+// boundaries cost nothing in the mainloop: a tile's TMA box starts at its group's row (any row, no
+// 128-alignment), rows of the next group or past M load as data or zeros and are masked when the
+// epilogue (staged through shared memory, 16-byte row stores) writes the tile. Offsets are read on
+// the device (no host sync): every CTA scans offs into a shared table of group ends and m-tile
+// prefixes before its tile loop. Measurements per version: docs/perf/gemm.md.
 #pragma once
 
 #include <cuda.h>
@@ -439,10 +442,10 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       }
       it += kblocks;
       // Epilogue: + bias, rounded to Out into this warpgroup's shared buffer (accumulator layout),
-      // then read back as rows of 16-byte chunks: each store instruction of a warp writes whole
-      // 128-byte lines (2 rows of bf16 / 1 of f32 per quarter-warp... see kChunksPerRow) instead of 8
-      // half-used sectors. Rows past the group and columns past N are masked (N % 16 == 0, so a
-      // 16-byte chunk is all in or all out).
+      // then read back as rows of 16-byte chunks, consecutive threads along a row: each quarter-warp
+      // store writes one whole 128-byte line instead of the accumulator layout's 8 half-used 32-byte
+      // sectors per instruction. Rows past the group and columns past N are masked (N % 16 == 0, so
+      // a 16-byte chunk is all in or all out).
       uint8_t* epi = smem_epi + mw * 64 * K::kEpiRowBytes;
       asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");  // the previous tile's read-out is done
 #pragma unroll
