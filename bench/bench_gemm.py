@@ -170,6 +170,35 @@ def coarse_tiles(g, rows, cols32):  # (g, rows, cols32) constant over 128 rows x
     return s.contiguous().view(torch.float8_e8m0fnu)
 
 
+# ---- DeepGEMM (issue 12's anchor; only when importable on the GPU machine) ----------------------------
+def deepgemm_m_grouped(a8, b8, sizes, n_out):
+    """A DeepGEMM M-grouped contiguous FP8 GEMM (1x128 activation scales, 128x128 weight scales, fp32)
+    on the same operands, or None when deep_gemm is not importable. DeepGEMM needs every group padded
+    to its M alignment (128): a DeepGEMM user pads, so the padded rows are timed too (the jagged rows'
+    FLOPs stay the unpadded ones). Both API generations are tried (m_grouped_fp8_gemm_nt_contiguous,
+    2025-H2; m_grouped_gemm_fp8_fp8_bf16_nt_contiguous, 2025-H1)."""
+    try:
+        import deep_gemm
+    except ImportError:
+        return None
+    G, K = b8.shape[0], b8.shape[2]
+    align = 128
+    padded = [(s + align - 1) // align * align for s in sizes]
+    Mp = sum(padded)
+    a = a8 if Mp == a8.shape[0] else fp8((Mp, K))
+    m_indices = torch.repeat_interleave(torch.arange(G, dtype=torch.int32),
+                                        torch.tensor(padded)).cuda()
+    a_s = torch.rand(Mp, (K + 127) // 128, device="cuda") + 0.5
+    b_s = torch.rand(G, (n_out + 127) // 128, (K + 127) // 128, device="cuda") + 0.5
+    align_fn = getattr(deep_gemm, "get_mn_major_tma_aligned_tensor", None) or \
+        getattr(deep_gemm, "get_col_major_tma_aligned_tensor")
+    a_s = align_fn(a_s)
+    out = torch.empty(Mp, n_out, device="cuda", dtype=torch.bfloat16)
+    fn = getattr(deep_gemm, "m_grouped_fp8_gemm_nt_contiguous", None) or \
+        getattr(deep_gemm, "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous")
+    return lambda: fn((a, a_s), (b8, b_s), out, m_indices)
+
+
 # ---- timing ----------------------------------------------------------------------------------------
 def bench_us(fn):
     import triton.testing
@@ -284,8 +313,16 @@ def run_shape(name, M, N, K, G, jagged, passes, profile, sweep=False, variants=(
     w_bf = torch.randn(G, N, K, device="cuda", dtype=torch.bfloat16) * 0.05
     x8, w8 = fp8((M, K)), fp8((G, N, K))
 
-    def record(pas, t_mx, t_bf, t_f8, var=None):
-        row = dict(pass_=pas, M=M, N=N, K=K, G=G, mxmoe_us=t_mx, bf16_us=t_bf, fp8_rowwise_us=t_f8)
+    def deepgemm(a8, b8, n_out, label):
+        try:
+            fn = deepgemm_m_grouped(a8, b8, sizes, n_out)
+        except Exception as e:  # an API this script does not know: say so, keep the run going
+            print(f"    deepgemm {label}: n/a ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
+            return None
+        return try_bench(f"deepgemm {label}", fn) if fn else None
+
+    def record(pas, t_mx, t_bf, t_f8, var=None, t_dg=None):
+        row = dict(pass_=pas, M=M, N=N, K=K, G=G, mxmoe_us=t_mx, bf16_us=t_bf, fp8_rowwise_us=t_f8, deepgemm_us=t_dg)
         # the call's (M, N, K): dgrad reduces over the model's N and writes K columns
         cn, ck = (K, N) if pas == "dgrad" else (N, K)
         row["kernel"], row["tile"] = sm90_choice(pas, cn, ck, G, M)
@@ -319,7 +356,7 @@ def run_shape(name, M, N, K, G, jagged, passes, profile, sweep=False, variants=(
         w8t = w8.transpose(-2, -1)
         t_f8 = try_bench("fp8 rowwise forward", lambda: torch._scaled_grouped_mm(
             x8, w8t, sa, sb, offs=offs, out_dtype=torch.bfloat16))
-        record("forward", t_mx, t_bf, t_f8, var)
+        record("forward", t_mx, t_bf, t_f8, var, deepgemm(x8, w8, N, "forward"))
         del out, ws, a_s, b_s
 
     if "dgrad" in passes:
@@ -339,7 +376,7 @@ def run_shape(name, M, N, K, G, jagged, passes, profile, sweep=False, variants=(
         wt8_cm = wt8.transpose(-2, -1)  # (G, N, K) view, column-major as _scaled_grouped_mm wants
         t_f8 = try_bench("fp8 rowwise dgrad", lambda: torch._scaled_grouped_mm(
             dy8, wt8_cm, sa, sb, offs=offs, out_dtype=torch.bfloat16))
-        record("dgrad", t_mx, t_bf, t_f8, var)
+        record("dgrad", t_mx, t_bf, t_f8, var, deepgemm(dy8, wt8, K, "dgrad"))
         del dy_bf, dy8, wt8, out, ws, a_s, b_s
 
     if "wgrad" in passes:
@@ -440,8 +477,8 @@ def main():
             "fp8_rowwise_tflops": r["fp8_rowwise_tflops"], "groups": r["groups"], "stages": r["stages"],
             "variants_us": r.get("variants_us"), "variants_kernel": r.get("variants_kernel"),
             "kernel": r["kernel"], "tile": r["tile"],
-            # DeepGEMM beside mxmoe (issue 12) when the GPU machine can import it; it cannot today
-            "deepgemm_us": None,
+            # DeepGEMM beside mxmoe (issue 12; forward / dgrad) when the GPU machine can import it
+            "deepgemm_us": r.get("deepgemm_us"),
             "date": date, "commit": commit, "device": device, "clocks": clocks, "torch": torch.__version__,
         })
     with open(args.json, "w") as f:
@@ -452,13 +489,16 @@ def main():
 
     lines = [f"tile128 grouped GEMMs ({RECIPE}), {device}, clocks {clocks}, torch {torch.__version__}, "
              f"commit {commit}, {date}",
-             "| pass | M | N | K | G | mxmoe us | TFLOP/s | bf16 us | TFLOP/s | fp8 rowwise us | TFLOP/s | vs bf16 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| pass | M | N | K | G | mxmoe us | TFLOP/s | bf16 us | TFLOP/s | fp8 rowwise us | TFLOP/s | deepgemm us "
+             "| vs bf16 | vs deepgemm |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in out_rows:
         lines.append(f"| {r['pass']} | {r['M']} | {r['N']} | {r['K']} | {r['G']}{'*' if r['groups'] else ''} | "
                      f"{fmt(r['mxmoe_us'], '.0f')} | {fmt(r['mxmoe_tflops'], '.0f')} | {fmt(r['bf16_us'], '.0f')} | "
                      f"{fmt(r['bf16_tflops'], '.0f')} | {fmt(r['fp8_rowwise_us'], '.0f')} | "
-                     f"{fmt(r['fp8_rowwise_tflops'], '.0f')} | {fmt(r['ratio_vs_bf16'], '.2f')}x |")
+                     f"{fmt(r['fp8_rowwise_tflops'], '.0f')} | {fmt(r['deepgemm_us'], '.0f')} | "
+                     f"{fmt(r['ratio_vs_bf16'], '.2f')}x | "
+                     f"{fmt(r['deepgemm_us'] / r['mxmoe_us'] if r['deepgemm_us'] and r['mxmoe_us'] else None, '.2f')}x |")
     lines.append("(* jagged: random group sizes, some empty, not multiples of 32)")
     with open(args.table, "w") as f:
         f.write("\n".join(lines) + "\n")

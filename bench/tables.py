@@ -147,13 +147,19 @@ def quantize(path: str) -> str:
 def gemm(path: str) -> str:
     rows = json.load(open(path))
     f = lambda v, spec: format(v, spec) if v is not None else "n/a"  # noqa: E731
+    dg = any(r.get("deepgemm_us") for r in rows)  # the DeepGEMM columns when that run measured it
     body = [[r["pass"], r["shape"], r["M"], r["N"], r["K"], f"{r['G']}{'*' if r.get('groups') else ''}",
              f(r["mxmoe_us"], ".0f"), f(r["mxmoe_tflops"], ".0f"), f(r["bf16_us"], ".0f"), f(r["fp8_rowwise_us"], ".0f"),
-             f(r["fp8_rowwise_tflops"], ".0f"), f"{f(r['ratio_vs_bf16'], '.2f')}x",
+             f(r["fp8_rowwise_tflops"], ".0f")] +
+            ([f(r.get("deepgemm_us"), ".0f"),
+              f"{f(r['deepgemm_us'] / r['mxmoe_us'] if r.get('deepgemm_us') and r['mxmoe_us'] else None, '.2f')}x"]
+             if dg else []) +
+            [f"{f(r['ratio_vs_bf16'], '.2f')}x",
              f"{f(r['bf16_us'] / r['fp8_rowwise_us'] if r['bf16_us'] and r['fp8_rowwise_us'] else None, '.2f')}x"]
             for r in rows]
-    return _md(["pass", "shape", "M", "N", "K", "G", "mxmoe us", "TFLOP/s", "bf16 us", "fp8 rowwise us", "TFLOP/s",
-                "mxmoe vs bf16", "fp8 rowwise vs bf16"], body) + "\n(* jagged: random group sizes, some empty)"
+    return _md(["pass", "shape", "M", "N", "K", "G", "mxmoe us", "TFLOP/s", "bf16 us", "fp8 rowwise us", "TFLOP/s"] +
+               (["DeepGEMM us", "mxmoe vs DeepGEMM"] if dg else []) + ["mxmoe vs bf16", "fp8 rowwise vs bf16"],
+               body) + "\n(* jagged: random group sizes, some empty)"
 
 
 def gemm_kernels(path: str) -> str:
