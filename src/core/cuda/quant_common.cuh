@@ -16,7 +16,7 @@
 namespace mxmoe {
 struct DequantizeArgs;
 namespace cuda {
-// dequantize's fast path along R (defined in quantize.cu, used by quant_dequant.cu); false where it
+// dequantize's fast path along R (quantize/warp/quant_warp.cu, used by quant_dequant.cu); false where it
 // does not apply.
 bool dequantize_along_r_warp(const DequantizeArgs& args);
 

@@ -34,7 +34,7 @@ struct Tile128Pass {
   long long n_r = 0;
   bool row_codes = false;  // rowwise 1x128 quantization wanted (not tile): q / scale_c
   bool col_codes = false;  // columnwise 128x1 wanted (not tile): qt / scale_r
-  // A computed input (src.kind 0: x itself), as quantize.cu's Params.
+  // A computed input (src.kind 0: x itself), as quant::Params (quantize/kernels.cuh).
   qk::SourceP src{};
 };
 
