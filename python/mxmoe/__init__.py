@@ -16,6 +16,7 @@ Public API:
 
   mxmoe.refresh_weights() / set_weight_cache() / weight_cache_info()   expert weights quantized once
                                         per optimizer step (mxmoe/weight_cache.py)
+  mxmoe.graph_weight_cache()            around a CUDA-graph capture: the forms kept across replays
   mxmoe.distributed                     FSDP2 MX all-gather (enable_mx_all_gather), expert parallel
                                         (ep_moe_experts, EPMoEExperts), the torchrun launch; TP: DTensor
                                         weights in moe_experts (imported on use: import mxmoe.distributed)
@@ -39,7 +40,7 @@ from .moe import moe_experts
 from .mx_tensor import MXTensor, quantize
 from . import nn
 from .recipes import RECIPES, Recipe
-from .weight_cache import refresh_weights, set_weight_cache, weight_cache_info
+from .weight_cache import graph_weight_cache, refresh_weights, set_weight_cache, weight_cache_info
 
 _register_with_transformers()
 
@@ -67,6 +68,7 @@ __all__ = [
     "has_cuda",
     "build_info",
     "refresh_weights",
+    "graph_weight_cache",
     "set_weight_cache",
     "weight_cache_info",
 ]

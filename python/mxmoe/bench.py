@@ -11,6 +11,7 @@ Rows also go to <out>/e2e.json. A benchmark, not a test: nothing here asserts a 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -36,7 +37,8 @@ class Row:
     B_shape: str
     recipe: str
     compiled: bool
-    mode: str  # eager | compiled | cuda_graph (the eager step captured once, then replayed)
+    mode: str  # eager | compiled | cuda_graph (the eager step captured once, then replayed) | cuda_graph_mb
+    # (one micro-batch's fwd+bwd captured, replayed micro_batches times per step; mxmoe under graph_weight_cache)
     bf16_e2e_us: float
     scaled_e2e_us: float
     scaled_e2e_speedup: float
@@ -56,9 +58,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shapes", default="seeds,scout,dsv3,jagged", help=f"comma list of {', '.join(SHAPES)}")
     p.add_argument("--recipes", default="mxfp8_rceil,mxfp8_rceil_tile128")
     p.add_argument("--backend", default="auto")
-    p.add_argument("--compile", choices=["all", "both", "eager", "compiled", "graph"], default="all",
+    p.add_argument("--compile", choices=["all", "both", "eager", "compiled", "graph", "graph-mb"], default="all",
                    help="eager, torch.compile'd, and/or the eager step replayed as a CUDA graph (no host "
-                   "overhead: the GPU-bound ratio); 'both' = eager + compiled, 'all' = the three")
+                   "overhead: the GPU-bound ratio); 'both' = eager + compiled, 'all' = the three; 'graph-mb': "
+                   "one micro-batch's fwd+bwd captured and replayed --micro-batches times per step, mxmoe's "
+                   "side under mxmoe.graph_weight_cache() (the forms kept across replays)")
     p.add_argument("--reps", type=int, default=10, help="timed repetitions per measurement (median)")
     p.add_argument("--no-moe-layer", action="store_true", help="skip the single MoE layer benchmark")
     p.add_argument("--profile", default="", help="comma list of shape names (e.g. seeds:1 = seeds G=1) whose "
@@ -207,12 +211,33 @@ def bench_grouped_mm(shape, recipe: str, backend: str, mode: str, reps: int, mic
             touch_weights(w)
         return run
 
+    def graphed_micro_batches(f, keep):
+        # One micro-batch captured; a step = mb replays, then the weight write and what an optimizer
+        # step's post-hook does (refresh_weights: the kept forms recompute in the next replay).
+        def one():
+            f(a, w, offs).backward(dy)
+
+        a.grad = w.grad = None
+        with mxmoe.graph_weight_cache() if keep else contextlib.nullcontext():
+            replay = _graphed(one)
+
+        def run():
+            for _ in range(mb):
+                replay()
+            touch_weights(w)
+            mxmoe.refresh_weights()
+        return run
+
     # Peak memory of the eager/compiled step (a graph's private pool would hide the allocations).
     a.grad = w.grad = None
     bf16_peak, scaled_peak = _peak_mib(e2e(bf16)), _peak_mib(e2e(scaled))
-    wrap = _graphed if mode == "cuda_graph" else (lambda fn: fn)
+    wrap = _graphed if mode.startswith("cuda_graph") else (lambda fn: fn)
     bf16_fwd, scaled_fwd = _time_us(wrap(fwd(bf16)), reps), _time_us(wrap(fwd(scaled)), reps)
-    bf16_e2e, scaled_e2e = _time_us(wrap(e2e(bf16)), reps) / mb, _time_us(wrap(e2e(scaled)), reps) / mb
+    if mode == "cuda_graph_mb":
+        bf16_e2e = _time_us(graphed_micro_batches(bf16, False), reps) / mb
+        scaled_e2e = _time_us(graphed_micro_batches(scaled, True), reps) / mb
+    else:
+        bf16_e2e, scaled_e2e = _time_us(wrap(e2e(bf16)), reps) / mb, _time_us(wrap(e2e(scaled)), reps) / mb
     return Row(
         A_shape=str((m, k)), B_shape=str((g, n, k)), recipe=recipe, compiled=compiled, mode=mode,
         bf16_e2e_us=bf16_e2e, scaled_e2e_us=scaled_e2e, scaled_e2e_speedup=bf16_e2e / scaled_e2e,
@@ -335,7 +360,7 @@ def main(args) -> int:
     env = _env()
     print(f"device {env['device']}, torch {torch.__version__}, commit {env['commit']}, {env['date']}")
     modes = {"all": ["eager", "compiled", "cuda_graph"], "both": ["eager", "compiled"], "eager": ["eager"],
-             "compiled": ["compiled"], "graph": ["cuda_graph"]}[args.compile]
+             "compiled": ["compiled"], "graph": ["cuda_graph"], "graph-mb": ["cuda_graph_mb"]}[args.compile]
     rows = []
     for name in args.shapes.split(","):
         for shape in SHAPES[name]:

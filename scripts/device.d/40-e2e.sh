@@ -6,11 +6,16 @@ status=0
 : > "$OUT/table-e2e.txt"
 python3 -m mxmoe bench ${MXMOE_BENCH_ARGS:-} --out "$OUT" 2>&1 | tee "$OUT/bench-e2e.log" | tail -40 || status=1
 sed -n '/^A_shape/,$p' "$OUT/bench-e2e.log" >> "$OUT/table-e2e.txt"
-# Gradient accumulation: 4 fwd+bwd per weight update (the weights quantized once per update).
-mkdir -p "$OUT/mb"
-python3 -m mxmoe bench --micro-batches "${MXMOE_MICRO_BATCHES:-4}" --shapes "${MXMOE_MB_SHAPES:-seeds}" --compile eager \
-  --no-moe-layer --out "$OUT/mb" 2>&1 | tee "$OUT/bench-e2e-mb.log" | tail -12 || status=1
-{ echo "micro-batches ${MXMOE_MICRO_BATCHES:-4}:"; sed -n '/^A_shape/,$p' "$OUT/bench-e2e-mb.log"; } >> "$OUT/table-e2e.txt"
+# Gradient accumulation: 4 fwd+bwd per weight update (the weights quantized once per update), for
+# each --compile choice in MXMOE_MB_COMPILE (space-separated; e.g. "all graph-mb").
+for mbc in ${MXMOE_MB_COMPILE:-eager}; do
+  mkdir -p "$OUT/mb-$mbc"
+  python3 -m mxmoe bench --micro-batches "${MXMOE_MICRO_BATCHES:-4}" --shapes "${MXMOE_MB_SHAPES:-seeds}" --compile "$mbc" \
+    --recipes "${MXMOE_MB_RECIPES:-mxfp8_rceil,mxfp8_rceil_tile128}" --no-moe-layer --out "$OUT/mb-$mbc" 2>&1 \
+    | tee "$OUT/bench-e2e-mb-$mbc.log" | tail -12 || status=1
+  { echo "micro-batches ${MXMOE_MICRO_BATCHES:-4}, --compile $mbc:"; sed -n '/^A_shape/,$p' "$OUT/bench-e2e-mb-$mbc.log"; } \
+    >> "$OUT/table-e2e.txt"
+done
 if [[ -z "${MXMOE_SKIP_TRAIN:-}" ]]; then
   # The demo on the GPU for each recipe family: final losses within 2% of bf16 (--strict fails otherwise).
   for recipe in mxfp8_rceil mxfp8_rceil_tile128; do

@@ -280,3 +280,176 @@ def test_disabled_by_switch(counter):
         assert counter["n"] == 2 and mxmoe.weight_cache_info()["entries"] == 0
     finally:
         mxmoe.set_weight_cache(True)
+
+
+# ---- CUDA-graph capture: the capture's own entries (weight_cache._captured) ----------------------
+
+
+class _Graph:  # stands in for the torch.cuda.CUDAGraph being captured (weakref-able)
+    pass
+
+
+def test_capture_entries_logic(monkeypatch, counter):
+    """The capture rule on CPU, with the capture simulated (the H200 test below captures for real):
+    one weight pass per weight per capture; a write recorded in between records a new one; another
+    graph, or a lookup outside the capture, never sees this capture's forms."""
+    recipe = "mxfp8_rceil_tile128"
+    model = Experts()
+    batches = [_batch("cpu") for _ in range(3)]
+    graph = _Graph()
+    monkeypatch.setattr(weight_cache, "_capturing", lambda parts: True)
+    monkeypatch.setattr(weight_cache, "_capturing_graph", lambda: graph)
+    for a, offs in batches:
+        _step(model, a, offs, recipe)
+    assert counter["n"] == 1  # three micro-batches' fwd+bwd, one pass
+    info = mxmoe.weight_cache_info()
+    assert info["capture_entries"] == 1 and info["capture_bytes"] > 0 and info["entries"] == 0
+    with torch.no_grad():
+        model.w.mul_(2.0)  # recorded between two uses: the next use records a new pass
+    y = _step(model, *batches[0], recipe)
+    assert counter["n"] == 2
+    with uncached():
+        assert torch.equal(y, _step(model, *batches[0], recipe))  # (+1: the uncached reference)
+    other = _Graph()
+    monkeypatch.setattr(weight_cache, "_capturing_graph", lambda: other)
+    _step(model, *batches[0], recipe)  # another capture: its own pass
+    assert counter["n"] == 4 and mxmoe.weight_cache_info()["capture_entries"] == 1
+    monkeypatch.setattr(weight_cache, "_capturing_graph", lambda: None)
+    _step(model, *batches[0], recipe)  # a capture torch cannot name: no entries, a pass per use
+    _step(model, *batches[0], recipe)
+    assert counter["n"] == 6
+    monkeypatch.setattr(weight_cache, "_capturing", lambda parts: False)
+    _step(model, *batches[0], recipe)  # eager again: the capture's entries are gone
+    assert counter["n"] == 7
+    info = mxmoe.weight_cache_info()
+    assert info["capture_entries"] == 0 and info["entries"] == 1
+
+
+def _graphed_steps(model, batches, recipe, write_between, counter):
+    """One captured "optimizer step": fwd+bwd of every micro-batch (grads accumulated), optionally an
+    in-place weight write recorded after the first one. Warm-up on a side stream first (as
+    torch.cuda.graph requires); returns (graph, the captured outputs, the weight passes recorded)."""
+    def run():
+        outs = []
+        for i, (a, offs) in enumerate(batches):
+            outs.append(_step(model, a, offs, recipe))
+            if write_between and i == 0:
+                with torch.no_grad():
+                    model.w.mul_(0.5)
+        return outs
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        model.w.grad = None
+        saved = model.w.detach().clone()
+        run()
+        with torch.no_grad():
+            model.w.copy_(saved)
+    torch.cuda.current_stream().wait_stream(s)
+    model.w.grad = None
+    graph = torch.cuda.CUDAGraph()
+    n0 = counter["n"]
+    with torch.cuda.graph(graph):
+        outs = run()
+    return graph, outs, counter["n"] - n0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("write_between", [False, True])
+def test_cuda_graph_once_per_captured_step(recipe, write_between, counter):
+    """A real capture on the GPU: one weight pass recorded for three micro-batches' fwd+bwd (two with a
+    write recorded between them); every replay re-runs the recorded pass, so a weight changed between
+    replays (eagerly, or by the recorded write) is never served stale: outputs and gradients of each
+    replay bit-equal eager code without the cache on the same weights."""
+    if not _usable("cuda", recipe):
+        pytest.skip("needs Hopper and the tile128 GEMMs")
+    if getattr(torch.cuda.CUDAGraph, "get_currently_capturing_graph", None) is None:
+        pytest.fail("this torch cannot name the graph being captured: the capture entries are off")
+    torch.manual_seed(3)
+    model, plain = Experts(device="cuda"), Experts(device="cuda")
+    plain.load_state_dict(model.state_dict())
+    batches = [_batch("cuda") for _ in range(3)]
+    start = model.w.detach().clone()
+    graph, outs, passes = _graphed_steps(model, batches, recipe, write_between, counter)
+    assert passes == (2 if write_between else 1)
+    assert mxmoe.weight_cache_info()["capture_entries"] == 1
+    for scale in (1.0, -3.0):
+        with torch.no_grad():  # the weight as the replay will see it (an eager write between replays)
+            model.w.copy_(start * scale)
+            plain.w.copy_(start * scale)
+        graph.replay()
+        torch.cuda.synchronize()
+        plain.w.grad = None
+        with uncached():
+            for i, (a, offs) in enumerate(batches):
+                assert torch.equal(outs[i], _step(plain, a, offs, recipe)), (scale, i)
+                if write_between and i == 0:
+                    with torch.no_grad():
+                        plain.w.mul_(0.5)
+        assert torch.equal(model.w.grad, plain.w.grad)
+        assert torch.equal(model.w, plain.w)
+    # a lookup outside the capture drops the capture's entries
+    _step(model, *batches[0], recipe)
+    assert mxmoe.weight_cache_info()["capture_entries"] == 0
+
+
+def test_graph_weight_cache_needs_cuda_and_no_capture():
+    with pytest.raises(ValueError, match="device must be a CUDA device, got cpu"):
+        mxmoe.graph_weight_cache("cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_graph_weight_cache_across_replays(recipe, counter):
+    """graph_weight_cache(): a graph of one micro-batch computes the weight's forms in the first replay
+    only; later replays read the kept forms (proved by corrupting them: the output follows); an
+    optimizer step, or refresh_weights() after a manual write, makes the next replay recompute, and
+    its outputs and gradients then bit-equal eager code without the cache."""
+    if not _usable("cuda", recipe):
+        pytest.skip("needs Hopper and the tile128 GEMMs")
+    torch.manual_seed(4)
+    model, plain = Experts(device="cuda"), Experts(device="cuda")
+    plain.load_state_dict(model.state_dict())
+    opt, opt_p = torch.optim.SGD(model.parameters(), lr=0.5), torch.optim.SGD(plain.parameters(), lr=0.5)
+    batch = _batch("cuda")
+    with mxmoe.graph_weight_cache():
+        graph, (out,), passes = _graphed_steps(model, [batch], recipe, False, counter)
+    assert passes == 1
+    (kept,) = weight_cache._kept.values()
+    assert mxmoe.weight_cache_info()["kept_entries"] == 1 and mxmoe.weight_cache_info()["kept_bytes"] > 0
+
+    def replay_matches_eager():
+        graph.replay()
+        torch.cuda.synchronize()
+        plain.w.grad = None
+        with uncached():
+            ref = _step(plain, *batch, recipe)
+        return torch.equal(out, ref) and torch.equal(model.w.grad, plain.w.grad)
+
+    assert replay_matches_eager()  # first replay: the flag was set, the pass ran
+    assert replay_matches_eager()  # later replays: the kept forms (still right: the weight is unchanged)
+    saved = [f.clone() for f in kept.forms]
+    for f in kept.forms:  # corrupt them: a replay that reads them instead of recomputing shows it
+        f.view(torch.uint8).fill_(0)
+    assert not replay_matches_eager()
+    for f, c in zip(kept.forms, saved):
+        f.copy_(c)
+    assert replay_matches_eager()  # (and the gradients are right again for the steps below)
+    for _ in range(2):  # an optimizer step flags the forms: the next replay recomputes them
+        opt.step(), opt_p.step()
+        assert torch.equal(model.w, plain.w)
+        assert replay_matches_eager()
+    with torch.no_grad():  # a manual write between replays is not seen ...
+        model.w.mul_(-2.0)
+        plain.w.mul_(-2.0)
+    assert not replay_matches_eager()
+    mxmoe.refresh_weights()  # ... until refresh_weights()
+    assert replay_matches_eager()
+    del graph, kept
+    del model, opt
+    import gc
+
+    gc.collect()
+    assert mxmoe.weight_cache_info()["kept_entries"] == 0  # freed with the weight
