@@ -253,6 +253,22 @@ MXMOE_API mxmoe_status mxmoe_quantize_fused(const mxmoe_tensor* x, const mxmoe_t
                                             mxmoe_fused_config cfg, const mxmoe_fused_side* row,
                                             const mxmoe_fused_side* col, void* stream);
 
+/* ---- CUDA graphs (the weight cache under capture, mxmoe/weight_cache.py) ---------------------
+ * mxmoe_capture_id: *id = the id of the stream capture that `stream` (a cudaStream_t; NULL = the
+ * legacy default stream) is recording (cudaStreamGetCaptureInfo), 0 when it is not capturing, and 0
+ * in a build without CUDA.
+ * mxmoe_quantize_fused_if: mxmoe_quantize_fused (same arguments, same checks) recorded on a
+ * capturing `stream` under a conditional graph node on `flag`, one int32 in device memory of x's
+ * device: each replay of the graph runs the quantization only when *flag != 0, and then sets *flag
+ * to 0. So a replay recomputes the outputs only when the caller has set the flag since (the outputs
+ * keep their values otherwise). CUDA tensors only; MXMOE_ERR_UNSUPPORTED when `stream` is not
+ * capturing or the build has no CUDA. */
+MXMOE_API mxmoe_status mxmoe_capture_id(void* stream, uint64_t* id);
+MXMOE_API mxmoe_status mxmoe_quantize_fused_if(const mxmoe_tensor* flag, const mxmoe_tensor* x,
+                                               const mxmoe_tensor* offs, mxmoe_fused_config cfg,
+                                               const mxmoe_fused_side* row, const mxmoe_fused_side* col,
+                                               void* stream);
+
 /* ---- Fused quantization of a computed input (the fused MoE expert layer, issue 11) ----------
  * mxmoe_quantize_fused where the (R, C) input x is never in memory: each element is computed from
  * `src` as the quantizer reads it, so no intermediate copy is written:

@@ -27,6 +27,10 @@ Ops (schemas in src/ops/library.cpp):
   quantize_fused(x, offs?, row_block, col_block, tile128, mode, row_outputs, col_outputs, dq_dtype)
       -> 12 tensors: one read of x, rowwise and/or columnwise MX operands, blocked scales, MX round trip
   sm90_tile128_weight / sm90_exact_weight   a weight's quantized forms (once per optimizer step)
+  weight_forms_if(flag!, w, form, mode) -> forms   form 0 / 1: sm90_tile128_weight's / sm90_exact_weight's,
+      recorded on a capturing stream under a conditional CUDA-graph node on flag (int32 on w's device):
+      a replay recomputes them only when flag != 0, then zeroes it (mxmoe/weight_cache.py)
+  capture_id(device) -> int   the CUDA-graph capture recorded on the device's current stream (0: none)
   sm90_tile128_forward / sm90_tile128_backward / sm90_exact_forward / sm90_exact_backward
       one whole forward or backward of a grouped_mm on Hopper in one op (see sm90.py)
   check_offsets(offs, m) -> ()   (checked mode: syncs, raises ValueError on bad offsets)
@@ -75,6 +79,7 @@ __all__ = [
     "grouped_mm_tile128_kgroups", "zero_rows_past_groups", "sm90_tile128_weight", "sm90_tile128_forward", "sm90_exact_weight", "sm90_tile128_backward",
     "sm90_exact_forward", "sm90_exact_backward", "quantize_fused_source", "moe_tile128_forward",
     "moe_tile128_backward", "moe_exact_forward", "moe_exact_backward", "grouped_scale_capacity", "blocked_size", "quantize_fused_sides",
+    "weight_forms_if", "capture_id",
 ]
 
 # ---- errors -----------------------------------------------------------------------------------------
@@ -123,6 +128,8 @@ sm90_tile128_weight = _python_op("sm90_tile128_weight")
 sm90_tile128_forward = _python_op("sm90_tile128_forward")
 sm90_tile128_backward = _python_op("sm90_tile128_backward")
 sm90_exact_weight = _python_op("sm90_exact_weight")
+weight_forms_if = _python_op("weight_forms_if")
+capture_id = _python_op("capture_id")
 sm90_exact_forward = _python_op("sm90_exact_forward")
 sm90_exact_backward = _python_op("sm90_exact_backward")
 _dense_grouped_mm = _python_op("_dense_grouped_mm")
@@ -303,6 +310,16 @@ def _(w, mode):
     _check_dims(w, "w")
     row, col = _side(w, None, True, FUSED_Q | FUSED_SCALE), _side(w, None, False, FUSED_QT | FUSED_SCALE)
     return row[0], row[2], col[1], col[2]
+
+
+@_fake("weight_forms_if")
+def _(flag, w, form, mode):
+    _check_dims(w, "w")
+    if form == 0:
+        row, col = _side(w, None, True, FUSED_Q | FUSED_SCALE), _side(w, None, False, FUSED_QT | FUSED_SCALE)
+        return [row[0], row[2], col[1], col[2]]
+    row, col = _side(w, None, True, FUSED_DQ), _side(w, None, False, FUSED_Q | FUSED_SCALE)
+    return [row[4], col[0], col[2]]
 
 
 @_fake("sm90_tile128_forward")

@@ -30,23 +30,25 @@ version counter). The cached forms are read only by mxmoe's own ops inside a gra
 writes into them (it reuses an extern op's output buffer only for a pointwise kernel that reads it).
 
 CUDA graphs (``torch.cuda.graph`` / ``make_graphed_callables`` around eager code). A replay runs no
-host code, so nothing could re-check a weight between replays: the weight pass is captured and runs
-in every replay, and the cache works *within* one capture. A capture has entries of its own (keyed
-as above, plus the graph being captured): the first use of a weight in the capture records its
-weight pass, later uses in the same capture reuse those forms while the weight's state is unchanged
-at capture time, and a write to the weight recorded in between (an optimizer step or any in-place
-op captured in the same graph bumps the version as it is recorded) records a new pass. So a graph
-of one optimizer step (N micro-batches' fwd+bwd, then the step) quantizes each weight once per
-replay, as eager code does once per step; a graph of one micro-batch, replayed N times, quantizes
-once per replay. The capture's entries are dropped at the next lookup outside it (their tensors
-belong to the graph's memory pool; the graph keeps using that memory in its replays).
+host code, so nothing can re-check a weight between replays. By default the weight pass is captured
+and runs in every replay, and the cache works *within* one capture: a capture (named by the CUDA
+runtime's capture id, mxmoe::capture_id) has entries of its own (keyed as above): the first use of a
+weight in the capture records its weight pass, later uses in the same capture reuse those forms
+while the weight's state is unchanged at capture time, and a write to the weight recorded in between
+(an optimizer step or any in-place op captured in the same graph bumps the version as it is
+recorded) records a new pass. So a graph of one optimizer step (N micro-batches' fwd+bwd, then the
+step) quantizes each weight once per replay, as eager code does once per step. The capture's entries
+are dropped at the next lookup outside it (their tensors belong to the graph's memory pool; the graph
+keeps using that memory in its replays). For a graph of one micro-batch replayed N times, capture it
+inside ``graph_weight_cache()``: the pass is then recorded under a conditional graph node and runs
+only in the first replay after an optimizer step or ``refresh_weights()`` (that class says what it
+asks of the caller).
 
 Where it is off (the forms are computed on every call, as without a cache): in compiled code with
 torch.compile's CUDA graphs (mode="reduce-overhead": they warm up and record on their own stream into
 a private memory pool, which must not keep an entry; the op computes the forms whenever it runs off
-the device's default stream), under a capture torch cannot name (a raw stream capture, or a torch
-without ``CUDAGraph.get_currently_capturing_graph``), for inference-mode tensors (no version
-counter), and everywhere with ``mxmoe.set_weight_cache(False)`` or env ``MXMOE_WEIGHT_CACHE=0``.
+the device's default stream), for inference-mode tensors (no version counter), and everywhere with
+``mxmoe.set_weight_cache(False)`` or env ``MXMOE_WEIGHT_CACHE=0``.
 
 Memory: between steps an entry keeps the weight's quantized forms (tile128: FP8 codes in both
 orientations + scales, about W's bf16 bytes; exact recipes: the bf16 round trip + FP8 along N, about
@@ -68,8 +70,8 @@ _lock = threading.Lock()
 _enabled = os.environ.get("MXMOE_WEIGHT_CACHE", "1") not in ("0", "")
 _entries: Dict[tuple, "_Entry"] = {}
 _stats = {"hits": 0, "misses": 0}
-# The CUDA graph being captured that _captured holds entries for (a weakref), and those entries.
-_capture: Dict[str, object] = {"graph": None, "entries": {}}
+# The CUDA-graph capture that _captured holds entries for (its id; 0: none), and those entries.
+_capture: Dict[str, object] = {"id": 0, "entries": {}}
 
 
 class _Entry:
@@ -89,27 +91,19 @@ def _usable(w: Tensor) -> bool:
     return _enabled and not torch.compiler.is_compiling() and not w.is_inference()
 
 
-def _capturing(parts) -> bool:
-    return any(t.device.type == "cuda" for t in parts) and torch.cuda.is_current_stream_capturing()
+def _capture_id(parts) -> int:
+    """The id of the CUDA-graph capture the current stream of the parts' device records (0: none).
+    From the CUDA runtime (mxmoe::capture_id): it names raw stream captures and torch's alike."""
+    t = next((t for t in parts if t.device.type == "cuda"), None)
+    if t is None or not torch.cuda.is_current_stream_capturing():
+        return 0
+    return ops.capture_id(t.device.index)
 
 
-def _capturing_graph():
-    """The torch.cuda.CUDAGraph being captured on the current stream, or None where torch cannot
-    say (a raw stream capture, an older torch)."""
-    get = getattr(torch.cuda.CUDAGraph, "get_currently_capturing_graph", None)
-    if get is None:
-        return None
-    try:
-        return get()
-    except RuntimeError:
-        return None
-
-
-def _end_capture_entries(graph=None) -> None:
-    """Drop the entries of a capture other than ``graph`` (called with _lock held)."""
-    ref = _capture["graph"]
-    if ref is not None and (graph is None or ref() is not graph):
-        _capture["graph"] = None
+def _end_capture_entries(capture: int = 0) -> None:
+    """Drop the entries of a capture other than ``capture`` (called with _lock held)."""
+    if _capture["id"] and _capture["id"] != capture:
+        _capture["id"] = 0
         _capture["entries"] = {}
 
 
@@ -140,8 +134,9 @@ def quantized(w, form: tuple, compute: Callable) -> Tuple[Tensor, ...]:
     roots = tuple(_root(t) for t in parts)
     key = (tuple(id(r) for r in roots), form, tuple((tuple(t.shape), t.stride(), t.storage_offset()) for t in parts))
     state = tuple(_state(t) for t in parts)
-    if _capturing(parts):
-        return _captured(w, roots, key, state, compute)
+    capture = _capture_id(parts)
+    if capture:
+        return _captured(w, roots, key, state, form, compute, capture)
     with _lock:
         _end_capture_entries()
         entry = _entries.get(key)
@@ -158,38 +153,45 @@ def quantized(w, form: tuple, compute: Callable) -> Tuple[Tensor, ...]:
     return forms
 
 
-def _captured(w, roots, key, state, compute) -> Tuple[Tensor, ...]:
+def _captured(w, roots, key, state, form, compute, capture: int) -> Tuple[Tensor, ...]:
     """``quantized`` during a CUDA-graph capture: the capture's own entries (module docstring). An
     entry holds the forms recorded earlier in this capture, valid while the weight's state at capture
     time is the one they were recorded from; no stats (they count the eager cache). Inside
-    ``graph_weight_cache()`` the pass is recorded under a conditional node instead (``_kept_forms``)."""
-    graph = _capturing_graph()
-    if graph is None:
-        return compute(w)
+    ``graph_weight_cache()`` a weight's first pass in the capture is recorded under a conditional
+    node instead (``_kept_forms``)."""
     with _lock:
-        _end_capture_entries(graph)
+        _end_capture_entries(capture)
         entry = _capture["entries"].get(key)
         if entry is not None and all(ref() is r for ref, r in zip(entry.root, roots)) and entry.state == state:
             return entry.forms
-    written = entry is not None  # used earlier in this capture, written since (recorded)
-    kept = _kept_forms(graph, w, roots, key, state, compute, written) if _keep["depth"] else None
-    forms = kept if kept is not None else tuple(compute(w))
+    forms = None
+    if entry is None and _keep["depth"]:
+        forms = _kept_forms(w, roots, key, form, capture)
+    elif entry is not None:
+        # Written earlier in this capture, after a use: this replay recomputes here, and a kept entry
+        # of this capture is flagged for the next replay (its first pass read the weight before the
+        # write).
+        kept = _kept.get((key, capture))
+        if kept is not None:
+            _keep["flags"][kept.device][kept.slot].fill_(1)
+    if forms is None:
+        forms = tuple(compute(w))
     with _lock:
-        if _capture["graph"] is None:
-            _capture["graph"] = weakref.ref(graph)
+        _capture["id"] = capture
         _capture["entries"][key] = _Entry(tuple(weakref.ref(r) for r in roots), state, forms)
     return forms
 
 
 # ---- graph_weight_cache(): forms kept across CUDA-graph replays ----------------------------------
-# A kept entry owns static forms and a device flag "stale" (one byte of a per-device flag pool). The
-# capture records the weight pass under a conditional node on that flag: a replay runs the pass only
-# when the flag is set, and clears it. The flag is set by every optimizer step (the step post-hook,
-# eager or recorded in a graph), by refresh_weights(), and before a recorded pass whose weight was
-# written earlier in the same capture.
+# A kept entry (one per weight and capture) owns the forms its capture recorded and a device flag
+# "stale" (one int32 of a per-device flag pool, set when allocated). The pass is recorded under a
+# conditional node on that flag (mxmoe::weight_forms_if): a replay runs it only when the flag is
+# set, and clears it. The flag is set by every optimizer step (the step post-hook, eager or recorded
+# in a graph), by refresh_weights(), and by a write recorded later in the same capture (_captured).
 _keep: Dict[str, object] = {"depth": 0, "flags": {}, "free": {}}
 _kept: Dict[tuple, "_Kept"] = {}
 _FLAG_SLOTS = 4096
+_FORM_CODES = {"sm90_tile128": 0, "sm90_exact": 1}  # weight_forms_if's form argument
 
 
 class _Kept:
@@ -197,11 +199,6 @@ class _Kept:
 
     def __init__(self, root, forms, slot, device):
         self.root, self.forms, self.slot, self.device = root, forms, slot, device
-
-
-def _kept_key(key, state):
-    # The version is not part of it: a kept entry outlives writes (its flag tracks them).
-    return key + (tuple(st[:1] + st[2:] for st in state),)
 
 
 def _drop_kept(kkey):
@@ -214,45 +211,28 @@ def _drop_kept(kkey):
     return callback
 
 
-def _kept_forms(graph, w, roots, key, state, compute, written):
-    """The weight pass recorded under a conditional node on the kept entry's stale flag, into the
-    entry's static forms; None where it cannot be (no flag pool on this device, pool exhausted)."""
+def _kept_forms(w, roots, key, form, capture: int):
+    """The weight pass recorded under a conditional node on a new kept entry's stale flag; None
+    where it cannot be (a form without a conditional op, no flag pool on this device, pool full)."""
+    name, mode = form if isinstance(form, tuple) and len(form) == 2 else (None, None)
     device = roots[0].device
-    flags = _keep["flags"].get(device)
-    kkey = _kept_key(key, state)
     with _lock:
-        kept = _kept.get(kkey)
-        if kept is not None and not all(ref() is r for ref, r in zip(kept.root, roots)):
-            kept = None
-        if kept is None and (flags is None or not _keep["free"][device]):
+        if name not in _FORM_CODES or device not in _keep["flags"] or not _keep["free"][device]:
             return None
-        slot = kept.slot if kept is not None else _keep["free"][device].pop()
-    stale = flags[slot]
-    if written:
-        # Written earlier in this capture: this replay recomputes whatever the flag says. (A write
-        # outside the capture is the optimizer hook's or refresh_weights()' to flag: the class doc.)
-        stale.fill_(True)
-    graph.begin_capture_to_if_node(stale)
-    try:
-        fresh = tuple(compute(w))
-        if kept is not None:
-            for dst, src in zip(kept.forms, fresh):
-                dst.copy_(src)
-        stale.fill_(False)
-    finally:
-        graph.end_capture_to_conditional_node()
+        slot = _keep["free"][device].pop()
+    flag = _keep["flags"][device][slot : slot + 1]
+    forms = tuple(ops.weight_forms_if(flag, joined(w), _FORM_CODES[name], mode))
+    kkey = (key, capture)
     with _lock:
-        if kept is None:
-            kept = _Kept(tuple(weakref.ref(r, _drop_kept(kkey)) for r in roots), fresh, slot, device)
-            _kept[kkey] = kept
-    return kept.forms
+        _kept[kkey] = _Kept(tuple(weakref.ref(r, _drop_kept(kkey)) for r in roots), forms, slot, device)
+    return forms
 
 
 def _mark_kept_stale() -> None:
     """Every kept entry's next replayed pass recomputes (one fill per device, on the current stream:
     eager, or recorded where the caller is being captured)."""
     for flags in _keep["flags"].values():
-        flags.fill_(True)
+        flags.fill_(1)
 
 
 class graph_weight_cache:
@@ -260,16 +240,16 @@ class graph_weight_cache:
     the expert weights' quantized forms across replays: a graph of one micro-batch then quantizes a
     weight only in the first replay after it changed, as eager code does once per optimizer step.
 
-    Inside it, a capture records each weight pass under a conditional graph node on a device flag,
-    into static forms that every graph captured here shares. The flag is set (the next replay
+    Inside it, a capture records each weight's first pass under a conditional graph node on a device
+    flag (mxmoe::weight_forms_if; one kept entry per weight and capture). The flag is set (the next replay
     recomputes) by every ``torch.optim`` step, eager or itself captured (the step post-hook), by
-    ``mxmoe.refresh_weights()``, and where the weight was written earlier in the same capture. A
+    ``mxmoe.refresh_weights()``, and by a write to the weight recorded later in the same capture. A
     replay runs no host code, so **other writes between replays** (``load_state_dict``, a manual
     in-place edit, FSDP2 refilling unsharded weights, and a write recorded in a graph after the
     weight's last use in it) **need ``mxmoe.refresh_weights()``** before the next replay; ``set_weight_cache(False)`` does it too. Enter it before the capture (it allocates
-    the flags, 4096 per device, set); the memory of the kept forms is in ``weight_cache_info()``
-    (``kept_entries``, ``kept_bytes``). Needs a torch with conditional graph nodes
-    (``CUDAGraph.begin_capture_to_if_node``)."""
+    the flags, 4096 per device, set; beyond them captures fall back to the rule without it); the
+    memory of the kept forms is in ``weight_cache_info()`` (``kept_entries``, ``kept_bytes``; freed
+    with the weight, not with the graph). The sm90 backend's forms (tile128 and exact recipes)."""
 
     def __init__(self, device=None):
         self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
@@ -279,14 +259,12 @@ class graph_weight_cache:
             self.device = torch.device("cuda", torch.cuda.current_device())
 
     def __enter__(self):
-        if not hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node"):
-            raise RuntimeError("graph_weight_cache: this torch has no conditional CUDA-graph nodes "
-                               f"(torch {torch.__version__}); the capture rule of mxmoe/weight_cache.py still applies")
         if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("graph_weight_cache: enter it before the capture (it initializes device flags)")
+            raise RuntimeError("graph_weight_cache: enter it before the capture (it initializes device flags), "
+                               "not while the current stream is capturing")
         with _lock:
             if self.device not in _keep["flags"]:
-                _keep["flags"][self.device] = torch.ones(_FLAG_SLOTS, dtype=torch.bool, device=self.device)
+                _keep["flags"][self.device] = torch.ones(_FLAG_SLOTS, dtype=torch.int32, device=self.device)
                 _keep["free"][self.device] = list(range(_FLAG_SLOTS - 1, -1, -1))
             _keep["depth"] += 1
         return self

@@ -239,3 +239,37 @@ extern "C" mxmoe_status mxmoe_quantize_fused_source(const mxmoe_fused_source* sr
   fused_body(x, src, inputs, offs_, cfg, row, col, stream);
   MXMOE_API_END
 }
+
+extern "C" mxmoe_status mxmoe_capture_id(void* stream, uint64_t* id) {
+  MXMOE_API_BEGIN
+  if (id == nullptr) fail("id: expected a pointer, got NULL");
+  *id = 0;
+#if defined(MXMOE_WITH_CUDA)
+  *id = cuda::capture_id(stream);
+#else
+  (void)stream;
+#endif
+  MXMOE_API_END
+}
+
+extern "C" mxmoe_status mxmoe_quantize_fused_if(const mxmoe_tensor* flag_, const mxmoe_tensor* x_,
+                                                const mxmoe_tensor* offs_, mxmoe_fused_config cfg,
+                                                const mxmoe_fused_side* row, const mxmoe_fused_side* col,
+                                                void* stream) {
+  MXMOE_API_BEGIN
+  const mxmoe_tensor& x = require(x_, "x");
+  const mxmoe_tensor& flag = require(flag_, "flag");
+  check_dtype(flag, "flag", {MXMOE_DTYPE_I32});
+  if (numel(flag) != 1) fail("flag: expected one element, got ", shape_str(flag));
+  if (x.device < 0) throw Error(MXMOE_ERR_UNSUPPORTED, "x: expected a CUDA tensor (a conditional graph node), got a CPU tensor");
+  check_device(flag, "flag", x.device);
+#if defined(MXMOE_WITH_CUDA)
+  cuda::IfCapture node(stream, static_cast<int32_t*>(flag.data), x.device);
+  fused_body(x, FusedSource{}, {{x_, "x"}, {flag_, "flag"}}, offs_, cfg, row, col, node.body());
+  node.finish();
+#else
+  (void)offs_, (void)cfg, (void)row, (void)col, (void)stream;
+  throw Error(MXMOE_ERR_UNSUPPORTED, "mxmoe_quantize_fused_if: this build has no CUDA");
+#endif
+  MXMOE_API_END
+}

@@ -135,6 +135,32 @@ void grouped_mm(const GroupedMMArgs& args);
 void grouped_mm_kgroups(const GroupedMMKArgs& args);
 void check_offsets(const mxmoe_tensor& offs, int64_t m, void* stream);
 void quantize_fused(const FusedArgs& args);
+
+// Stream capture (cuda/graph_if.cu). capture_id: the id of the capture `stream` records, 0 if none.
+// IfCapture records work under a conditional graph node on a device int32 flag: the constructor
+// adds "set the node's condition from *flag" and the IF node to `stream`'s capture and starts
+// capturing the node's body on a side stream (body()); finish() adds "*flag = 0" to the body and
+// makes the IF node the capture's next dependency. Throws mxmoe::Error (UNSUPPORTED when `stream`
+// is not capturing). Destroyed without finish() (an error while recording the body), it still
+// closes the body and joins the capture, so the caller's capture stays consistent.
+uint64_t capture_id(void* stream);
+class IfCapture {
+ public:
+  IfCapture(void* stream, int32_t* flag, int32_t device);
+  ~IfCapture();
+  IfCapture(const IfCapture&) = delete;
+  IfCapture& operator=(const IfCapture&) = delete;
+  void* body() const { return side_; }
+  void finish();
+
+ private:
+  void close(bool clear_flag);
+  void* main_ = nullptr;
+  void* side_ = nullptr;
+  void* node_ = nullptr;
+  int32_t* flag_ = nullptr;
+  bool open_ = false;
+};
 }  // namespace cuda
 #endif
 

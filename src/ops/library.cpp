@@ -30,6 +30,10 @@ STABLE_TORCH_LIBRARY(mxmoe, m) {
   m.def("sm90_tile128_backward(Tensor dy, Tensor w_qt, Tensor w_scale, Tensor? a_qt, Tensor? a_scale, "
         "Tensor offs, int mode, bool need_da, bool need_dw, ScalarType a_dtype, ScalarType w_dtype) -> (Tensor, Tensor)");
   m.def("sm90_exact_weight(Tensor w, int mode) -> (Tensor, Tensor, Tensor)");
+  // The weight cache under CUDA graphs (mxmoe/weight_cache.py): the capture being recorded on the
+  // device's current stream (0: none), and a weight pass recorded under a conditional node on flag.
+  m.def("capture_id(int device) -> int");
+  m.def("weight_forms_if(Tensor(a!) flag, Tensor w, int form, int mode) -> Tensor[]");
   m.def("sm90_exact_forward(Tensor a, Tensor w_dq, Tensor offs, int mode, bool want_a_col) "
         "-> (Tensor, Tensor, Tensor)");
   m.def("sm90_exact_backward(Tensor dy, Tensor w_q, Tensor w_scale, Tensor? a_q, Tensor? a_scale, Tensor offs, "
@@ -76,6 +80,7 @@ STABLE_TORCH_LIBRARY(mxmoe, m) {
   m.impl("sm90_tile128_forward", TORCH_BOX(&sm90_tile128_forward));           \
   m.impl("sm90_tile128_backward", TORCH_BOX(&sm90_tile128_backward));         \
   m.impl("sm90_exact_weight", TORCH_BOX(&sm90_exact_weight));                 \
+  m.impl("weight_forms_if", TORCH_BOX(&weight_forms_if));                     \
   m.impl("sm90_exact_forward", TORCH_BOX(&sm90_exact_forward));               \
   m.impl("sm90_exact_backward", TORCH_BOX(&sm90_exact_backward));             \
   m.impl("quantize_fused_source", TORCH_BOX(&quantize_fused_source));         \
@@ -102,4 +107,7 @@ STABLE_TORCH_LIBRARY_IMPL(mxmoe, CUDA, m) {
   MXMOE_MOE_KERNELS(m);
 }
 // build_info reads no tensor: a CompositeExplicitAutograd kernel serves every device.
-STABLE_TORCH_LIBRARY_IMPL(mxmoe, CompositeExplicitAutograd, m) { m.impl("build_info", TORCH_BOX(&build_info)); }
+STABLE_TORCH_LIBRARY_IMPL(mxmoe, CompositeExplicitAutograd, m) {
+  m.impl("build_info", TORCH_BOX(&build_info));
+  m.impl("capture_id", TORCH_BOX(&capture_id));
+}

@@ -260,6 +260,16 @@ Tensor dense_grouped_mm(Tensor a, Tensor b, Tensor offs) {
   return out;
 }
 
+// ---- stream capture ---------------------------------------------------------------------------------
+
+int64_t capture_id(int64_t device) {
+  const char* op = "capture_id";
+  if (device < 0) fail(op, MXMOE_ERR_INVALID_ARGUMENT, "device: expected a CUDA device index >= 0, got " + std::to_string(device));
+  uint64_t id = 0;
+  check(mxmoe_capture_id(current_stream(to_i32(device, "device", op)), &id), op);
+  return static_cast<int64_t>(id & 0x7fffffffffffffffULL);
+}
+
 // ---- build facts ------------------------------------------------------------------------------------
 
 std::string build_info() {

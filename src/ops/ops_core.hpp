@@ -53,6 +53,10 @@ std::tuple<Tensor, Tensor> sm90_tile128_backward(Tensor dy, Tensor w_qt, Tensor 
                                                  OptTensor a_scale, Tensor offs, int64_t mode, bool need_da,
                                                  bool need_dw, ScalarType a_dtype, ScalarType w_dtype);
 std::tuple<Tensor, Tensor, Tensor> sm90_exact_weight(Tensor w, int64_t mode);
+// A weight pass recorded on the capturing stream under a conditional node on the device int32 `flag`
+// (mxmoe_quantize_fused_if): form 0 sm90_tile128_weight's forms, 1 sm90_exact_weight's.
+std::vector<Tensor> weight_forms_if(Tensor flag, Tensor w, int64_t form, int64_t mode);
+int64_t capture_id(int64_t device);
 std::tuple<Tensor, Tensor, Tensor> sm90_exact_forward(Tensor a, Tensor w_dq, Tensor offs, int64_t mode,
                                                       bool want_a_col);
 std::tuple<Tensor, Tensor> sm90_exact_backward(Tensor dy, Tensor w_q, Tensor w_scale, OptTensor a_q,

@@ -106,14 +106,22 @@ struct Side {
   const Tensor& dq() const { return t[4]; }
 };
 
+// flag: record the quantization on the capturing stream under a conditional node on this device
+// int32 (mxmoe_quantize_fused_if; x itself only).
 void run_fused(const char* op, const Input& x, const OptTensor& offs, int64_t row_block, int64_t col_block,
-               bool tile128, int64_t mode, const Side& row, const Side& col, const Launch& L) {
+               bool tile128, int64_t mode, const Side& row, const Side& col, const Launch& L,
+               const Tensor* flag = nullptr) {
   OptView ov(offs, "offs", op);
   const mxmoe_fused_config cfg{to_i32(row_block, "row_block", op), to_i32(col_block, "col_block", op),
                                tile128 ? 1 : 0, static_cast<mxmoe_scale_mode>(to_i32(mode, "mode", op))};
   if (x.kind == 0) {
     mxmoe_tensor xv = view(x.a, "x", op);
-    check(mxmoe_quantize_fused(&xv, ov.get(), cfg, row.get(), col.get(), L.stream), op);
+    if (flag != nullptr) {
+      mxmoe_tensor fv = view(*flag, "flag", op);
+      check(mxmoe_quantize_fused_if(&fv, &xv, ov.get(), cfg, row.get(), col.get(), L.stream), op);
+    } else {
+      check(mxmoe_quantize_fused(&xv, ov.get(), cfg, row.get(), col.get(), L.stream), op);
+    }
     return;
   }
   mxmoe_tensor av = view(x.a, "src_a", op);
@@ -259,16 +267,33 @@ std::vector<Tensor> quantize_fused_source(MXMOE_SOURCE_ARGS, OptTensor offs, int
 
 // ---- tile128 recipe on Hopper FP8 tensor cores ------------------------------------------------------
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> sm90_tile128_weight(Tensor w, int64_t mode) {
-  const char* op = "sm90_tile128_weight";
+// The weight passes (sm90_*_weight), optionally recorded under a conditional node (weight_forms_if).
+std::vector<Tensor> tile128_weight_pass(const char* op, Tensor w, int64_t mode, const Tensor* flag) {
   require_dims(w, "w", 2, 3, op);
   const Input x(w);
   Launch L(x.a);
   // One 128x128 quantization of W: the forward (q) and the dgrad (qt) orientation.
   Side row(x, std::nullopt, true, kQ | kScale, ScalarType::BFloat16, L.device, op);
   Side col(x, std::nullopt, false, kQT | kScale, ScalarType::BFloat16, L.device, op);
-  run_fused(op, x, std::nullopt, 128, 128, true, mode, row, col, L);
+  run_fused(op, x, std::nullopt, 128, 128, true, mode, row, col, L, flag);
   return {row.q(), row.scale(), col.t[1], col.scale()};
+}
+
+std::vector<Tensor> exact_weight_pass(const char* op, Tensor w, int64_t mode, const Tensor* flag) {
+  require_dims(w, "w", 2, 3, op);
+  const Input x(w);
+  Launch L(x.a);
+  // One read of W: its MX round trip along K (the forward GEMM's bf16 operand) and W along N as
+  // FP8 + scales (dgrad).
+  Side row(x, std::nullopt, true, kDQ, ScalarType::BFloat16, L.device, op);
+  Side col(x, std::nullopt, false, kQ | kScale, ScalarType::BFloat16, L.device, op);
+  run_fused(op, x, std::nullopt, 32, 32, false, mode, row, col, L, flag);
+  return {row.dq(), col.q(), col.scale()};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> sm90_tile128_weight(Tensor w, int64_t mode) {
+  auto t = tile128_weight_pass("sm90_tile128_weight", w, mode, nullptr);
+  return {t[0], t[1], t[2], t[3]};
 }
 
 std::tuple<Tensor, Tensor, Tensor> sm90_tile128_forward(Tensor a, Tensor w_q, Tensor w_scale, Tensor offs,
@@ -306,16 +331,16 @@ std::tuple<Tensor, Tensor> moe_tile128_backward(MXMOE_SOURCE_ARGS, Tensor w_qt, 
 // ---- exact recipes on Hopper: fused MX round trip + bf16 torch._grouped_mm -------------------------
 
 std::tuple<Tensor, Tensor, Tensor> sm90_exact_weight(Tensor w, int64_t mode) {
-  const char* op = "sm90_exact_weight";
-  require_dims(w, "w", 2, 3, op);
-  const Input x(w);
-  Launch L(x.a);
-  // One read of W: its MX round trip along K (the forward GEMM's bf16 operand) and W along N as
-  // FP8 + scales (dgrad).
-  Side row(x, std::nullopt, true, kDQ, ScalarType::BFloat16, L.device, op);
-  Side col(x, std::nullopt, false, kQ | kScale, ScalarType::BFloat16, L.device, op);
-  run_fused(op, x, std::nullopt, 32, 32, false, mode, row, col, L);
-  return {row.dq(), col.q(), col.scale()};
+  auto t = exact_weight_pass("sm90_exact_weight", w, mode, nullptr);
+  return {t[0], t[1], t[2]};
+}
+
+std::vector<Tensor> weight_forms_if(Tensor flag, Tensor w, int64_t form, int64_t mode) {
+  const char* op = "weight_forms_if";
+  if (form == 0) return tile128_weight_pass(op, w, mode, &flag);
+  if (form == 1) return exact_weight_pass(op, w, mode, &flag);
+  fail(op, MXMOE_ERR_INVALID_ARGUMENT,
+       "form: expected 0 (sm90_tile128_weight's forms) or 1 (sm90_exact_weight's), got " + std::to_string(form));
 }
 
 std::tuple<Tensor, Tensor, Tensor> sm90_exact_forward(Tensor a, Tensor w_dq, Tensor offs, int64_t mode,

@@ -496,6 +496,7 @@ TEST(CudaGemmTile128, OwnSm90Kernel) {
       {777, 352, 416, random_sizes(16, 777, rng, false), MXMOE_DTYPE_F32, false},  // dgrad-like shape
       {256, 128, 128, {0, 0, 0}, MXMOE_DTYPE_F32, true},                            // all rows are tail
       {100, 576, 256, {100}, MXMOE_DTYPE_F32, false},  // 5 (BlockN 128) or 3 (192) tiles: the last slot a ghost
+      {3000, 256, 256, {2500, 3000}, MXMOE_DTYPE_BF16, true},  // groups of > 1024 rows: several bands, a short last one
   };
   uint32_t seed = 300;
   for (const char* cluster : {"2", "1"}) {

@@ -117,6 +117,8 @@ bool launch(const GroupedMRun& r) {
   p.bias_s1 = r.bias_s1;
   p.out = r.out;
   const int64_t nt = (r.n + K::kBlockN - 1) / K::kBlockN;
+  // The tile decode's divisor: the tiles of a full band (N = 0: no tiles, any divisor >= 1).
+  p.band_div = sm90::make_fast_div(static_cast<uint32_t>(K::kBand * std::max<int64_t>(nt, 1)));
   const int64_t upper = ((r.m + 127) / 128 + r.groups) * nt;  // m-tiles <= ceil(M / 128) + G
   // Persistent grid: one CTA per SM (a multiple of the cluster size), at most one per tile slot.
   int64_t grid = std::min<int64_t>(r.sm_count, (upper + K::kCluster - 1) / K::kCluster * K::kCluster);

@@ -18,7 +18,8 @@
 // 128-alignment), rows of the next group or past M load as data or zeros and are masked when the
 // epilogue (staged through shared memory, 16-byte row stores) writes the tile. Offsets are read on
 // the device (no host sync): every CTA scans offs into a shared table of group ends and m-tile
-// prefixes before its tile loop. Measurements per version: docs/perf/gemm.md.
+// prefixes before its tile loop; a slot's tile is decoded from it without integer division
+// (multiply-high by a host-computed magic number). Measurements per version: docs/perf/gemm.md.
 #pragma once
 
 #include <cuda.h>
@@ -42,6 +43,34 @@ namespace cuda {
 namespace gemm {
 namespace sm90 {
 
+// Division by a per-launch constant d >= 1 without a hardware-division sequence, for dividends in
+// [0, 2^31): q = (umulhi(x, mul) + x) >> shift with shift = ceil(log2 d) and mul = floor(2^32 (2^shift
+// - d) / d) + 1, i.e. the multiplier floor(2^(32+shift) / d) + 1 less 2^32 (Granlund & Montgomery
+// 1994, Thm 4.2: exact for x < 2^32; x < 2^31 keeps umulhi(x, mul) + x < 2^32).
+struct FastDiv {
+  uint32_t mul, shift;
+};
+
+inline FastDiv make_fast_div(uint32_t d) {  // host; 1 <= d <= 2^31
+  uint32_t l = 0;
+  while ((uint64_t{1} << l) < d) ++l;
+  FastDiv f;
+  f.mul = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << l) - d)) / d + 1);
+  f.shift = l;
+  return f;
+}
+
+__device__ __forceinline__ uint32_t fast_div(uint32_t x, FastDiv f) { return (__umulhi(x, f.mul) + x) >> f.shift; }
+
+// x / d for d in [1, 8] and x < 2^28 without a division: umulhi(2x, ceil(2^31 / d)). With
+// ceil(2^31 / d) d = 2^31 + e, e < d, the error x e / (d 2^31) stays below 1 / d as x e < 2^31.
+__device__ __forceinline__ uint32_t div_small(uint32_t x, uint32_t d) {
+  uint32_t m = 0x80000000u;  // d = 1
+#pragma unroll
+  for (uint32_t k = 2; k <= 8; ++k) m = d == k ? (0x80000000u + k - 1) / k : m;
+  return __umulhi(x << 1, m);
+}
+
 // Device-side arguments (pointers are device memory; shapes fit int32, checked by the launcher).
 struct GroupedMParams {
   const int32_t* offs;  // (G,) group ends, int32, any values (clamped like groups_from_offsets)
@@ -56,6 +85,7 @@ struct GroupedMParams {
   int bias_bf16;
   int64_t bias_s0, bias_s1;
   void* out;  // (M, N) contiguous, bf16 or f32
+  FastDiv band_div;  // division by the tiles of a full band, kBand * ceil(N / BlockN) (host-computed)
 };
 
 template <int BlockN>
@@ -176,16 +206,20 @@ struct TileCoord {
 
 // Tile t of the persistent order: groups in order, inside a group bands of kBand m-tiles swept
 // along N (consecutive CTAs share B tiles of one expert and A tiles of one band). g is advanced
-// monotonically (t only grows per CTA).
+// monotonically (t only grows per CTA). No hardware division: local / (kBand nt) by the launch's
+// FastDiv, rem / band_rows (1..kBand) by div_small; local < total < 2^31 and rem < kBand nt < 2^27.
 template <class K>
-__device__ __forceinline__ TileCoord tile_coord(int t, int& g, int nt, const int* s_end, const int* s_tiles) {
+__device__ __forceinline__ TileCoord tile_coord(int t, int& g, int nt, FastDiv band_div, const int* s_end,
+                                                const int* s_tiles) {
+  static_assert(K::kBand <= 8, "div_small divides by at most 8");
   while (s_tiles[g + 1] * nt <= t) ++g;
-  const int local = t - s_tiles[g] * nt;
-  const int mt = s_tiles[g + 1] - s_tiles[g];
-  const int band = local / (K::kBand * nt);
+  const int first = s_tiles[g];
+  const int local = t - first * nt;
+  const int mt = s_tiles[g + 1] - first;
+  const int band = static_cast<int>(fast_div(static_cast<uint32_t>(local), band_div));
   const int rem = local - band * K::kBand * nt;
   const int band_rows = min(K::kBand, mt - band * K::kBand);
-  const int n_idx = rem / band_rows;
+  const int n_idx = static_cast<int>(div_small(static_cast<uint32_t>(rem), static_cast<uint32_t>(band_rows)));
   const int m_idx = band * K::kBand + (rem - n_idx * band_rows);
   const int start = g ? s_end[g - 1] : 0;
   TileCoord c;
@@ -204,8 +238,12 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   using Op = typename WgmmaOp<K::kBlockN>::Op;
   using Out = typename K::Out;
   constexpr int kHalfB = K::kBBytes / 2;  // the B box is loaded as two halves of kBlockN / 2 rows
+  // 128-byte swizzled TMA tiles need 1024-byte aligned bases; the dynamic base is not guaranteed to
+  // be, so the first 1024-aligned byte is used (smem_bytes has the slack). The offset is added to the
+  // shared array itself, not computed through a generic uintptr_t, so the compiler keeps the shared
+  // address space for every access below (STS / LDS instead of generic ST / LD).
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* smem = smem_raw + ((0u - smem_u32(smem_raw)) & 1023u);
   uint8_t* smem_a = smem;
   uint8_t* smem_b = smem + K::kStages * K::kABytes;
   uint8_t* smem_epi = smem + K::kStages * K::kStageBytes;
@@ -286,15 +324,15 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     if constexpr (K::kCluster > 1) {
       const int tp = K::kCluster * P + (1 - rank);
       TileCoord pc{};
-      if (tp < total) pc = tile_coord<K>(tp, g_peer, nt, s_end, s_tiles);
+      if (tp < total) pc = tile_coord<K>(tp, g_peer, nt, p.band_div, s_end, s_tiles);
       if (sl.store) {
-        sl.c = tile_coord<K>(t, g_mine, nt, s_end, s_tiles);
+        sl.c = tile_coord<K>(t, g_mine, nt, p.band_div, s_end, s_tiles);
         sl.shared = tp < total && pc.g == sl.c.g && pc.n0 == sl.c.n0;
       } else {
         sl.c = pc;
       }
     } else {
-      if (sl.store) sl.c = tile_coord<K>(t, g_mine, nt, s_end, s_tiles);
+      if (sl.store) sl.c = tile_coord<K>(t, g_mine, nt, p.band_div, s_end, s_tiles);
     }
     return sl;
   };
@@ -475,13 +513,29 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         constexpr int kChunksPerRow = K::kBlockN * static_cast<int>(sizeof(Out)) / 16;
         const int rows_here = c.rows - mw * 64;  // rows of this warpgroup's 64 inside the group
         const int cols_left = p.n - c.n0;        // columns < N in this tile
-        for (int q = lt; q < 64 * kChunksPerRow; q += 128) {
-          const int lr = q / kChunksPerRow, ch = q - lr * kChunksPerRow;
-          const int cl = ch * (16 / static_cast<int>(sizeof(Out)));
-          if (lr >= rows_here || cl >= cols_left) continue;
-          const uint4 v = *reinterpret_cast<const uint4*>(epi + lr * K::kEpiRowBytes + 16 * ch);
-          *reinterpret_cast<uint4*>(static_cast<Out*>(p.out) + static_cast<int64_t>(c.row0 + mw * 64 + lr) * p.n +
-                                    c.n0 + cl) = v;
+        // Chunk lt + 128 i of the warpgroup's 64 x kChunksPerRow, i < kChunks; unrolled, the shared reads
+        // of a batch are issued together (all in the buffer) and the global stores masked after them.
+        constexpr int kChunks = 64 * kChunksPerRow / 128;
+        constexpr int kBatch = kChunks <= 8 ? kChunks : kChunks % 8 == 0 ? 8 : 6;  // 8, 16, 12 or 24 chunks
+        static_assert(64 * kChunksPerRow % 128 == 0 && kChunks % kBatch == 0, "copy-out chunks per thread");
+#pragma unroll
+        for (int i0 = 0; i0 < kChunks; i0 += kBatch) {
+          uint4 v[kBatch];
+#pragma unroll
+          for (int i = 0; i < kBatch; ++i) {
+            const int q = lt + 128 * (i0 + i);
+            const int lr = q / kChunksPerRow, ch = q - lr * kChunksPerRow;
+            v[i] = *reinterpret_cast<const uint4*>(epi + lr * K::kEpiRowBytes + 16 * ch);
+          }
+#pragma unroll
+          for (int i = 0; i < kBatch; ++i) {
+            const int q = lt + 128 * (i0 + i);
+            const int lr = q / kChunksPerRow, ch = q - lr * kChunksPerRow;
+            const int cl = ch * (16 / static_cast<int>(sizeof(Out)));
+            if (lr < rows_here && cl < cols_left)
+              *reinterpret_cast<uint4*>(static_cast<Out*>(p.out) + static_cast<int64_t>(c.row0 + mw * 64 + lr) * p.n +
+                                        c.n0 + cl) = v[i];
+          }
         }
       }
     }
@@ -490,6 +544,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     const int64_t end = p.groups ? s_end[p.groups - 1] : 0;
     const int64_t per = 16 / sizeof(Out);
     uint4* o = static_cast<uint4*>(p.out);
+#pragma unroll 1  // not unrolled: no 64-bit division for a trip count on every thread's way out
     for (int64_t i = end * p.n / per + blockIdx.x * 256 + (tid - 128); i < static_cast<int64_t>(p.m) * p.n / per;
          i += static_cast<int64_t>(gridDim.x) * 256)
       o[i] = make_uint4(0, 0, 0, 0);
