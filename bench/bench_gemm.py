@@ -259,7 +259,7 @@ def sm90_choice(pas, N, K, G, M, env=None):
     if pas == "wgrad":
         return cutlass
     mode = env.get("MXMOE_GEMM_SM90", "") or "auto"
-    if mode == "cutlass" or (mode == "auto" and not (K <= 1024 and N <= 1536)):
+    if mode == "cutlass" or (mode == "auto" and not ((K <= 1024 and N <= 1536) or M >= 65536)):
         return cutlass
     bn = int(env["MXMOE_GEMM_BLOCK_N"]) if env.get("MXMOE_GEMM_BLOCK_N") in ("128", "192") else None
     if bn is None:

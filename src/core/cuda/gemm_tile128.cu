@@ -457,10 +457,10 @@ void grouped_mm_tile128(const GroupedMMArgs& a, void* workspace, int64_t workspa
 #if defined(MXMOE_HAVE_CUTLASS)
   // The own sm_90a kernel (cuda/gemm/): one launch, E8M0 scales read in the mainloop, group table
   // built on the device. By default it runs where it measured faster than the CUTLASS path below
-  // (fine-grained experts); MXMOE_GEMM_SM90 forces either.
+  // (fine-grained experts, M >= 64K rows); MXMOE_GEMM_SM90 forces either.
   const gemm::Sm90Kernel choice = gemm::sm90_kernel_choice();
   if (choice == gemm::Sm90Kernel::kOwn || choice == gemm::Sm90Kernel::kOwnOnly ||
-      (choice == gemm::Sm90Kernel::kAuto && gemm::sm90_prefers_own(N, K))) {
+      (choice == gemm::Sm90Kernel::kAuto && gemm::sm90_prefers_own(M, N, K))) {
     gemm::GroupedMRun r;
     r.m = M;
     r.n = N;

@@ -173,7 +173,7 @@ Sm90Kernel sm90_kernel_choice() {
   fail("MXMOE_GEMM_SM90: expected auto, cutlass, mxmoe or mxmoe-only, got '", e, "'");
 }
 
-bool sm90_prefers_own(int64_t n, int64_t k) { return grouped_m_prefer_own(n, k); }
+bool sm90_prefers_own(int64_t m, int64_t n, int64_t k) { return grouped_m_prefer_own(m, n, k); }
 
 bool sm90_grouped_m(const GroupedMRun& r) {
   // TMA: 16-byte aligned bases and row strides; int32 coordinates and shapes.

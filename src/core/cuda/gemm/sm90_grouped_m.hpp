@@ -41,7 +41,7 @@ struct GroupedMRun {
 //   "mxmoe-only"     this kernel, and an error where it does not take the call (tests)
 enum class Sm90Kernel { kAuto, kCutlass, kOwn, kOwnOnly };
 Sm90Kernel sm90_kernel_choice();
-bool sm90_prefers_own(int64_t n, int64_t k);  // the auto choice (sm90_tile_heuristics.hpp)
+bool sm90_prefers_own(int64_t m, int64_t n, int64_t k);  // the auto choice (sm90_tile_heuristics.hpp)
 
 // Launches the kernel on r.stream and returns true, or returns false having launched nothing when
 // the call is outside what the kernel takes (K = 0, unaligned bases, too many groups for the

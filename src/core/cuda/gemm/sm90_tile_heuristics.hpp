@@ -41,9 +41,13 @@ inline int grouped_m_cluster(int64_t k) {
 }
 
 // The default choice between the own kernel and CUTLASS's (MXMOE_GEMM_SM90 unset or "auto"): the
-// own kernel where it measured ahead, fine-grained experts (K <= 1024, N <= 1536: 1.0-1.11x the
-// CUTLASS kernel at ab170b6), CUTLASS elsewhere (the own kernel 0.88-0.97x there).
-inline bool grouped_m_prefer_own(int64_t n, int64_t k) { return k <= 1024 && n <= 1536; }
+// own kernel where it measured ahead at v5 (8eb5a37, docs/perf/gemm.md): fine-grained experts (K <=
+// 1024, N <= 1536: 1.09-1.33x the CUTLASS kernel) and every shape with M >= 64K rows (Qwen3-30B,
+// DeepSeek-V3, Llama-4-Scout: 0.99-1.08x); CUTLASS for the smaller-M shapes with wide N and K (seeds
+// and jagged at M 16K: the own kernel 0.93-1.00x there).
+inline bool grouped_m_prefer_own(int64_t m, int64_t n, int64_t k) {
+  return (k <= 1024 && n <= 1536) || m >= 65536;
+}
 
 }  // namespace gemm
 }  // namespace cuda
