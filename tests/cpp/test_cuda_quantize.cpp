@@ -800,3 +800,74 @@ TEST(CudaQuantize, SmallSanitizer) {
   check_fused({8192, 1024}, MXMOE_DTYPE_BF16, {128, 128, 0, MXMOE_SCALE_RCEIL}, &g8, rq, cq, 19);
   check_fused({3, 256, 640}, MXMOE_DTYPE_BF16, {128, 128, 1, MXMOE_SCALE_RCEIL}, nullptr, rq, cq, 20);
 }
+
+// mxmoe_quantize_fused_if / mxmoe_capture_id (the weight cache under CUDA graphs): recorded under a
+// conditional node, a replay recomputes the outputs exactly when the flag is set, then clears it;
+// with the flag clear the outputs keep whatever they hold (poisoned here, so a run would show).
+TEST(CudaQuantize, FusedIfUnderCapture) {
+  REQUIRE_GPU();
+  const int64_t R = 256, C = 192;
+  Buffer xh = mxtest::random_input({R, C}, MXMOE_DTYPE_BF16, 77);
+  DevBuf x({R, C}, MXMOE_DTYPE_BF16, 0), q({R, C}, MXMOE_DTYPE_E4M3, 0), s({R, C / 32}, MXMOE_DTYPE_E8M0, 0);
+  DevBuf qref({R, C}, MXMOE_DTYPE_E4M3, 0), sref({R, C / 32}, MXMOE_DTYPE_E8M0, 0), flag({1}, MXMOE_DTYPE_I32, 0);
+  x.upload(xh);
+  mxmoe_tensor xv = x.view(), qv = q.view(), sv = s.view(), qrv = qref.view(), srv = sref.view(), fv = flag.view();
+  const mxmoe_fused_config cfg{32, 0, 0, MXMOE_SCALE_RCEIL};
+  mxmoe_fused_side side{&qv, nullptr, &sv, nullptr, nullptr, nullptr};
+  mxmoe_fused_side ref{&qrv, nullptr, &srv, nullptr, nullptr, nullptr};
+  ASSERT_EQ(mxmoe_quantize_fused(&xv, nullptr, cfg, &ref, nullptr, nullptr), MXMOE_OK) << mxmoe_last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  cudaStream_t st;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  uint64_t id = 123;
+  ASSERT_EQ(mxmoe_capture_id(st, &id), MXMOE_OK);
+  EXPECT_EQ(id, 0u);
+  // Not capturing: refused, nothing launched.
+  EXPECT_EQ(mxmoe_quantize_fused_if(&fv, &xv, nullptr, cfg, &side, nullptr, st), MXMOE_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(mxmoe_last_error()).find("capturing"), std::string::npos) << mxmoe_last_error();
+  // Bad flags: named, expected vs actual.
+  DevBuf fbad({1}, MXMOE_DTYPE_F32, 0), f2({2}, MXMOE_DTYPE_I32, 0);
+  mxmoe_tensor fbv = fbad.view(), f2v = f2.view();
+  EXPECT_EQ(mxmoe_quantize_fused_if(&fbv, &xv, nullptr, cfg, &side, nullptr, st), MXMOE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(mxmoe_last_error()).find("flag"), std::string::npos) << mxmoe_last_error();
+  EXPECT_EQ(mxmoe_quantize_fused_if(&f2v, &xv, nullptr, cfg, &side, nullptr, st), MXMOE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(mxmoe_last_error()).find("flag: expected one element"), std::string::npos) << mxmoe_last_error();
+
+  ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), cudaSuccess);
+  ASSERT_EQ(mxmoe_capture_id(st, &id), MXMOE_OK);
+  EXPECT_NE(id, 0u);
+  const mxmoe_status rec = mxmoe_quantize_fused_if(&fv, &xv, nullptr, cfg, &side, nullptr, st);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(st, &graph), cudaSuccess);
+  ASSERT_EQ(rec, MXMOE_OK) << mxmoe_last_error();
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+
+  auto replay_with_flag = [&](int32_t value) {
+    q.fill(0xA5);
+    s.fill(0x5A);
+    EXPECT_EQ(cudaMemcpy(flag.data(), &value, 4, cudaMemcpyHostToDevice), cudaSuccess);
+    EXPECT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+    int32_t after = -1;
+    EXPECT_EQ(cudaMemcpy(&after, flag.data(), 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(after, 0) << "the flag is clear after a replay";
+    EXPECT_EQ(q.guard_damage(), -1);
+    EXPECT_EQ(s.guard_damage(), -1);
+  };
+  replay_with_flag(1);
+  EXPECT_EQ(q.download().bytes, qref.download().bytes);
+  EXPECT_EQ(s.download().bytes, sref.download().bytes);
+  replay_with_flag(0);  // flag clear: the outputs keep the poison
+  EXPECT_EQ(q.download().bytes, std::vector<uint8_t>(static_cast<size_t>(R * C), 0xA5));
+  EXPECT_EQ(s.download().bytes, std::vector<uint8_t>(static_cast<size_t>(R * C / 32), 0x5A));
+  replay_with_flag(7);  // any nonzero value
+  EXPECT_EQ(q.download().bytes, qref.download().bytes);
+  EXPECT_EQ(s.download().bytes, sref.download().bytes);
+  ASSERT_EQ(mxmoe_capture_id(st, &id), MXMOE_OK);
+  EXPECT_EQ(id, 0u);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+}

@@ -619,3 +619,24 @@ TEST(Validation, BlockedBadOffsetsClampInBounds) {
     }
   }
 }
+
+// The CUDA-graph entry points' argument checks (the GPU behaviour: CudaQuantize.FusedIfUnderCapture).
+TEST(Validation, CaptureEntryPoints) {
+  EXPECT_EQ(mxmoe_capture_id(nullptr, nullptr), MXMOE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(mxmoe_last_error()).find("id: expected a pointer, got NULL"), std::string::npos)
+      << mxmoe_last_error();
+  Buffer x({64, 64}, MXMOE_DTYPE_BF16), q({64, 64}, MXMOE_DTYPE_E4M3), s({64, 2}, MXMOE_DTYPE_E8M0);
+  Buffer flag({1}, MXMOE_DTYPE_I32), fbad({1}, MXMOE_DTYPE_F32);
+  mxmoe_tensor xv = x.view(), qv = q.view(), sv = s.view(), fv = flag.view(), fb = fbad.view();
+  const mxmoe_fused_config cfg{32, 0, 0, MXMOE_SCALE_RCEIL};
+  mxmoe_fused_side side{&qv, nullptr, &sv, nullptr, nullptr, nullptr};
+  EXPECT_EQ(mxmoe_quantize_fused_if(nullptr, &xv, nullptr, cfg, &side, nullptr, nullptr), MXMOE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(mxmoe_last_error()).find("flag"), std::string::npos) << mxmoe_last_error();
+  EXPECT_EQ(mxmoe_quantize_fused_if(&fb, &xv, nullptr, cfg, &side, nullptr, nullptr), MXMOE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(mxmoe_last_error()).find("flag"), std::string::npos) << mxmoe_last_error();
+  // A CPU x: there is no graph to record into.
+  EXPECT_EQ(mxmoe_quantize_fused_if(&fv, &xv, nullptr, cfg, &side, nullptr, nullptr), MXMOE_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(mxmoe_last_error()).find("x: expected a CUDA tensor"), std::string::npos)
+      << mxmoe_last_error();
+  EXPECT_EQ(std::vector<uint8_t>(q.bytes), std::vector<uint8_t>(64 * 64, 0));  // nothing written
+}
