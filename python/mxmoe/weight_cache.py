@@ -107,6 +107,11 @@ def _end_capture_entries(capture: int = 0) -> None:
         _capture["entries"] = {}
 
 
+def _valid(entry, roots, state) -> bool:
+    """An entry serves these roots in this state (its roots alive and the same, its state equal)."""
+    return entry is not None and all(ref() is r for ref, r in zip(entry.root, roots)) and entry.state == state
+
+
 def _drop(key):
     def callback(_ref):
         with _lock:
@@ -140,7 +145,7 @@ def quantized(w, form: tuple, compute: Callable) -> Tuple[Tensor, ...]:
     with _lock:
         _end_capture_entries()
         entry = _entries.get(key)
-        if entry is not None and all(ref() is r for ref, r in zip(entry.root, roots)) and entry.state == state:
+        if _valid(entry, roots, state):
             _stats["hits"] += 1
             return entry.forms
     forms = compute(w)
@@ -162,7 +167,7 @@ def _captured(w, roots, key, state, form, compute, capture: int) -> Tuple[Tensor
     with _lock:
         _end_capture_entries(capture)
         entry = _capture["entries"].get(key)
-        if entry is not None and all(ref() is r for ref, r in zip(entry.root, roots)) and entry.state == state:
+        if _valid(entry, roots, state):
             return entry.forms
     forms = None
     if entry is None and _keep["depth"]:
