@@ -105,6 +105,18 @@ __global__ void fill_bf16(uint16_t* p, size_t n, uint32_t seed) {
   }
 }
 
+// bf16 values like a layer's pre-activations: normal with standard deviation 3 (Box-Muller on two
+// hashes), for the SwiGLU sources (fill_bf16's exponents up to 2^7 make exp(-g) overflow for ~5 % of
+// the gates, a path real activations rarely take).
+__global__ void fill_bf16_normal(uint16_t* p, size_t n, uint32_t seed) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const uint32_t h1 = hash32(i * 0x9E3779B97F4A7C15ULL + seed), h2 = hash32(i * 0xC2B2AE3D27D4EB4FULL + seed + 1);
+    const float u1 = (static_cast<float>(h1 >> 8) + 1.0f) * (1.0f / 16777216.0f), u2 = static_cast<float>(h2 >> 8) * (1.0f / 16777216.0f);
+    const float v = 3.0f * sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+    p[i] = static_cast<uint16_t>(__float_as_uint(v) >> 16);
+  }
+}
+
 // e4m3 codes without NaN, or scale bytes in 110..139.
 __global__ void fill_bytes(uint8_t* p, size_t n, uint32_t seed, int scales) {
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
@@ -137,7 +149,7 @@ size_t dsize(mxmoe_dtype d) { return d == MXMOE_DTYPE_BF16 ? 2 : (d == MXMOE_DTY
 struct Spec {
   std::vector<int64_t> shape;
   mxmoe_dtype dtype;
-  enum Init { kOut, kBf16, kCodes, kScales, kOffs } init;
+  enum Init { kOut, kBf16, kCodes, kScales, kOffs, kBf16Normal } init;
   std::vector<int32_t> offs;  // kOffs
   size_t bytes() const {
     size_t n = 1;
@@ -233,6 +245,9 @@ struct Runner {
         switch (sp.init) {
           case Spec::kOut: CK(cudaMemsetAsync(p, 0xA5, nb, stream)); break;
           case Spec::kBf16: fill_bf16<<<1024, 256, 0, stream>>>(static_cast<uint16_t*>(p), sp.bytes() / 2, seed++); break;
+          case Spec::kBf16Normal:
+            fill_bf16_normal<<<1024, 256, 0, stream>>>(static_cast<uint16_t*>(p), sp.bytes() / 2, seed++);
+            break;
           case Spec::kCodes: fill_bytes<<<1024, 256, 0, stream>>>(static_cast<uint8_t*>(p), sp.bytes(), seed++, 0); break;
           case Spec::kScales: fill_bytes<<<1024, 256, 0, stream>>>(static_cast<uint8_t*>(p), sp.bytes(), seed++, 1); break;
           case Spec::kOffs:
@@ -287,6 +302,7 @@ std::vector<int32_t> jagged_groups(int64_t M, int G, uint32_t seed) {
 
 Spec out(std::vector<int64_t> s, mxmoe_dtype d = MXMOE_DTYPE_E4M3) { return {std::move(s), d, Spec::kOut, {}}; }
 Spec in_bf16(std::vector<int64_t> s) { return {std::move(s), MXMOE_DTYPE_BF16, Spec::kBf16, {}}; }
+Spec in_bf16_normal(std::vector<int64_t> s) { return {std::move(s), MXMOE_DTYPE_BF16, Spec::kBf16Normal, {}}; }
 Spec in_offs(std::vector<int32_t> o) {
   const int64_t g = static_cast<int64_t>(o.size());
   return {{g}, MXMOE_DTYPE_I32, Spec::kOffs, std::move(o)};
@@ -388,7 +404,7 @@ void quantize_cases(Runner& R, const std::string& tag, int64_t M, int64_t K, int
          }});
 }
 
-// The tile128 recipe's activation pass (quantize/tile128_bf16.cu): rowwise 1x128 (q, scale_c) and
+// The tile128 recipe's activation pass (quantize/tile128/tile128_bf16.cu): rowwise 1x128 (q, scale_c) and
 // columnwise 128x1 per group (qt, scale_r) from one read. align16: group starts rounded to multiples of
 // 16, the fused MoE layer's layout (moe.py align_routing); otherwise jagged at any row.
 void tile128_cases(Runner& R, const std::string& tag, int64_t M, int64_t K, int G, bool jagged, bool align16) {
@@ -447,26 +463,32 @@ void source_cases(Runner& R, int64_t M, int64_t H, int64_t I, int G) {
              MK(mxmoe_quantize_fused_source(&src, &t[1], cfg, &row, &col, st));
            }});
   }
-  const std::string si = "moe " + shp({M, I}) + "/G" + std::to_string(G) + "a16";
-  R.run({"src_swiglu_1x128+128x1", si,
-         {in_bf16({M, 2 * I}), in_offs(offs), out({M, I}), out({M, I / 32}, MXMOE_DTYPE_E8M0), out({I, M}),
-          out({I, cap}, MXMOE_DTYPE_E8M0)},
-         [=](std::vector<mxmoe_tensor>& t, cudaStream_t st) {
-           mxmoe_fused_source src{MXMOE_SOURCE_SWIGLU, &t[0], nullptr, nullptr, nullptr, 1, 0, 1.f, INFINITY, 0.f};
-           mxmoe_fused_side row, col;
-           sides(t, 2, row, col);
-           MK(mxmoe_quantize_fused_source(&src, &t[1], cfg, &row, &col, st));
-         }});
-  const std::string sb = "moe " + shp({M, 2 * I}) + "/G" + std::to_string(G) + "a16";
-  R.run({"src_swiglu_bwd_1x128+128x1", sb,
-         {in_bf16({M, 2 * I}), in_bf16({M, I}), in_offs(offs), out({M, 2 * I}), out({M, 2 * I / 32}, MXMOE_DTYPE_E8M0),
-          out({2 * I, M}), out({2 * I, cap}, MXMOE_DTYPE_E8M0)},
-         [=](std::vector<mxmoe_tensor>& t, cudaStream_t st) {
-           mxmoe_fused_source src{MXMOE_SOURCE_SWIGLU_BACKWARD, &t[0], &t[1], nullptr, nullptr, 1, 0, 1.f, INFINITY, 0.f};
-           mxmoe_fused_side row, col;
-           sides(t, 3, row, col);
-           MK(mxmoe_quantize_fused_source(&src, &t[2], cfg, &row, &col, st));
-         }});
+  // Both SwiGLU sources on the wide-exponent data of every row, and on pre-activation-like data
+  // (normal, sigma 3: the inputs a layer gives them; shape tag "N(0,3)").
+  for (int normal = 0; normal < 2; ++normal) {
+    auto in = [&](std::vector<int64_t> sh) { return normal ? in_bf16_normal(std::move(sh)) : in_bf16(std::move(sh)); };
+    const std::string tag = normal ? " N(0,3)" : "";
+    const std::string si = "moe " + shp({M, I}) + "/G" + std::to_string(G) + "a16" + tag;
+    R.run({"src_swiglu_1x128+128x1", si,
+           {in({M, 2 * I}), in_offs(offs), out({M, I}), out({M, I / 32}, MXMOE_DTYPE_E8M0), out({I, M}),
+            out({I, cap}, MXMOE_DTYPE_E8M0)},
+           [=](std::vector<mxmoe_tensor>& t, cudaStream_t st) {
+             mxmoe_fused_source src{MXMOE_SOURCE_SWIGLU, &t[0], nullptr, nullptr, nullptr, 1, 0, 1.f, INFINITY, 0.f};
+             mxmoe_fused_side row, col;
+             sides(t, 2, row, col);
+             MK(mxmoe_quantize_fused_source(&src, &t[1], cfg, &row, &col, st));
+           }});
+    const std::string sb = "moe " + shp({M, 2 * I}) + "/G" + std::to_string(G) + "a16" + tag;
+    R.run({"src_swiglu_bwd_1x128+128x1", sb,
+           {in({M, 2 * I}), in({M, I}), in_offs(offs), out({M, 2 * I}), out({M, 2 * I / 32}, MXMOE_DTYPE_E8M0),
+            out({2 * I, M}), out({2 * I, cap}, MXMOE_DTYPE_E8M0)},
+           [=](std::vector<mxmoe_tensor>& t, cudaStream_t st) {
+             mxmoe_fused_source src{MXMOE_SOURCE_SWIGLU_BACKWARD, &t[0], &t[1], nullptr, nullptr, 1, 0, 1.f, INFINITY, 0.f};
+             mxmoe_fused_side row, col;
+             sides(t, 3, row, col);
+             MK(mxmoe_quantize_fused_source(&src, &t[2], cfg, &row, &col, st));
+           }});
+  }
 }
 
 void weight_cases(Runner& R, int64_t G, int64_t N, int64_t K) {

@@ -674,7 +674,7 @@ TEST(CudaQuantize, FusedWarpTile) {
   }
 }
 
-// The combinations the tile128 pass kernel takes (quantize/tile128_bf16.cu: bf16 in, compact scales,
+// The combinations the tile128 pass kernel takes (quantize/tile128/tile128_bf16.cu: bf16 in, compact scales,
 // rowwise 1x128 codes + columnwise 128x1 transposed codes, or the 128x128 tile in both orientations):
 // the tile128 recipe's activation and weight passes. Groups jagged / empty / 16-aligned / many, rows
 // past the last group, partial panels and column tiles (C = 64, 96, 160, 416), batches, specials,
@@ -723,6 +723,38 @@ TEST(CudaQuantize, FusedTile128Pass) {
     check_fused({300, 96}, MXMOE_DTYPE_BF16, cfg, &g, row_qs, col_qts, seed++, false, 1);
     check_fused({300, 96}, MXMOE_DTYPE_BF16, cfg, &g, off, col_qts, seed++, false, 1);
     check_fused({2000, 64}, MXMOE_DTYPE_BF16, cfg, &too_many, row_qs, col_qts, seed++);
+  }
+}
+
+// Shapes with many tiles per CTA (the persistent grid is ~2-3 CTAs per SM): the tile128 pass kernel
+// resolves its tiles in increasing order with a forward-only group cursor (advance_group), which only
+// a CTA walking several panels and groups exercises; with 500 groups one step passes more than 32
+// groups (several ballot rounds). Jagged, 16-aligned and empty groups, rows past the last group.
+TEST(CudaQuantize, FusedTile128PassManyTiles) {
+  REQUIRE_GPU();
+  uint32_t seed = 9900;
+  auto want = [](bool q, bool qt) {
+    SideWant w;
+    w.on = true;
+    w.q = q;
+    w.qt = qt;
+    w.scale = true;
+    w.blocked = w.dq = w.dqt = false;
+    return w;
+  };
+  const SideWant qs = want(true, false), qts = want(false, true), off;
+  const std::vector<int32_t> g64 = jagged_offsets(40000, 64, 43, false);  // rows past the last group
+  std::vector<int32_t> g64a(64);
+  for (int g = 0; g < 64; ++g) g64a[g] = 16 * ((40000 / 16) * (g + 1) / 64);
+  g64a[5] = g64a[4];  // an empty group
+  const std::vector<int32_t> g500 = jagged_offsets(20000, 500, 44);
+  for (int t = 0; t < 2; ++t) {
+    const mxmoe_fused_config cfg{128, 128, t, MXMOE_SCALE_RCEIL};
+    check_fused({40000, 1024}, MXMOE_DTYPE_BF16, cfg, &g64, qs, qts, seed++);
+    check_fused({40000, 1024}, MXMOE_DTYPE_BF16, cfg, &g64a, qs, qts, seed++);
+    check_fused({20000, 256}, MXMOE_DTYPE_BF16, cfg, &g500, qs, qts, seed++);
+    check_fused({20000, 256}, MXMOE_DTYPE_BF16, cfg, &g500, off, qts, seed++);
+    check_fused({40000, 1024}, MXMOE_DTYPE_BF16, cfg, nullptr, qs, qts, seed++);
   }
 }
 

@@ -144,3 +144,47 @@ def test_source_errors():
     ]:
         with pytest.raises(ValueError, match=msg):
             call(**kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["gather", "gather_scaled", "swiglu", "swiglu_clamped", "swiglu_bwd", "swiglu_bwd_clamped"])
+def test_sources_many_tiles(kind):
+    """Shapes with many tiles per CTA (the tile128 pass is a persistent grid of ~2-3 CTAs per SM that
+    resolves its tiles in increasing order with a forward-only group cursor): every CTA walks several
+    panels and groups. The gather is exact on both devices: CUDA against the CPU core. SwiGLU's expf may
+    differ by an ulp between host and device (CudaMoe.SwigluWithinOneUlpOfCpu), so there the source pass
+    is checked against quantizing the input materialized on the GPU, and that quantization against the
+    CPU core's on the same bytes."""
+    g = torch.Generator().manual_seed(11)
+    if kind.startswith("gather"):
+        T, k, E, H = 16384, 4, 64, 512
+        idx = torch.randint(0, E, (T, k), generator=g)
+        offs, perm, _ = ops.moe_routing(idx, E)
+        x = torch.randn(T, H, generator=g).to(BF16)
+        rs = torch.rand(T, k, generator=g) if kind == "gather_scaled" else None
+
+        def run(d):
+            return ops.quantize_fused_source(ops.SOURCE_GATHER, x.to(d), None, perm.to(d),
+                                             None if rs is None else rs.to(d), k, 0, 1.0, 0.0, 0.0, offs.to(d), 128,
+                                             128, False, 0, Q | S, QT | S, BF16)
+        _same_outputs([t.cpu() for t in run("cuda")], run("cpu"))
+        return
+    R, I = 65536, 256
+    sizes = torch.randint(0, 2 * R // 64, (64,), generator=g)
+    sizes[3] = 0
+    sizes = (sizes * (R - 1000) // int(sizes.sum())).tolist()  # rows past the last group
+    offs = _offs(sizes, "cuda")
+    h = (torch.randn(R, 2 * I, generator=g) * 3).to(BF16).cuda()
+    dy = torch.randn(R, I, generator=g).to(BF16).cuda()
+    act = (1.702, 7.0, 1.0) if kind.endswith("clamped") else (1.0, float("inf"), 0.0)
+    if kind.startswith("swiglu_bwd"):
+        got = ops.quantize_fused_source(ops.SOURCE_SWIGLU_BACKWARD, h, dy, None, None, 1, 0, *act, offs, 128, 128, False,
+                                        0, Q | S, QT | S, BF16)
+        x = ops.swiglu_backward(dy, h, 0, *act)
+    else:
+        got = ops.quantize_fused_source(ops.SOURCE_SWIGLU, h, None, None, None, 1, 0, *act, offs, 128, 128, False, 0,
+                                        Q | S, QT | S, BF16)
+        x = ops.swiglu(h, 0, *act)
+    want = ops.quantize_fused(x, offs, 128, 128, False, 0, Q | S, QT | S, BF16)
+    _same_outputs(got, want)
+    _same_outputs([t.cpu() for t in want], ops.quantize_fused(x.cpu(), offs.cpu(), 128, 128, False, 0, Q | S, QT | S, BF16))

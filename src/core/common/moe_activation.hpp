@@ -74,10 +74,16 @@ MXMOE_HD float canon_nan(float f) { return f32_is_nan(f32_bits(f)) ? bits_f32(0x
 
 // sigmoid(z) = 1 / (1 + exp(-z)).
 // 1 / d is the correctly rounded reciprocal: __frcp_rn on the device (the same bits as __fdiv_rn(1, d),
-// without the division's slow path), a plain division on the host.
+// without the division's slow path), a plain division on the host. __frcp_rn leaves its inline path
+// through a called subroutine for d >= 2^126, and sigmoid's d = 1 + exp(-z) is +inf for every
+// z < -88.7: a warp with one such lane took the call (80 % of the SwiGLU source pass's warp
+// evaluations on the bench's wide-exponent data; ncu, v13). 1 / +inf = +0 is selected instead (same
+// bits; -inf and NaN still go through __frcp_rn).
 MXMOE_HD float rcp_rn(float d) {
 #if defined(__CUDA_ARCH__)
-  return __frcp_rn(d);
+  const bool inf = d == INFINITY;
+  const float r = __frcp_rn(inf ? 1.0f : d);
+  return inf ? 0.0f : r;
 #else
   return 1.0f / d;
 #endif

@@ -36,6 +36,7 @@
 #include "cute/arch/mma_sm90_gmma.hpp"
 #include "cutlass/arch/barrier.h"
 #include "cutlass/arch/reg_reconfig.h"
+#include "cuda/fast_div.cuh"
 #include "mxmoe/mx_format.hpp"
 
 namespace mxmoe {
@@ -43,24 +44,10 @@ namespace cuda {
 namespace gemm {
 namespace sm90 {
 
-// Division by a per-launch constant d >= 1 without a hardware-division sequence, for dividends in
-// [0, 2^31): q = (umulhi(x, mul) + x) >> shift with shift = ceil(log2 d) and mul = floor(2^32 (2^shift
-// - d) / d) + 1, i.e. the multiplier floor(2^(32+shift) / d) + 1 less 2^32 (Granlund & Montgomery
-// 1994, Thm 4.2: exact for x < 2^32; x < 2^31 keeps umulhi(x, mul) + x < 2^32).
-struct FastDiv {
-  uint32_t mul, shift;
-};
-
-inline FastDiv make_fast_div(uint32_t d) {  // host; 1 <= d <= 2^31
-  uint32_t l = 0;
-  while ((uint64_t{1} << l) < d) ++l;
-  FastDiv f;
-  f.mul = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << l) - d)) / d + 1);
-  f.shift = l;
-  return f;
-}
-
-__device__ __forceinline__ uint32_t fast_div(uint32_t x, FastDiv f) { return (__umulhi(x, f.mul) + x) >> f.shift; }
+// Tile decode divisions: cuda/fast_div.cuh (FastDiv, make_fast_div, fast_div).
+using cuda::FastDiv;
+using cuda::fast_div;
+using cuda::make_fast_div;
 
 // x / d for d in [1, 8] and x < 2^28 without a division: umulhi(2x, ceil(2^31 / d)). With
 // ceil(2^31 / d) d = 2^31 + e, e < d, the error x e / (d 2^31) stays below 1 / d as x e < 2^31.

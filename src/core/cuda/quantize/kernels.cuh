@@ -7,7 +7,7 @@
 //   slab/  quant_slab_kernel   32-row slabs: blockings whose blocks span at most 32 rows
 //   warp/  quant_warp_kernel   columnwise 32x1 (+ rowwise 1x32) warp tiles; dequant_warp_kernel
 //   rows/  quant_rows_kernel   rowwise-only streaming
-// (the tile128 recipe's passes have their own kernel, quantize/tile128_bf16.cu.)
+// (the tile128 recipe's passes have their own kernel, quantize/tile128/tile128_bf16.cu.)
 #pragma once
 
 #include <algorithm>
@@ -15,7 +15,7 @@
 
 #include "common/moe_activation.hpp"
 #include "cuda/launch_cache.cuh"
-#include "cuda/quant_common.cuh"
+#include "cuda/quantize/common.cuh"
 #include "cuda/quantize/source.cuh"
 #include "ops.hpp"
 

@@ -1,4 +1,4 @@
-// Shared device helpers of the CUDA quantization kernels (quant_*.cu): error checks, the hardware
+// Shared device helpers of the CUDA quantization kernels (cuda/quantize/*/ and quantize.cu): error checks, the hardware
 // e4m3 conversions (bit-exact with mx_format.hpp's codecs, checked exhaustively by
 // bench/quantize_bench.cu and by the GPU tests on targeted patterns), block scans of `offs` that
 // reproduce groups_from_offsets() on the device, and byte-range helpers.
@@ -16,7 +16,7 @@
 namespace mxmoe {
 struct DequantizeArgs;
 namespace cuda {
-// dequantize's fast path along R (quantize/warp/quant_warp.cu, used by quant_dequant.cu); false where it
+// dequantize's fast path along R (quantize/warp/quant_warp.cu, used by quantize/dequant/quant_dequant.cu); false where it
 // does not apply.
 bool dequantize_along_r_warp(const DequantizeArgs& args);
 

@@ -9,7 +9,7 @@
 // of whole blocks (or the reverse). Group segments come from a block scan of offs on the device
 // (clamped like groups_from_offsets). Bytes no segment covers are zero-filled by all CTAs together
 // (blocked tails; in the inverse, scale entries outside every group).
-#include "cuda/quant_common.cuh"
+#include "cuda/quantize/common.cuh"
 #include "ops.hpp"
 
 namespace mxmoe {

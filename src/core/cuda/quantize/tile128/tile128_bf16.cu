@@ -27,12 +27,13 @@
 // computed into registers one tile ahead. Templated on the input (x or a computed source) and on
 // weights vs activations, so each instance carries only its own path. Design history and
 // measurements: docs/perf/quantize.md, versions 9 and 10.
-#include "cuda/quantize/tile128_bf16.cuh"
+#include "cuda/quantize/tile128/tile128_bf16.cuh"
 
 #include <algorithm>
 
+#include "cuda/fast_div.cuh"
 #include "cuda/launch_cache.cuh"
-#include "cuda/quant_common.cuh"
+#include "cuda/quantize/common.cuh"
 #include "cuda/quantize/source.cuh"
 #include "mxmoe/mx_format.hpp"
 
@@ -85,6 +86,8 @@ struct KParams {
   int ctiles = 0;
   long long tiles = 0;
   int pair_ct = 0;      // kSourceSwigluBwdPaired: I / 128 (column tiles per half)
+  // Tile decode without hardware divisions (v13): by P * ctiles, ctiles and pair_ct.
+  FastDiv div_per_b{}, div_ctiles{}, div_pair{};
 };
 
 struct Tile {
@@ -92,16 +95,32 @@ struct Tile {
   bool in_group, valid;
 };
 
+// The group of panel p: the largest g >= lo with tp0[g] <= p (tp0[lo] <= p; tp0 is non-decreasing, so
+// the lanes' tests tp0[lo + 1 + lane] <= p hold on a prefix of the lanes). A CTA resolves its tiles in
+// increasing order, so lo only moves forward: one shared load per 32 groups passed instead of a binary
+// search per tile (v13). Called by all lanes of the warp.
+__device__ __forceinline__ int advance_group(const int* tp0, int G, int lo, int p) {
+  const int lane = threadIdx.x & 31;
+  for (;;) {
+    const int g = lo + 1 + lane;
+    const unsigned b = __ballot_sync(kFull, g < G && tp0[g] <= p);
+    lo += __popc(b);
+    if (b != kFull) return lo;
+  }
+}
+
+// Tile `tile` of the launch. `lo` is the thread's group cursor (see advance_group): every thread
+// resolves the same tiles in increasing order, uniformly over the warp.
 __device__ __forceinline__ Tile resolve(const KParams& K, const int* table, int covered, int tot_panels,
-                                        long long tile) {
+                                        long long tile, int& lo) {
   Tile t{};
   t.valid = false;
   if (tile >= K.tiles) return t;
-  const int ti = static_cast<int>(tile), per_b = K.P * K.ctiles;
-  t.b = ti / per_b;
-  const int u = ti - t.b * per_b;
-  const int p = u / K.ctiles;
-  t.ct = u - p * K.ctiles;
+  const uint32_t ti = static_cast<uint32_t>(tile);
+  t.b = static_cast<int>(fast_div(ti, K.div_per_b));
+  const uint32_t u = ti - static_cast<uint32_t>(t.b) * static_cast<uint32_t>(K.P * K.ctiles);
+  const int p = static_cast<int>(fast_div(u, K.div_ctiles));
+  t.ct = static_cast<int>(u) - p * K.ctiles;
   const int R = K.a.R;
   if (!K.grouped) {
     t.r0 = 128 * p;
@@ -112,7 +131,7 @@ __device__ __forceinline__ Tile resolve(const KParams& K, const int* table, int 
     const int* tstart = table;
     const int* tp0 = table + kTable;
     const int* tb0 = table + 2 * kTable;
-    const int lo = table_group(tp0, K.a.G, p);
+    lo = advance_group(tp0, K.a.G, lo, p);
     const int end = lo + 1 < K.a.G ? tstart[lo + 1] : covered;
     t.r0 = tstart[lo] + 128 * (p - tp0[lo]);
     t.rows = min(end - t.r0, 128);
@@ -240,6 +259,9 @@ __device__ __forceinline__ void copy_tile_async(const KParams& K, const Tile& t,
   const bool any = reads_tile(K, t);
   const uint16_t* x = static_cast<const uint16_t*>(A.x);
   const long long c = 128LL * t.ct + 8 * j;
+  // x itself: the thread's first row, then 16 rows per chunk (no per-chunk 64-bit row products).
+  const uint16_t* row0 = x + (static_cast<long long>(t.b) * A.R + t.r0 + 2 * w + h) * A.C + c;
+  const long long step16 = 16LL * A.C;
   int32_t pr[8];
   if constexpr (GATHER) tile_perms(K, t, any, pr);
 #pragma unroll
@@ -252,7 +274,7 @@ __device__ __forceinline__ void copy_tile_async(const KParams& K, const Tile& t,
       const long long e = min(static_cast<long long>(pr[i]), A.src.perm_n - 1);
       if (ok) src = x + (e / A.src.k) * A.C + c;
     } else {
-      if (ok) src = x + (static_cast<long long>(t.b) * A.R + t.r0 + r) * A.C + c;
+      if (ok) src = row0 + i * step16;
     }
     const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(buf + ((16 * i + 2 * w + h) * 16 + j) * 16));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 16 : 0) : "memory");
@@ -408,13 +430,17 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
   constexpr bool kAsync = SRC == 0 || kGatherAsync;
   constexpr bool kPipelined = pipelined_source(SRC);
   constexpr bool kPaired = paired_source(SRC);
+  // The row side's chunk maxima from the same |x| as the column maxima (one abs per word) where the
+  // register budget allows (128 registers); the 80-register instances spill with both live, so they
+  // take |x| again just before the row reduction.
+  constexpr bool kEarlyRowMax = min_ctas(SRC) == 2;
   // The tile d places after tile `tile`, the it-th of this CTA: every gridDim.x-th tile; paired,
   // every gridDim.x-th (gate, up) pair, the gate tile first (K.tiles: past the end).
   auto ahead = [&](long long tile, int it, int d) -> long long {
     if constexpr (kPaired) {
       const long long k = it + d, q = blockIdx.x + (k >> 1) * step;
       if (q >= K.tiles / 2) return K.tiles;
-      const long long bp = q / K.pair_ct;
+      const long long bp = fast_div(static_cast<uint32_t>(q), K.div_pair);
       return bp * K.ctiles + (q - bp * K.pair_ct) + (k & 1) * K.pair_ct;
     } else {
       return tile + d * step;
@@ -422,11 +448,13 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
   };
   const long long first = kPaired ? ahead(0, 0, 0) : blockIdx.x;
   uint4 X[8];
+  Tile tnn{};     // x itself: the tile two ahead (its copies in flight)
   uint4 Y[8];     // the paired SwiGLU backward only: the up tile's chunks, computed with its gate tile's
   GatherWords G;  // the scaled gather only
-  Tile t = resolve(K, table, covered, tot_panels, first);
+  int lo = 0;  // the group cursor of resolve (its tiles come in increasing order)
+  Tile t = resolve(K, table, covered, tot_panels, first, lo);
   // x itself keeps two tiles in flight (three buffers: the tile being worked on, the next two landing).
-  Tile tn = resolve(K, table, covered, tot_panels, ahead(first, 0, 1));
+  Tile tn = resolve(K, table, covered, tot_panels, ahead(first, 0, 1), lo);
   if constexpr (kAsync) {
     copy_tile_async<kGatherAsync>(K, t, bufs);
     copy_tile_async<kGatherAsync>(K, tn, bufs + kTileBytes);
@@ -468,15 +496,22 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
     uint4 cm;
     if constexpr (kPipelined) {
       compute_gather(G, buf, m, cm);
-      tn = resolve(K, table, covered, tot_panels, ahead(tile, it, 1));
+      tn = resolve(K, table, covered, tot_panels, ahead(tile, it, 1), lo);
       fetch_gather(K, tn, G);
     }
-    if (t.valid && t.in_group) {
-      if constexpr (!kPipelined) {
-        cm = abs8(X[0]);
+    if constexpr (!kPipelined) {
+      if (t.valid) {
+        // |x| once for both sides: the column maxima (cm) and the row side's chunk maxima (m).
+        cm = make_uint4(0, 0, 0, 0);
 #pragma unroll
-        for (int i = 1; i < 8; ++i) cm = vmax4(cm, abs8(X[i]));
+        for (int i = 0; i < 8; ++i) {
+          const uint4 a = abs8(X[i]);
+          cm = vmax4(cm, a);
+          if constexpr (!TILE && kEarlyRowMax) m[i] = pair_max(__vmaxu2(__vmaxu2(a.x, a.y), __vmaxu2(a.z, a.w)));
+        }
       }
+    }
+    if (t.valid && t.in_group) {
       if constexpr (TILE) {
         uint32_t a = max(max(pair_max(cm.x), pair_max(cm.y)), max(pair_max(cm.z), pair_max(cm.w)));
 #pragma unroll
@@ -494,7 +529,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
       if (t.valid && K.row_on) {
         // Row maxima: each lane's 8 chunk maxima, reduce-scattered over the 16 lanes of its row
         // (xor 8, 4, 2 halve the rows held, xor 1 completes): 8 shuffles and one scale per lane.
-        if constexpr (!kPipelined) {
+        if constexpr (!kPipelined && !kEarlyRowMax) {
 #pragma unroll
           for (int i = 0; i < 8; ++i) {
             const uint4 v = abs8(X[i]);
@@ -523,8 +558,9 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
         const int rr = 16 * rho + 2 * w + h;  // the row whose scale this lane holds
         if (A.scale_c != nullptr && (j & 1) == 0 && rr < t.rows)
           store_scale_c(A.scale_c + (static_cast<long long>(t.b) * A.R + t.r0 + rr) * W + 4 * t.ct, s_mine, nj);
+        // The thread's first row's codes; chunk i is 16 i rows further.
         uint8_t* qrow = A.q == nullptr ? nullptr
-                                       : A.q + (static_cast<long long>(t.b) * A.R + t.r0) * A.C + 128LL * t.ct + 8 * j;
+                                       : A.q + (static_cast<long long>(t.b) * A.R + t.r0 + 2 * w + h) * A.C + 128LL * t.ct + 8 * j;
         // The 8 chunks are independent and coded branch-free (predicated stores), so they interleave.
         const bool qok = qrow != nullptr && cok;
 #pragma unroll
@@ -532,8 +568,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
           const int src = (lane & 16) | (((i >> 2) & 1) << 3) | (((i >> 1) & 1) << 2) | ((i & 1) << 1);
           const uint4 xi = kPipelined ? reinterpret_cast<const uint4*>(buf)[(16 * i + 2 * w + h) * 16 + j] : X[i];
           const uint2 qc = codes8(xi, __shfl_sync(kFull, s_mine, src));
-          if (qok && 16 * i + 2 * w + h < t.rows)
-            *reinterpret_cast<uint2*>(qrow + static_cast<long long>(16 * i + 2 * w + h) * A.C) = qc;
+          if (qok && 16 * i + 2 * w + h < t.rows) *reinterpret_cast<uint2*>(qrow + i * (16LL * A.C)) = qc;
         }
       }
     }
@@ -542,9 +577,11 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
     // x itself: tile it + 2's copies into the buffer of tile it - 1, whose last reader (its staged store
     // phase) every thread finished before the barrier. Computed inputs: the next tile into registers.
     if constexpr (kAsync) {
-      copy_tile_async<kGatherAsync>(K, resolve(K, table, covered, tot_panels, ahead(tile, it, 2)), bufs + slot2 * kTileBytes);
+      // Each tile is resolved once, here, two ahead (tnn), and handed down through tn and t.
+      tnn = resolve(K, table, covered, tot_panels, ahead(tile, it, 2), lo);
+      copy_tile_async<kGatherAsync>(K, tnn, bufs + slot2 * kTileBytes);
     } else if constexpr (kPaired) {
-      tn = resolve(K, table, covered, tot_panels, ahead(tile, it, 1));
+      tn = resolve(K, table, covered, tot_panels, ahead(tile, it, 1), lo);
       if (it & 1) {
         load_pair<plain_source(SRC)>(K, tn, X, Y);  // the next pair's gate tile
       } else {
@@ -552,7 +589,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
         for (int i = 0; i < 8; ++i) X[i] = Y[i];  // this pair's up tile
       }
     } else if constexpr (!kPipelined) {
-      tn = resolve(K, table, covered, tot_panels, ahead(tile, it, 1));
+      tn = resolve(K, table, covered, tot_panels, ahead(tile, it, 1), lo);
       load_tile<SRC>(K, tn, X);
     }
 
@@ -582,12 +619,11 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
           if (A.scale_c != nullptr && (j & 1) == 0 && rr < t.rows)
             store_scale_c(A.scale_c + (row0 + rr) * W + 4 * t.ct, s_lo, nj);
           if (A.q != nullptr && cok) {
-            uint8_t* qrow = A.q + row0 * A.C + 128LL * t.ct + 8 * j;
+            uint8_t* qrow = A.q + (row0 + 2 * w + h) * A.C + 128LL * t.ct + 8 * j;
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
               const uint2 qc = codes8(reinterpret_cast<const uint4*>(buf)[(16 * i + 2 * w + h) * 16 + j], s_lo);
-              if (16 * i + 2 * w + h < t.rows)
-                *reinterpret_cast<uint2*>(qrow + static_cast<long long>(16 * i + 2 * w + h) * A.C) = qc;
+              if (16 * i + 2 * w + h < t.rows) *reinterpret_cast<uint2*>(qrow + i * (16LL * A.C)) = qc;
             }
           }
         }
@@ -680,7 +716,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
       }
     }
     t = tn;
-    if constexpr (kAsync) tn = resolve(K, table, covered, tot_panels, ahead(tile, it, 2));
+    if constexpr (kAsync) tn = tnn;
     slot = slot + 1 == kBufs ? 0 : slot + 1;
   }
   if constexpr (kAsync) asm volatile("cp.async.wait_all;\n" ::: "memory");
@@ -698,12 +734,17 @@ void launch_tile128_pass(const Tile128Pass& a, int device, cudaStream_t stream) 
   K.tiles = static_cast<long long>(a.B) * K.P * K.ctiles;
   if (K.tiles <= 0) return;
   if (K.tiles > 0x7FFFFFFFLL) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: too many tiles for one launch");
+  // The group cursor of resolve assumes one batch entry (token groups come with a 2D x, api_fused.cpp).
+  if (K.grouped && a.B != 1) fail_status(MXMOE_ERR_INVALID_ARGUMENT, "quantize: token groups need B = 1, got ", a.B);
+  K.div_per_b = make_fast_div(static_cast<uint32_t>(K.P * K.ctiles));
+  K.div_ctiles = make_fast_div(static_cast<uint32_t>(K.ctiles));
   // The kernel instance: weights are tensors; the unscaled gather has its own (cp.async) instance.
   int src = a.tile ? 0 : (a.src.kind == MXMOE_SOURCE_GATHER && a.src.row_scale == nullptr ? kSourceGatherRaw : a.src.kind);
   const bool plain = swiglu_is_plain(a.src.act);
   if (src == MXMOE_SOURCE_SWIGLU_BACKWARD && a.src.act.layout == 0 && (a.C / 2) % 128 == 0) {
     src = plain ? kSourceSwigluBwdPairedPlain : kSourceSwigluBwdPaired;
     K.pair_ct = static_cast<int>(a.C / 2 / 128);
+    K.div_pair = make_fast_div(static_cast<uint32_t>(K.pair_ct));
   } else if (src == MXMOE_SOURCE_SWIGLU && plain) {
     src = kSourceSwigluPlain;
   }

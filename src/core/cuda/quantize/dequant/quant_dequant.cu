@@ -8,7 +8,7 @@
 
 #include "common/tensor.hpp"
 #include "cuda/launch_cache.cuh"
-#include "cuda/quant_common.cuh"
+#include "cuda/quantize/common.cuh"
 #include "ops.hpp"
 
 namespace mxmoe {
