@@ -11,15 +11,23 @@ cuobjdump -sass -arch sm_90a "$B/src/core/libmxmoe.so" 2>/dev/null \
 echo "warp kernel SASS lines: $(wc -l < "$OUT/warp.sass")"
 grep -oE '^\s+/\*[0-9a-f]{4}\*/\s+(@!?U?P[0-9T] )?[A-Z0-9_]+(\.[A-Z0-9_]+)*' "$OUT/warp.sass" \
   | awk '{print $NF}' | sort | uniq -c | sort -rn | head -40 > "$OUT/warp_sass_hist.txt"
-# "bench case#kernel name regex" pairs: the kernels whose copy ratio has no measured bound yet.
+# "bench case#kernel name regex" pairs: one case per kernel family below its copy-ratio target (the
+# measured bounds of docs/perf/quantize.md), A 16640x5120 unless the family needs another shape.
 cases=("$@")
 [[ ${#cases[@]} -gt 0 ]] || cases=(
-  "fused_rt_1x32+rt_32x1 A 16640x5120#regex:quant_warp"
+  "quant_32x1_t A 16640x5120#regex:quant_slab"
+  "fused_1x32+32x1 A 16640x5120#regex:quant_slab"
+  "fused_rt_1x32+32x1t A 16640x5120#regex:quant_(slab|warp)"
   "fused_rt_1x32+q_32x1 A 16640x5120#regex:quant_slab"
+  "fused_rt_1x32+rt_32x1 A 16640x5120#regex:quant_warp"
+  "fused_rt_1x32 A 16640x5120#regex:quant_rows"
   "dequant_1x32 A 16640x5120#regex:dequant_rows"
   "dequant_32x1 A 16640x5120#regex:dequant_warp"
-  "quant_128x128 W 8x8192x5120#regex:quant_tile"
   "fused_1x32_blockedM A 16640x5120#regex:quant_slab"
+  "to_blocked A 16640x7168#regex:blocked"
+  "quant_32x1_t jag 16384x4096/G8#regex:quant_slab"
+  "fused_w_128x128 W 8x8192x5120#regex:tile128_pass"
+  "fused_1x128+128x1 A 16640x5120#regex:tile128_pass"
 )
 for pair in "${cases[@]}"; do
   case=${pair%%#*}; kern=${pair##*#}
