@@ -680,18 +680,23 @@ TEST(CudaQuantize, FusedWarpTile) {
 // past the last group, partial panels and column tiles (C = 64, 96, 160, 416), batches, specials,
 // unaligned transposed rows (R = 37, 300), misaligned outputs, and requests it leaves to the general
 // kernels (more than 512 groups, misaligned codes) for the routing around it.
+namespace {
+// A side of the tile128 pass: codes in x's orientation (q), transposed (qt), compact scales.
+SideWant codes_side(bool q, bool qt, bool scale) {
+  SideWant w;
+  w.on = true;
+  w.q = q;
+  w.qt = qt;
+  w.scale = scale;
+  w.blocked = w.dq = w.dqt = false;
+  return w;
+}
+}  // namespace
+
 TEST(CudaQuantize, FusedTile128Pass) {
   REQUIRE_GPU();
   uint32_t seed = 9700;
-  auto want = [](bool q, bool qt, bool scale) {
-    SideWant w;
-    w.on = true;
-    w.q = q;
-    w.qt = qt;
-    w.scale = scale;
-    w.blocked = w.dq = w.dqt = false;
-    return w;
-  };
+  const auto want = codes_side;
   SideWant off;
   const SideWant row_qs = want(true, false, true), row_q = want(true, false, false), row_s = want(false, false, true),
                  row_all = want(true, true, true);
@@ -733,16 +738,7 @@ TEST(CudaQuantize, FusedTile128Pass) {
 TEST(CudaQuantize, FusedTile128PassManyTiles) {
   REQUIRE_GPU();
   uint32_t seed = 9900;
-  auto want = [](bool q, bool qt) {
-    SideWant w;
-    w.on = true;
-    w.q = q;
-    w.qt = qt;
-    w.scale = true;
-    w.blocked = w.dq = w.dqt = false;
-    return w;
-  };
-  const SideWant qs = want(true, false), qts = want(false, true), off;
+  const SideWant qs = codes_side(true, false, true), qts = codes_side(false, true, true), off;
   const std::vector<int32_t> g64 = jagged_offsets(40000, 64, 43, false);  // rows past the last group
   std::vector<int32_t> g64a(64);
   for (int g = 0; g < 64; ++g) g64a[g] = 16 * ((40000 / 16) * (g + 1) / 64);
