@@ -25,8 +25,9 @@
 // in three tile buffers (no registers held); the scaled gather's raw words are loaded into registers
 // one tile ahead and scaled into the shared tile in their turn; SwiGLU and its backward are loaded and
 // computed into registers one tile ahead. Templated on the input (x or a computed source) and on
-// weights vs activations, so each instance carries only its own path. Design history and
-// measurements: docs/perf/quantize.md, versions 9 and 10.
+// weights vs activations, so each instance carries only its own path. Tiles are decoded once each,
+// in increasing order (host magic divisors, a forward-only group cursor: v13). Design history and
+// measurements: docs/perf/quantize.md, versions 9-13.
 #include "cuda/quantize/tile128/tile128_bf16.cuh"
 
 #include <algorithm>
