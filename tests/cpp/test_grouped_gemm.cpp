@@ -272,6 +272,29 @@ TEST(GroupedMM, RowsOutsideGroupsAreZero) {
   for (int64_t i = 0; i < q.out.numel(); ++i) ASSERT_EQ(q.out.get(i), 0.0f) << i;
 }
 
+// K = 0: the operands have no elements and may have no storage (null data, as the fuzzer passes them):
+// every row in a group is its bias, the rest zero, with no pointer arithmetic on the null bases
+// (UBSan caught A + offset on null in the tile128 entry, 2026-12-02).
+TEST(GroupedMM, EmptyReductionWithoutStorage) {
+  for (int tile128 = 0; tile128 < 2; ++tile128) {
+    MMCase c{50, 0, 8, {20, 40}};
+    c.bias = true;
+    MMProblem p = make_mm(c);
+    p.av.data = p.asv.data = p.bv.data = p.bsv.data = nullptr;
+    p.av.strides[0] = p.asv.strides[0] = 16;  // any strides of a view without elements
+    p.bv.strides[0] = p.bsv.strides[0] = 64;
+    const mxmoe_status st =
+        tile128 ? mxmoe_grouped_mm_tile128(&p.av, &p.asv, &p.bv, &p.bsv, &p.offv, &p.biasv, &p.outv, nullptr, nullptr)
+                : run_mm(p);
+    ASSERT_EQ(st, MXMOE_OK) << mxmoe_last_error();
+    for (int64_t m = 0; m < 50; ++m)
+      for (int64_t n = 0; n < 8; ++n) {
+        const float want = m < 20 ? p.bias.get(n) : m < 40 ? p.bias.get(8 + n) : 0.0f;
+        ASSERT_EQ(p.out.get(m * 8 + n), want) << "tile128=" << tile128 << " m=" << m << " n=" << n;
+      }
+  }
+}
+
 // A NaN scale makes exactly the products it touches NaN.
 TEST(GroupedMM, NanScalePropagates) {
   MMCase c{64, 64, 16, {32, 64}};

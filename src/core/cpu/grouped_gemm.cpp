@@ -208,6 +208,10 @@ struct RowStore {
   }
 };
 
+// p + off, where an operand with no elements (K = 0) may have no storage at all: a null base stays null
+// (offsetting it is undefined behaviour; nothing reads through it).
+const uint8_t* at(const uint8_t* p, int64_t off) { return p == nullptr ? p : p + off; }
+
 void zero_rows(const mxmoe_tensor& out, int64_t base, int64_t r0, int64_t r1, int64_t cols) {
   for (int64_t r = r0; r < r1; ++r)
     for (int64_t c = 0; c < cols; ++c)
@@ -229,10 +233,10 @@ void grouped_mm(const GroupedMMArgs& a) {
   for (int64_t i = 0; i < g.count(); ++i) {
     const int64_t s = g.start[i], rows = g.end[i] - s;
     if (rows == 0) continue;  // this expert's weights are not needed
-    const MxView av{A + s * a.a.strides[0], a.a.strides[0], a.a.strides[1],
-                    As + s * a.a_scale.strides[0], a.a_scale.strides[0], a.a_scale.strides[1]};
-    const MxView bv{B + i * a.b.strides[0], a.b.strides[1], a.b.strides[2],
-                    Bs + i * a.b_scale.strides[0], a.b_scale.strides[1], a.b_scale.strides[2]};
+    const MxView av{at(A, s * a.a.strides[0]), a.a.strides[0], a.a.strides[1],
+                    at(As, s * a.a_scale.strides[0]), a.a_scale.strides[0], a.a_scale.strides[1]};
+    const MxView bv{at(B, i * a.b.strides[0]), a.b.strides[1], a.b.strides[2],
+                    at(Bs, i * a.b_scale.strides[0]), a.b_scale.strides[1], a.b_scale.strides[2]};
     x.resize(static_cast<size_t>(rows * K));
     dequant_rows(av, rows, K, x.data());
     dequant_transposed(bv, N, K, yt.data());
@@ -263,10 +267,10 @@ void grouped_mm_kgroups(const GroupedMMKArgs& a) {
     }
     // Group i's tokens [s, s+len); their scales start at compact block block_start[i].
     const int64_t blk = g.block_start[i];
-    const MxView av{A + s * a.a.strides[1], a.a.strides[0], a.a.strides[1],
-                    As + blk * a.a_scale.strides[1], a.a_scale.strides[0], a.a_scale.strides[1]};
-    const MxView bv{B + s * a.b.strides[1], a.b.strides[0], a.b.strides[1],
-                    Bs + blk * a.b_scale.strides[1], a.b_scale.strides[0], a.b_scale.strides[1]};
+    const MxView av{at(A, s * a.a.strides[1]), a.a.strides[0], a.a.strides[1],
+                    at(As, blk * a.a_scale.strides[1]), a.a_scale.strides[0], a.a_scale.strides[1]};
+    const MxView bv{at(B, s * a.b.strides[1]), a.b.strides[0], a.b.strides[1],
+                    at(Bs, blk * a.b_scale.strides[1]), a.b_scale.strides[0], a.b_scale.strides[1]};
     x.resize(static_cast<size_t>(N * len));
     yt.resize(static_cast<size_t>(len * kp));
     dequant_rows(av, N, len, x.data());
