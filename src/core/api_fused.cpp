@@ -165,6 +165,7 @@ extern "C" mxmoe_status mxmoe_quantize_fused(const mxmoe_tensor* x_, const mxmoe
                                              const mxmoe_fused_side* col, void* stream) {
   MXMOE_API_BEGIN
   const mxmoe_tensor& x = require(x_, "x");
+  api::check_backend(x.device, "x");  // -1 or an ordinal (any other code was taken for the host)
   fused_body(x, FusedSource{}, {{x_, "x"}}, offs_, cfg, row, col, stream);
   MXMOE_API_END
 }
@@ -176,6 +177,7 @@ extern "C" mxmoe_status mxmoe_quantize_fused_source(const mxmoe_fused_source* sr
   if (src_ == nullptr) fail("src: expected a source, got NULL");
   const mxmoe_fused_source& s = *src_;
   const mxmoe_tensor& a = require(s.a, "src.a");
+  api::check_backend(a.device, "src.a");
   check_ndim(a, "src.a", {2});
   FusedSource src;
   src.kind = static_cast<int>(s.kind);

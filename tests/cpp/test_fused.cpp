@@ -297,6 +297,14 @@ TEST(Fused, Validation) {
   EXPECT_EQ(mxmoe_quantize_fused(&xv, nullptr, bad_tile, &row.side, nullptr, nullptr), MXMOE_ERR_INVALID_ARGUMENT);
   mxmoe_fused_side empty{};
   EXPECT_EQ(mxmoe_quantize_fused(&xv, nullptr, cfg, &empty, nullptr, nullptr), MXMOE_ERR_INVALID_ARGUMENT);
+  // A device code that is neither -1 nor an ordinal (the fuzzer found it taken for the host).
+  mxmoe_tensor xbad = xv;
+  xbad.device = -1675879396;
+  EXPECT_EQ(mxmoe_quantize_fused(&xbad, nullptr, cfg, &row.side, nullptr, nullptr), MXMOE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(mxmoe_last_error()).find("x: expected device -1"), std::string::npos) << mxmoe_last_error();
+  mxmoe_fused_source bad_src{MXMOE_SOURCE_SWIGLU, &xbad, nullptr, nullptr, nullptr, 1, 0, 1.f, INFINITY, 0.f};
+  EXPECT_EQ(mxmoe_quantize_fused_source(&bad_src, nullptr, cfg, &row.side, nullptr, nullptr), MXMOE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(mxmoe_last_error()).find("src.a: expected device -1"), std::string::npos) << mxmoe_last_error();
   // Wrong shape of one output names it.
   Buffer wrong({96, 64}, MXMOE_DTYPE_E4M3);
   mxmoe_tensor wv = wrong.view();
