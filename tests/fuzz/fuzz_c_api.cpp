@@ -35,6 +35,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -700,7 +701,10 @@ class Call {
       for (int64_t c = 0; c < cols; ++c) {
         const uint64_t x = rnd();
         int64_t v = static_cast<int64_t>(x % static_cast<uint64_t>(hi));
-        if (mode == 5 && (x >> 40) % 4 == 0) v = (x >> 42) & 1 ? -1 - static_cast<int64_t>((x >> 43) % 3) : hi + static_cast<int64_t>((x >> 43) % 3);
+        // Just outside [0, hi): below 0, or at hi and past it (hi itself when hi + d would overflow).
+        const int64_t d = static_cast<int64_t>((x >> 43) % 3);
+        if (mode == 5 && (x >> 40) % 4 == 0)
+          v = (x >> 42) & 1 ? -1 - d : (hi <= std::numeric_limits<int64_t>::max() - d ? hi + d : hi);
         if (mode == 6) v = i64 ? static_cast<int64_t>(x) : static_cast<int32_t>(x);
         if (mode == 7) v = same;
         uint8_t* base = static_cast<uint8_t*>(a.t.data);
