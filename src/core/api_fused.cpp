@@ -44,11 +44,7 @@ void fused_body(const mxmoe_tensor& x, const FusedSource& src, const std::vector
                 const mxmoe_fused_side* col, void* stream) {
   check_dtype(x, "x", {MXMOE_DTYPE_BF16, MXMOE_DTYPE_F32});
   check_ndim(x, "x", {2, 3});
-#if !defined(MXMOE_WITH_CUDA)
-  if (x.device >= 0)
-    fail_status(MXMOE_ERR_UNSUPPORTED, "x: tensors on ", device_str(x.device),
-                " need a build with CUDA; this libmxmoe was built without it");
-#endif
+  // x's device code was checked by the entry point (api::check_backend: -1, or an ordinal with CUDA).
   if (src.kind == 0 && x.device >= 0 && !is_contiguous(x))
     fail("x: expected a contiguous tensor on ", device_str(x.device));
   if (cfg.mode < MXMOE_SCALE_RCEIL || cfg.mode > MXMOE_SCALE_EVEN)
@@ -263,6 +259,7 @@ extern "C" mxmoe_status mxmoe_quantize_fused_if(const mxmoe_tensor* flag_, const
   const mxmoe_tensor& flag = require(flag_, "flag");
   check_dtype(flag, "flag", {MXMOE_DTYPE_I32});
   if (numel(flag) != 1) fail("flag: expected one element, got ", shape_str(flag));
+  api::check_backend(x.device, "x");
   if (x.device < 0) throw Error(MXMOE_ERR_UNSUPPORTED, "x: expected a CUDA tensor (a conditional graph node), got a CPU tensor");
   check_device(flag, "flag", x.device);
 #if defined(MXMOE_WITH_CUDA)
