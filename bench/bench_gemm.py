@@ -199,6 +199,28 @@ def deepgemm_m_grouped(a8, b8, sizes, n_out):
     return lambda: fn((a, a_s), (b8, b_s), out, m_indices)
 
 
+def deepgemm_k_grouped(N, K, sizes):
+    """DeepGEMM's k-grouped wgrad (k_grouped_wgrad_gemm_fp8_fp8_fp32_nt, 1x128 scales on both
+    operands, fp32 output accumulated in place) on operands of the same shape, or None when deep_gemm
+    is not importable or has no k-grouped wgrad. Its layout is one contiguous (rows, k_g) block per
+    group, fp32 scales, and a host list of group sizes; groups are padded to 128 tokens as for the
+    M-grouped anchor (a DeepGEMM user pads). Empty groups are left out (it asserts k > 0)."""
+    try:
+        import deep_gemm
+    except ImportError:
+        return None
+    fn = getattr(deep_gemm, "k_grouped_wgrad_gemm_fp8_fp8_fp32_nt", None)
+    if fn is None:
+        return None
+    padded = [(s + 127) // 128 * 128 for s in sizes if s > 0]
+    Mp, kb = sum(padded), sum(p // 128 for p in padded)
+    lhs, rhs = fp8((N * Mp,)), fp8((K * Mp,))
+    lhs_s = torch.rand(kb, N, device="cuda") + 0.5
+    rhs_s = torch.rand(kb, K, device="cuda") + 0.5
+    out = torch.zeros(len(padded), N, K, device="cuda", dtype=torch.float32)
+    return lambda: fn((lhs, lhs_s), (rhs, rhs_s), out, padded)
+
+
 # ---- timing ----------------------------------------------------------------------------------------
 def bench_us(fn):
     import triton.testing
@@ -251,14 +273,20 @@ def sweep_scheduler(mx, label):
     return res
 
 
+def wgrad_prefers_own(M, N, K, G):
+    """grouped_k_prefer_own of src/core/cuda/gemm/sm90_tile_heuristics.hpp."""
+    return True
+
+
 def sm90_choice(pas, N, K, G, M, env=None):
     """(kernel, tile) the library picks for a tile128 call under `env` (default: os.environ), mirroring
     src/core/cuda/gemm/sm90_tile_heuristics.hpp (MXMOE_GEMM_SM90 / _CLUSTER / _BLOCK_N and the auto rule)."""
     env = os.environ if env is None else {**os.environ, **env}
     cutlass = ("cutlass_coop_fp8_blockwise", "128x128x128 cluster 1x2")
-    if pas == "wgrad":
-        return cutlass
     mode = env.get("MXMOE_GEMM_SM90", "") or "auto"
+    if pas == "wgrad":  # the own K-grouped kernel takes every call with M % 16 == 0 (contiguous operands)
+        own = mode in ("mxmoe", "mxmoe-only") or (mode == "auto" and wgrad_prefers_own(M, N, K, G))
+        return ("mxmoe_sm90_grouped_k", "128x128x128") if own and M % 16 == 0 else cutlass
     if mode == "cutlass" or (mode == "auto" and not ((K <= 1024 and N <= 1536) or M >= 65536)):
         return cutlass
     bn = int(env["MXMOE_GEMM_BLOCK_N"]) if env.get("MXMOE_GEMM_BLOCK_N") in ("128", "192") else None
@@ -388,6 +416,7 @@ def run_shape(name, M, N, K, G, jagged, passes, profile, sweep=False, variants=(
         ws = workspace(LIB.mxmoe_grouped_mm_tile128_kgroups_workspace_size(M, N, K, G, 0))
         mx = mx_kg_call(dyt8, a_s, xt8, b_s, offs, out, ws)
         t_mx = bench_us(mx)
+        var = bench_variants(mx, variants)
         if profile:
             stages["wgrad"] = profile_kernels(mx, f"wgrad {name} G={G}")
         if sweep:
@@ -411,8 +440,16 @@ def run_shape(name, M, N, K, G, jagged, passes, profile, sweep=False, variants=(
         t_f8 = try_bench("fp8 rowwise wgrad", lambda: torch._scaled_grouped_mm(
             dyt8_b, x8_cm, sa, sb, offs=offs_b, out_dtype=torch.bfloat16))
         del dyt8_b
-        record("wgrad", t_mx, t_bf, t_f8)
-        del dyt8, x8_cm, out, ws, a_s, b_s
+        del x8_cm, out, ws, a_s, b_s
+        try:
+            dg = deepgemm_k_grouped(N, K, sizes)
+        except Exception as e:  # an API this script does not know: say so, keep the run going
+            print(f"    deepgemm wgrad: n/a ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
+            dg = None
+        t_dg = try_bench("deepgemm wgrad", dg) if dg else None
+        del dg
+        record("wgrad", t_mx, t_bf, t_f8, var, t_dg)
+        del dyt8
 
     del x_bf, w_bf, x8, w8
     torch.cuda.empty_cache()

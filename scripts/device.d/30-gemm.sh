@@ -42,7 +42,7 @@ parts = re.split(r"\n\s*Function : ", text)
 print("function | QGMMA | HGMMA | FFMA | FMUL | LDL | STL")
 for p in parts[1:]:
     name = p.split("\n", 1)[0].strip()
-    if not re.search(r"GemmUniversal|tile128|grouped_mm|kg_|fwd_", name):
+    if not re.search(r"GemmUniversal|tile128|grouped_mm|grouped_[mk]_kernel|kg_|fwd_", name):
         continue
     c = lambda op: len(re.findall(r"\b" + op + r"\b", p))
     print(f"{name[:90]} | {c('QGMMA')} | {c('HGMMA')} | {c('FFMA')} | {c('FMUL')} | {c('LDL')} | {c('STL')}")

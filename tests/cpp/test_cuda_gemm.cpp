@@ -406,16 +406,6 @@ TEST(CudaGemm, GenericKgroupsMatchesCpuBitwise) {
 
 // ---- tile128 FP8 kernels -------------------------------------------------------------------------
 
-TEST(CudaGemmTile128, SmallForwardAndWgrad) {  // the compute-sanitizer case
-  SKIP_WITHOUT_CUDA();
-  g_data = Data::kExactGrid;  // exact: any indexing or scale slip shows
-  bool unsupported = false;
-  run_fwd_case({200, 96, 160, {0, 70, 81, 0}, MXMOE_DTYPE_F32, true}, 1, &unsupported);
-  if (unsupported) GTEST_SKIP() << "tile128 GEMMs unsupported here: " << mxmoe_last_error();
-  run_kg_case({96, 160, {37, 0, 130, 5}, MXMOE_DTYPE_F32, 3}, 2, &unsupported);
-  g_data = Data::kFullRange;
-}
-
 struct EnvGuard {
   std::vector<std::pair<std::string, std::string>> saved;
   std::vector<std::string> unset_names;
@@ -429,6 +419,21 @@ struct EnvGuard {
     for (auto& n : unset_names) unsetenv(n.c_str());
   }
 };
+
+TEST(CudaGemmTile128, SmallForwardAndWgrad) {  // the compute-sanitizer case
+  SKIP_WITHOUT_CUDA();
+  g_data = Data::kExactGrid;  // exact: any indexing or scale slip shows
+  bool unsupported = false;
+  run_fwd_case({200, 96, 160, {0, 70, 81, 0}, MXMOE_DTYPE_F32, true}, 1, &unsupported);
+  if (unsupported) GTEST_SKIP() << "tile128 GEMMs unsupported here: " << mxmoe_last_error();
+  run_kg_case({96, 160, {37, 0, 130, 5}, MXMOE_DTYPE_F32, 3}, 2, &unsupported);  // M % 16 != 0: CUTLASS
+  {
+    EnvGuard env;  // the own wgrad kernel: unaligned group starts, tails, an empty group
+    env.set("MXMOE_GEMM_SM90", "mxmoe-only");
+    run_kg_case({96, 160, {37, 0, 130, 5}, MXMOE_DTYPE_F32, 4}, 3, &unsupported);
+  }
+  g_data = Data::kFullRange;
+}
 
 // Forward / dgrad through the CUTLASS kernel (the default picks the own kernel for small K and N,
 // which OwnSm90Kernel covers).
@@ -519,8 +524,12 @@ TEST(CudaGemmTile128, OwnSm90Kernel) {
   g_data = Data::kFullRange;
 }
 
+// Wgrad through the CUTLASS kernel (the default picks the own kernel where its TMA can read the
+// operands in place, which OwnSm90Wgrad covers).
 TEST(CudaGemmTile128, Wgrad) {
   SKIP_WITHOUT_CUDA();
+  EnvGuard env;
+  env.set("MXMOE_GEMM_SM90", "cutlass");
   std::mt19937 rng(7);
   std::vector<KgCase> cases = {
       {160, 224, {1000}, MXMOE_DTYPE_F32},                        // G = 1, in place (M % 16 == 0)
@@ -533,6 +542,37 @@ TEST(CudaGemmTile128, Wgrad) {
   };
   uint32_t seed = 300;
   for (Data d : {Data::kExactGrid, Data::kFullRange, Data::kNormal}) {
+    g_data = d;
+    for (const auto& c : cases) {
+      bool unsupported = false;
+      run_kg_case(c, seed++, &unsupported);
+      if (unsupported) GTEST_SKIP() << "tile128 GEMMs unsupported here: " << mxmoe_last_error();
+    }
+  }
+  g_data = Data::kFullRange;
+}
+
+// The own sm_90a K-grouped (wgrad) kernel forced with "mxmoe-only" (a call it does not take fails
+// instead of falling back to CUTLASS). M % 16 == 0 everywhere (its TMA row strides); group starts are
+// anywhere, so partial k-blocks whose last tokens belong to the next group are the common case.
+TEST(CudaGemmTile128, OwnSm90Wgrad) {
+  SKIP_WITHOUT_CUDA();
+  EnvGuard env;
+  env.set("MXMOE_GEMM_SM90", "mxmoe-only");
+  std::mt19937 rng(10);
+  std::vector<KgCase> cases = {
+      {160, 224, {1008}, MXMOE_DTYPE_F32},                       // G = 1, N, K not multiples of 128, a tail
+      {160, 224, {37, 0, 300, 1, 662}, MXMOE_DTYPE_F32, 8},      // unaligned starts, empty group, tokens past
+      {160, 224, {37, 0, 300, 1, 662}, MXMOE_DTYPE_BF16, 8},
+      {256, 128, {128, 256, 0, 512, 64}, MXMOE_DTYPE_F32},       // aligned starts
+      {96, 288, random_sizes(64, 3000, rng, true), MXMOE_DTYPE_F32, 8},  // G = 64, N < 128
+      {384, 512, random_sizes(8, 4096, rng, false), MXMOE_DTYPE_BF16},
+      {136, 520, {2000, 48}, MXMOE_DTYPE_BF16},                  // 16 k-blocks, partial m- and n-tiles
+      {512, 1024, random_sizes(16, 8192, rng, false), MXMOE_DTYPE_F32},  // 512 tiles: several per CTA
+      {64, 64, {0, 0}, MXMOE_DTYPE_F32, 16},                     // all empty: zeros
+  };
+  uint32_t seed = 400;
+  for (Data d : {Data::kExactGrid, Data::kFullRange}) {
     g_data = d;
     for (const auto& c : cases) {
       bool unsupported = false;

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "cuda/gemm/sm90_grouped_k.hpp"
 #include "cuda/gemm/sm90_grouped_m.hpp"
 #include "cuda/gemm_tile128.cuh"
 #include "mxmoe/mx_format.hpp"
@@ -564,6 +565,38 @@ void grouped_mm_tile128_kgroups(const GroupedMMKArgs& a, void* workspace, int64_
   if (G == 0 || N == 0 || K == 0) return;
   const auto* A = static_cast<const uint8_t*>(a.a.data);
   const auto* B = static_cast<const uint8_t*>(a.b.data);
+#if defined(MXMOE_HAVE_CUTLASS)
+  // The own sm_90a K-grouped kernel (cuda/gemm/): one launch, no staging, E8M0 scales read in the
+  // kernel, group tables built on the device; MXMOE_GEMM_SM90 picks it or CUTLASS as for the forward.
+  const gemm::Sm90Kernel choice = gemm::sm90_kernel_choice();
+  if (choice == gemm::Sm90Kernel::kOwn || choice == gemm::Sm90Kernel::kOwnOnly ||
+      (choice == gemm::Sm90Kernel::kAuto && gemm::sm90_prefers_own_wgrad(M, N, K, G))) {
+    gemm::GroupedKRun r;
+    r.m = M;
+    r.n = N;
+    r.k = K;
+    r.groups = G;
+    r.a = A;
+    r.lda = a.a.strides[0];
+    r.a_scale = static_cast<const uint8_t*>(a.a_scale.data);
+    r.as_s0 = a.a_scale.strides[0];
+    r.b = B;
+    r.ldb = a.b.strides[0];
+    r.b_scale = static_cast<const uint8_t*>(a.b_scale.data);
+    r.bs_s0 = a.b_scale.strides[0];
+    r.offs = static_cast<const int32_t*>(a.offs.data);
+    r.offs_s = a.offs.strides[0];
+    r.out = a.out.data;
+    r.out_bf16 = a.out.dtype == MXMOE_DTYPE_BF16;
+    r.sm_count = props.sm_count;
+    r.device = a.a.device;
+    r.stream = stream;
+    if (gemm::sm90_grouped_k(r)) return;
+    if (choice == gemm::Sm90Kernel::kOwnOnly)
+      fail(what, ": MXMOE_GEMM_SM90=mxmoe-only, but the sm90 wgrad kernel does not take this call (M = ", M,
+           ", K = ", K, ", G = ", G, ", 16-byte aligned a, b and row strides required)");
+  }
+#endif
   // Groups are read in place when TMA can address them: 16-byte aligned base and row stride, and a
   // first token at a multiple of 16. Otherwise their columns are staged (one extra read + write of
   // those columns of both operands).

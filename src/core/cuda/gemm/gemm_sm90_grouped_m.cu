@@ -1,7 +1,6 @@
 // Host side of the sm_90a M-grouped FP8 GEMM: TMA descriptors, tile choice, launch.
 // sm_90a only (built with the CUTLASS-header SM90 objects, src/core/CMakeLists.txt).
 #include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include "common/error.hpp"
 #include "cuda/gemm/sm90_fp8_grouped_m_1x128_128x128.cuh"
 #include "cuda/gemm/sm90_grouped_m.hpp"
+#include "cuda/gemm/sm90_host.hpp"
 #include "cuda/gemm/sm90_tile_heuristics.hpp"
 
 namespace mxmoe {
@@ -20,81 +20,10 @@ namespace cuda {
 namespace gemm {
 namespace {
 
-PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q);
-    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  }();
-  if (!fn) fail_status(MXMOE_ERR_CUDA, "grouped_mm_tile128: the driver has no cuTensorMapEncodeTiled");
-  return fn;
-}
-
-// 2D byte tensor (outer rows of `inner` bytes, row stride `ld` bytes), boxes of box_outer rows x
-// 128 bytes, 128-byte swizzle (the wgmma K-major layout), zeros outside the tensor.
-CUtensorMap kmajor_map(const void* base, uint64_t inner, uint64_t outer, uint64_t ld, uint32_t box_outer) {
-  CUtensorMap m;
-  std::memset(&m, 0, sizeof(m));
-  const cuuint64_t dims[2] = {inner, outer};
-  const cuuint64_t strides[1] = {ld};
-  const cuuint32_t box[2] = {128, box_outer};
-  const cuuint32_t elem[2] = {1, 1};
-  const CUresult r = encode_tiled()(&m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box,
-                                    elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    fail_status(MXMOE_ERR_CUDA, "grouped_mm_tile128: cuTensorMapEncodeTiled failed (", static_cast<int>(r),
-                ") for a ", outer, " x ", inner, " operand");
-  return m;
-}
-
-int optin_smem(int device) {
-  static std::mutex mu;
-  static std::vector<int> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  if (static_cast<size_t>(device) >= cache.size()) cache.resize(device + 1, 0);
-  if (cache[device] == 0) {
-    int v = 0;
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
-      cudaGetLastError();
-      v = 48 * 1024;
-    }
-    cache[device] = v;
-  }
-  return cache[device];
-}
-
-// The kernel's dynamic shared-memory limit (the opt-in maximum less its static shared memory, cub's
-// scan storage) is set once per device; returns that limit.
-template <class K>
-int prepare(const void* fn, int device) {
-  static std::mutex mu;
-  static std::vector<int> limit;
-  std::lock_guard<std::mutex> lock(mu);
-  if (static_cast<size_t>(device) >= limit.size()) limit.resize(device + 1, 0);
-  if (limit[device]) return limit[device];
-  cudaFuncAttributes attr{};
-  cudaError_t e = cudaFuncGetAttributes(&attr, fn);
-  const int lim = optin_smem(device) - static_cast<int>(attr.sharedSizeBytes);
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, lim);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    fail_status(MXMOE_ERR_CUDA, "grouped_mm_tile128: setting the kernel's shared memory (", lim,
-                " bytes): ", cudaGetErrorString(e));
-  }
-  limit[device] = lim;
-  return lim;
-}
-
 template <class K>
 bool launch(const GroupedMRun& r) {
   void (*kernel)(const CUtensorMap, const CUtensorMap, const sm90::GroupedMParams) = sm90::grouped_m_kernel<K>;
-  const int limit = prepare<K>(reinterpret_cast<const void*>(kernel), r.device);
+  const int limit = sm90_prepare_smem(reinterpret_cast<const void*>(kernel), r.device);
   const size_t smem = K::smem_bytes(r.groups);
   if (smem > static_cast<size_t>(limit)) return false;
   const CUtensorMap ma = kmajor_map(r.a, r.k, r.m, r.k, 128);

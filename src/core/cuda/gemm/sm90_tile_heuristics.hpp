@@ -49,6 +49,17 @@ inline bool grouped_m_prefer_own(int64_t m, int64_t n, int64_t k) {
   return (k <= 1024 && n <= 1536) || m >= 65536;
 }
 
+// The default choice for the wgrad (MXMOE_GEMM_SM90 unset or "auto"): the own K-grouped kernel
+// (sm90_fp8_grouped_k_1x128_1x128.cuh) or CUTLASS's. Provisional until measured beside CUTLASS
+// (docs/perf/gemm.md, "wgrad v1"): the own kernel everywhere.
+inline bool grouped_k_prefer_own(int64_t m, int64_t n, int64_t k, int groups) {
+  (void)m;
+  (void)n;
+  (void)k;
+  (void)groups;
+  return true;
+}
+
 }  // namespace gemm
 }  // namespace cuda
 }  // namespace mxmoe

@@ -1,0 +1,86 @@
+// Host side of the sm_90a K-grouped (wgrad) FP8 GEMM: TMA descriptors, launch.
+// sm_90a only (built with the CUTLASS-header SM90 objects, src/core/CMakeLists.txt).
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "common/error.hpp"
+#include "cuda/gemm/sm90_fp8_grouped_k_1x128_1x128.cuh"
+#include "cuda/gemm/sm90_grouped_k.hpp"
+#include "cuda/gemm/sm90_host.hpp"
+#include "cuda/gemm/sm90_tile_heuristics.hpp"
+
+namespace mxmoe {
+namespace cuda {
+namespace gemm {
+namespace {
+
+template <class K>
+bool launch(const GroupedKRun& r) {
+  void (*kernel)(const CUtensorMap, const CUtensorMap, const sm90::GroupedKParams) = sm90::grouped_k_kernel<K>;
+  const int limit = sm90_prepare_smem(reinterpret_cast<const void*>(kernel), r.device);
+  const size_t smem = K::smem_bytes(r.groups);
+  if (smem > static_cast<size_t>(limit)) return false;
+  const CUtensorMap ma = kmajor_map(r.a, r.m, r.n, r.lda, K::kBlockM);
+  const CUtensorMap mb = kmajor_map(r.b, r.m, r.k, r.ldb, K::kBlockN);
+  const int64_t mt = (r.n + K::kBlockM - 1) / K::kBlockM, nt = (r.k + K::kBlockN - 1) / K::kBlockN;
+  sm90::GroupedKParams p{};
+  p.offs = r.offs;
+  p.offs_s = r.offs_s;
+  p.groups = r.groups;
+  p.m = static_cast<int>(r.m);
+  p.n = static_cast<int>(r.n);
+  p.k = static_cast<int>(r.k);
+  p.a_scale = r.a_scale;
+  p.as_s0 = r.as_s0;
+  p.b_scale = r.b_scale;
+  p.bs_s0 = r.bs_s0;
+  p.out = r.out;
+  p.group_div = sm90::make_fast_div(static_cast<uint32_t>(mt * nt));
+  p.band_div = sm90::make_fast_div(static_cast<uint32_t>(K::kBand * nt));
+  // Persistent grid: one CTA per SM, at most one per tile of the G groups (CTAs without tiles only
+  // zero-fill empty groups).
+  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(r.sm_count, r.groups * mt * nt));
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(K::kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = r.stream;
+  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, ma, mb, p);
+  if (e == cudaSuccess) e = cudaGetLastError();
+  if (e != cudaSuccess)
+    fail_status(MXMOE_ERR_CUDA, "grouped_mm_tile128_kgroups: kernel launch failed: ", cudaGetErrorString(e));
+  return true;
+}
+
+// Stages: as many as fit ~210 KB beside the epilogue buffer and the scale slots.
+template <class Out>
+constexpr int stages() {
+  constexpr int stage = 2 * 128 * 128 + 256 * 4;
+  constexpr int epi = 2 * 64 * (128 * static_cast<int>(sizeof(Out)) + (sizeof(Out) == 2 ? 16 : 32));
+  constexpr int n = (210 * 1024 - epi) / stage;
+  return n > 6 ? 6 : n;
+}
+
+}  // namespace
+
+bool sm90_prefers_own_wgrad(int64_t m, int64_t n, int64_t k, int groups) {
+  return grouped_k_prefer_own(m, n, k, groups);
+}
+
+bool sm90_grouped_k(const GroupedKRun& r) {
+  // TMA: 16-byte aligned bases and row strides; int32 shapes and tile counts; 16-byte output chunks.
+  if (r.m <= 0 || r.n <= 0 || r.k <= 0 || r.groups <= 0 || r.k % 8 != 0) return false;
+  if (reinterpret_cast<uintptr_t>(r.a) % 16 != 0 || reinterpret_cast<uintptr_t>(r.b) % 16 != 0) return false;
+  if (r.lda % 16 != 0 || r.ldb % 16 != 0 || r.lda < r.m || r.ldb < r.m) return false;
+  if (reinterpret_cast<uintptr_t>(r.out) % 16 != 0) return false;
+  if (r.m >= (int64_t{1} << 31) || r.n >= (int64_t{1} << 31) || r.k >= (int64_t{1} << 31)) return false;
+  if (r.groups * ((r.n + 127) / 128) * ((r.k + 127) / 128) >= (int64_t{1} << 31)) return false;
+  if (r.out_bf16) return launch<sm90::GroupedK<stages<__nv_bfloat16>(), __nv_bfloat16>>(r);
+  return launch<sm90::GroupedK<stages<float>(), float>>(r);
+}
+
+}  // namespace gemm
+}  // namespace cuda
+}  // namespace mxmoe

@@ -1,0 +1,114 @@
+// Device building blocks shared by the sm_90a FP8 GEMM kernels of this folder: tile-decode
+// divisions, TMA loads, wgmma descriptors and calls, E8M0 decode, paired output stores.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <utility>
+
+#include "cute/arch/mma_sm90_desc.hpp"
+#include "cute/arch/mma_sm90_gmma.hpp"
+#include "cuda/fast_div.cuh"
+
+namespace mxmoe {
+namespace cuda {
+namespace gemm {
+namespace sm90 {
+
+// Tile decode divisions: cuda/fast_div.cuh (FastDiv, make_fast_div, fast_div).
+using cuda::FastDiv;
+using cuda::fast_div;
+using cuda::make_fast_div;
+
+// x / d for d in [1, 8] and x < 2^28 without a division: umulhi(2x, ceil(2^31 / d)). With
+// ceil(2^31 / d) d = 2^31 + e, e < d, the error x e / (d 2^31) stays below 1 / d as x e < 2^31.
+__device__ __forceinline__ uint32_t div_small(uint32_t x, uint32_t d) {
+  uint32_t m = 0x80000000u;  // d = 1
+#pragma unroll
+  for (uint32_t k = 2; k <= 8; ++k) m = d == k ? (0x80000000u + k - 1) / k : m;
+  return __umulhi(x << 1, m);
+}
+
+template <int BlockN>
+struct WgmmaOp;
+template <>
+struct WgmmaOp<128> {
+  using Op = cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>;
+};
+template <>
+struct WgmmaOp<192> {
+  using Op = cute::SM90::GMMA::MMA_64x192x32_F32E4M3E4M3_SS_TN<>;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// wgmma shared-memory descriptor of a K-major tile written by TMA with 128-byte swizzle: rows of
+// 128 bytes, 8-row core groups 1024 bytes apart (SBO), swizzle mode 1 (128B) in bits 62-63. The
+// k32 steps inside the 128-byte row advance the start address by 32 bytes (the swizzle is applied
+// to the final address, so this matches TMA's layout as long as stages are 1024-byte aligned).
+__device__ __forceinline__ uint64_t kmajor_sw128_desc(const void* p) {
+  const uint32_t a = smem_u32(p);
+  uint64_t d = static_cast<uint64_t>((a & 0x3FFFF) >> 4);
+  d |= static_cast<uint64_t>(1024 >> 4) << 32;
+  d |= 1ull << 62;
+  return d;
+}
+
+__device__ __forceinline__ void tma_load_2d(const CUtensorMap* map, uint64_t* bar, void* dst, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+      :
+      : "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar))
+      : "memory");
+}
+
+// The same box into the same shared-memory offset of every CTA in `mask` (the cluster), each
+// CTA's barrier at that offset counting the bytes.
+__device__ __forceinline__ void tma_load_2d_multicast(const CUtensorMap* map, uint64_t* bar, void* dst, int c0, int c1,
+                                                      uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3}], [%4], %5;"
+      :
+      : "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar)), "h"(mask)
+      : "memory");
+}
+
+template <class Op, int N, size_t... I>
+__device__ __forceinline__ void wgmma(uint64_t da, uint64_t db, float (&d)[N], bool accumulate,
+                                      std::index_sequence<I...>) {
+  Op::fma(da, db, d[I]..., accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
+}
+
+// e8m0_to_f32 without branches (selects): 2^(e-127), e = 0 the subnormal 2^-127, e = 255 NaN.
+__device__ __forceinline__ float e8m0_f32(uint32_t e) {
+  uint32_t b = e << 23;
+  b = e == 0 ? 0x00400000u : b;
+  b = e == 255 ? 0x7FC00000u : b;
+  return __uint_as_float(b);
+}
+
+struct MaxOp {
+  __device__ int operator()(int a, int b) const { return a > b ? a : b; }
+};
+
+template <class Out>
+__device__ __forceinline__ void store2(Out* p, float x, float y);
+template <>
+__device__ __forceinline__ void store2<float>(float* p, float x, float y) {
+  *reinterpret_cast<float2*>(p) = make_float2(x, y);
+}
+template <>
+__device__ __forceinline__ void store2<__nv_bfloat16>(__nv_bfloat16* p, float x, float y) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
+}
+
+}  // namespace sm90
+}  // namespace gemm
+}  // namespace cuda
+}  // namespace mxmoe

@@ -1,0 +1,384 @@
+// sm_90a FP8 grouped GEMM with token groups along the reduction: the wgrad pass of the tile128
+// recipe.  out[g] (N, K) = A[:, tokens of g] (N, len_g) . B[:, tokens of g] (K, len_g)^T.
+//   A  e4m3 (N, M), tokens contiguous (row stride lda); B e4m3 (K, M) (row stride ldb)
+//   scales: the recipe's grouped compact E8M0 layout (R, cap): group g's 32-runs start at column
+//      blk_g = sum_{h<g} ceil(len_h / 32); its 128-block kb reads byte blk_g + 4 kb (1x128 blocks
+//      along the tokens, starting at the group's first token, on both operands)
+//   fp32 accumulation: each 128-token k-block's wgmma partial is promoted once into the fp32 sum
+//      with the outer product of its row scales (A) and column scales (B)
+//
+// Structure (same skeleton as the M-grouped kernel, sm90_fp8_grouped_m_1x128_128x128.cuh): a
+// persistent CTA per SM, warpgroup 0 the producer, warpgroups 1 and 2 the math (64 rows each of the
+// 128 x 128 output tile, one wgmma accumulator set and the promoted fp32 sum). What the
+// reduction-grouped pass adds:
+//   - one TMA map per operand over the whole (R, M) tensor: a group's k-block is the box at token
+//     start_g + 128 kb, any start (TMA coordinates need no alignment), so no group is staged;
+//   - the tokens of a group's last, partial k-block that belong to the next group are zeroed in
+//     shared memory before the wgmmas read the stage (warp 1 of the producer warpgroup, the "helper":
+//     it waits for the TMA, clears those bytes in the swizzled layout, fences them for the async
+//     proxy and releases the stage on a second barrier); tokens past M are zero from TMA;
+//   - the per-row (A) and per-column (B) scales of a k-block differ across the tile, so the helper
+//     also converts the k-block's 128 + 128 E8M0 bytes to fp32 into a per-stage scale slot; the math
+//     threads read them there while the k-block's wgmmas run and release the stage after the wait.
+// Offsets are read on the device (no host sync): every CTA scans offs into shared tables (group
+// ends, scale-column offsets, the list of non-empty groups); a slot's tile is decoded without
+// integer division. Empty groups' outputs are zero-filled by the math threads after the tile loop.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <utility>
+
+#include <cub/block/block_scan.cuh>
+
+#include "cute/arch/mma_sm90_desc.hpp"
+#include "cute/arch/mma_sm90_gmma.hpp"
+#include "cutlass/arch/barrier.h"
+#include "cutlass/arch/reg_reconfig.h"
+#include "cuda/gemm/sm90_fp8_common.cuh"
+
+namespace mxmoe {
+namespace cuda {
+namespace gemm {
+namespace sm90 {
+
+// Device-side arguments (pointers are device memory; shapes fit int32, checked by the launcher).
+struct GroupedKParams {
+  const int32_t* offs;  // (G,) group ends along the tokens (clamped like groups_from_offsets)
+  int64_t offs_s;
+  int groups;
+  int m, n, k;              // m tokens; out[g] is (n, k)
+  const uint8_t* a_scale;   // (N, cap) E8M0, row stride as_s0
+  int64_t as_s0;
+  const uint8_t* b_scale;   // (K, cap) E8M0, row stride bs_s0
+  int64_t bs_s0;
+  void* out;                // (G, N, K) contiguous, bf16 or f32
+  FastDiv group_div;        // division by the tiles of one group, ceil(N / 128) ceil(K / 128)
+  FastDiv band_div;         // division by the tiles of a full band, kBand ceil(K / 128)
+};
+
+template <int Stages_, class Out_>
+struct GroupedK {
+  using Out = Out_;
+  static constexpr int kBlockM = 128, kBlockN = 128, kBlockK = 128;  // out rows (N), out cols (K), tokens
+  static constexpr int kStages = Stages_;
+  static constexpr int kThreads = 384;  // producer warpgroup (TMA thread + helper warp) + two math warpgroups
+  static constexpr int kABytes = kBlockM * kBlockK;
+  static constexpr int kBBytes = kBlockN * kBlockK;
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  static constexpr int kScaleFloats = kBlockM + kBlockN;  // a k-block's fp32 row and column scales
+  static constexpr int kAcc = kBlockN / 2;                // fp32 accumulators per math thread
+  static constexpr int kBand = 8;                         // m-tiles per band of the tile order
+  static_assert(kStageBytes % 1024 == 0, "stages must keep the 1024-byte swizzle alignment");
+  static constexpr int kEpiRowBytes = kBlockN * static_cast<int>(sizeof(Out)) + (sizeof(Out) == 2 ? 16 : 32);
+  static constexpr int kEpiBytes = 2 * 64 * kEpiRowBytes;
+  static_assert(kEpiBytes % 1024 == 0, "the epilogue buffer keeps the stages 1024-byte aligned");
+
+  // Dynamic shared memory: 1024 alignment slack | stages | epilogue | scale slots | full / ready /
+  // empty barriers | group tables (ends, scale columns, non-empty list).
+  static constexpr size_t smem_bytes(int groups) {
+    return 1024 + static_cast<size_t>(kStages) * kStageBytes + kEpiBytes +
+           static_cast<size_t>(kStages) * kScaleFloats * sizeof(float) + 3 * kStages * sizeof(uint64_t) +
+           3 * static_cast<size_t>(groups) * sizeof(int);
+  }
+};
+
+struct KTile {
+  int g, start, len, blk, row0, col0;
+};
+
+// Tile t: the non-empty groups in order, each with the same ceil(N / 128) x ceil(K / 128) tiles,
+// inside a group bands of kBand m-tiles swept along K (as the M-grouped order).
+template <class K>
+__device__ __forceinline__ KTile ktile(int t, const GroupedKParams& p, int mt, int nt, const int* s_end,
+                                       const int* s_blk, const int* s_ne) {
+  static_assert(K::kBand <= 8, "div_small divides by at most 8");
+  const int q = static_cast<int>(fast_div(static_cast<uint32_t>(t), p.group_div));
+  const int local = t - q * mt * nt;
+  const int band = static_cast<int>(fast_div(static_cast<uint32_t>(local), p.band_div));
+  const int rem = local - band * K::kBand * nt;
+  const int band_rows = min(K::kBand, mt - band * K::kBand);
+  const int n_idx = static_cast<int>(div_small(static_cast<uint32_t>(rem), static_cast<uint32_t>(band_rows)));
+  const int m_idx = band * K::kBand + (rem - n_idx * band_rows);
+  KTile c;
+  c.g = s_ne[q];
+  c.start = c.g ? s_end[c.g - 1] : 0;
+  c.len = s_end[c.g] - c.start;
+  c.blk = s_blk[c.g];
+  c.row0 = m_idx * K::kBlockM;
+  c.col0 = n_idx * K::kBlockN;
+  return c;
+}
+
+// Zeroes tokens [keep, 128) of `rows` K-major 128-byte rows written by TMA with 128-byte swizzle
+// (16-byte chunk c of row r sits at chunk c ^ (r % 8)). One warp.
+__device__ __forceinline__ void zero_token_tail(uint8_t* tile, int rows, int keep, int lane) {
+  const int first = keep >> 4, part = keep & 15;
+  uint32_t mask[4];
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    const int kept = min(max(part - 4 * w, 0), 4);
+    mask[w] = kept >= 4 ? 0xFFFFFFFFu : ((1u << (8 * kept)) - 1u);
+  }
+  for (int r = lane; r < rows; r += 32) {
+    uint8_t* row = tile + r * 128;
+    for (int ch = first; ch < 8; ++ch) {
+      uint4* q = reinterpret_cast<uint4*>(row + ((ch ^ (r & 7)) << 4));
+      if (ch == first && part) {
+        uint4 v = *q;
+        v.x &= mask[0];
+        v.y &= mask[1];
+        v.z &= mask[2];
+        v.w &= mask[3];
+        *q = v;
+      } else {
+        *q = make_uint4(0, 0, 0, 0);
+      }
+    }
+  }
+}
+
+template <class K>
+__global__ void __launch_bounds__(K::kThreads, 1)
+    grouped_k_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
+                     const GroupedKParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Op = typename WgmmaOp<K::kBlockN>::Op;
+  using Out = typename K::Out;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((0u - smem_u32(smem_raw)) & 1023u);  // see the M-grouped kernel
+  uint8_t* smem_a = smem;
+  uint8_t* smem_b = smem + K::kStages * K::kABytes;
+  uint8_t* smem_epi = smem + K::kStages * K::kStageBytes;
+  float* smem_sf = reinterpret_cast<float*>(smem_epi + K::kEpiBytes);  // [stage][128 A rows | 128 B cols]
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem_sf + K::kStages * K::kScaleFloats);
+  uint64_t* ready = full + K::kStages;
+  uint64_t* empty = ready + K::kStages;
+  int* s_end = reinterpret_cast<int*>(empty + K::kStages);  // [G] clamped group ends
+  int* s_blk = s_end + p.groups;                            // [G] first scale column (32-runs before g)
+  int* s_ne = s_blk + p.groups;                             // [G] the non-empty groups, in order
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  if (tid == 0) {
+    for (int s = 0; s < K::kStages; ++s) {
+      cutlass::arch::ClusterBarrier::init(&full[s], 1);    // the TMA thread's expect-tx
+      cutlass::arch::ClusterBarrier::init(&ready[s], 32);  // every helper lane (scales, tail zeroed)
+      cutlass::arch::ClusterBarrier::init(&empty[s], 8);   // lane 0 of each math warp
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+
+  // Group tables: end_g = min(M, max(end_{g-1}, offs[g])), blk_g = sum_{h<g} ceil(len_h / 32), and
+  // the non-empty groups compacted in order.
+  __shared__ int s_nonempty;
+  {
+    using Scan = cub::BlockScan<int, K::kThreads>;
+    __shared__ typename Scan::TempStorage scan_tmp;
+    int carry_end = 0, carry_blk = 0, carry_ne = 0;
+    for (int base = 0; base < p.groups; base += K::kThreads) {
+      const int g = base + tid;
+      int e = 0;
+      if (g < p.groups) {
+        const int o = p.offs[g * p.offs_s];
+        e = o < 0 ? 0 : (o > p.m ? p.m : o);
+      }
+      int prev, agg;
+      Scan(scan_tmp).ExclusiveScan(e, prev, carry_end, MaxOp(), agg);
+      __syncthreads();
+      const int end = max(prev, e);
+      const int len = g < p.groups ? end - prev : 0;
+      int blk_before, blk_total;
+      Scan(scan_tmp).ExclusiveSum((len + 31) / 32, blk_before, blk_total);
+      __syncthreads();
+      int ne_before, ne_total;
+      Scan(scan_tmp).ExclusiveSum(len > 0 ? 1 : 0, ne_before, ne_total);
+      __syncthreads();
+      if (g < p.groups) {
+        s_end[g] = end;
+        s_blk[g] = carry_blk + blk_before;
+        if (len > 0) s_ne[carry_ne + ne_before] = g;
+      }
+      carry_end = max(carry_end, agg);
+      carry_blk += blk_total;
+      carry_ne += ne_total;
+    }
+    if (tid == 0) s_nonempty = carry_ne;
+  }
+  __syncthreads();
+
+  const int mt = (p.n + K::kBlockM - 1) / K::kBlockM;
+  const int nt = (p.k + K::kBlockN - 1) / K::kBlockN;
+  const int total = s_nonempty * mt * nt;
+
+  if (wg == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    const int warp = tid / 32, lane = tid % 32;
+    if (tid == 0) {
+      // TMA thread: every tile's k-blocks through the stage ring.
+      uint32_t it = 0;
+      for (int t = blockIdx.x; t < total; t += gridDim.x) {
+        const KTile c = ktile<K>(t, p, mt, nt, s_end, s_blk, s_ne);
+        const int kblocks = (c.len + K::kBlockK - 1) / K::kBlockK;
+        for (int kb = 0; kb < kblocks; ++kb, ++it) {
+          const int s = it % K::kStages;
+          const uint32_t ph = (it / K::kStages) & 1;
+          cutlass::arch::ClusterBarrier::wait(&empty[s], ph ^ 1);
+          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[s], K::kStageBytes);
+          const int t0 = c.start + kb * K::kBlockK;
+          tma_load_2d(&tma_a, &full[s], smem_a + s * K::kABytes, t0, c.row0);
+          tma_load_2d(&tma_b, &full[s], smem_b + s * K::kBBytes, t0, c.col0);
+        }
+      }
+    } else if (warp == 1) {
+      // Helper warp: the k-block's scales into the stage's slot; tokens of the next group in a
+      // partial k-block zeroed once the TMA has landed; then the stage is ready for the math.
+      uint32_t it = 0;
+      for (int t = blockIdx.x; t < total; t += gridDim.x) {
+        const KTile c = ktile<K>(t, p, mt, nt, s_end, s_blk, s_ne);
+        const int kblocks = (c.len + K::kBlockK - 1) / K::kBlockK;
+        for (int kb = 0; kb < kblocks; ++kb, ++it) {
+          const int s = it % K::kStages;
+          const uint32_t ph = (it / K::kStages) & 1;
+          cutlass::arch::ClusterBarrier::wait(&empty[s], ph ^ 1);
+          float* sf = smem_sf + s * K::kScaleFloats;
+          const int col = c.blk + 4 * kb;
+#pragma unroll 1
+          for (int q = 0; q < K::kBlockM / 32; ++q) {
+            const int r = lane + 32 * q, row = c.row0 + r;
+            sf[r] = row < p.n ? e8m0_f32(__ldg(p.a_scale + static_cast<int64_t>(row) * p.as_s0 + col)) : 0.f;
+          }
+#pragma unroll 1
+          for (int q = 0; q < K::kBlockN / 32; ++q) {
+            const int r = lane + 32 * q, row = c.col0 + r;
+            sf[K::kBlockM + r] = row < p.k ? e8m0_f32(__ldg(p.b_scale + static_cast<int64_t>(row) * p.bs_s0 + col)) : 0.f;
+          }
+          const int keep = c.len - kb * K::kBlockK;
+          if (keep < K::kBlockK) {
+            cutlass::arch::ClusterBarrier::wait(&full[s], ph);
+            zero_token_tail(smem_a + s * K::kABytes, K::kBlockM, keep, lane);
+            zero_token_tail(smem_b + s * K::kBBytes, K::kBlockN, keep, lane);
+            cutlass::arch::fence_view_async_shared();  // the wgmmas read through the async proxy
+          }
+          cutlass::arch::ClusterBarrier::arrive(&ready[s]);
+        }
+      }
+    }
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<232>();
+    const int mw = wg - 1;
+    const int lt = tid - 128 * wg, warp = lt / 32, lane = lt % 32;
+    const int r0 = mw * 64 + warp * 16 + lane / 4;  // this thread's tile rows: r0, r0 + 8
+    const int c0 = 2 * (lane % 4);                  // and columns 8 j + c0, 8 j + c0 + 1
+    float acc[K::kAcc], fin[K::kAcc];
+    uint32_t it = 0;
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+      const KTile c = ktile<K>(t, p, mt, nt, s_end, s_blk, s_ne);
+      const int kblocks = (c.len + K::kBlockK - 1) / K::kBlockK;
+#pragma unroll
+      for (int i = 0; i < K::kAcc; ++i) fin[i] = 0.f;
+      // Per k-block: wait for the stage (TMA landed, scales and tail ready), issue its 4 wgmmas, read
+      // the k-block's row and column scales from the stage's slot while they run, wait, promote with
+      // their outer product, release the stage. One accumulator set: the promotion overlapping the
+      // next k-block's wgmmas needs a second 64-register set, which with the 32 column scales does
+      // not fit beside the promoted sum (and bought nothing in the forward kernel, v3); the other
+      // math warpgroup's wgmmas fill the tensor cores meanwhile.
+#pragma unroll 1
+      for (int kb = 0; kb < kblocks; ++kb) {
+        const uint32_t i = it + kb;
+        const int s = i % K::kStages;
+        const uint32_t ph = (i / K::kStages) & 1;
+        cutlass::arch::ClusterBarrier::wait(&full[s], ph);
+        cutlass::arch::ClusterBarrier::wait(&ready[s], ph);
+#pragma unroll
+        for (int q = 0; q < K::kAcc; ++q) cute::warpgroup_fence_operand(acc[q]);
+        cute::warpgroup_arrive();
+        const uint8_t* ta = smem_a + s * K::kABytes + mw * 64 * K::kBlockK;
+        const uint8_t* tb = smem_b + s * K::kBBytes;
+#pragma unroll
+        for (int j = 0; j < K::kBlockK / 32; ++j)
+          wgmma<Op>(kmajor_sw128_desc(ta + 32 * j), kmajor_sw128_desc(tb + 32 * j), acc, j > 0,
+                    std::make_index_sequence<K::kAcc>{});
+        cute::warpgroup_commit_batch();
+        const float* sf = smem_sf + s * K::kScaleFloats;
+        const float sa0 = sf[r0], sa1 = sf[r0 + 8];
+        float2 sb[K::kAcc / 4];
+#pragma unroll
+        for (int j = 0; j < K::kAcc / 4; ++j) sb[j] = *reinterpret_cast<const float2*>(sf + K::kBlockM + 8 * j + c0);
+#pragma unroll
+        for (int q = 0; q < K::kAcc; ++q) cute::warpgroup_fence_operand(acc[q]);
+        cute::warpgroup_wait<0>();
+#pragma unroll
+        for (int q = 0; q < K::kAcc; ++q) cute::warpgroup_fence_operand(acc[q]);
+        __syncwarp();
+        if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&empty[s]);  // tiles and scale slot read
+#pragma unroll
+        for (int j = 0; j < K::kAcc / 4; ++j) {
+          fin[4 * j + 0] = fmaf(acc[4 * j + 0], sa0 * sb[j].x, fin[4 * j + 0]);
+          fin[4 * j + 1] = fmaf(acc[4 * j + 1], sa0 * sb[j].y, fin[4 * j + 1]);
+          fin[4 * j + 2] = fmaf(acc[4 * j + 2], sa1 * sb[j].x, fin[4 * j + 2]);
+          fin[4 * j + 3] = fmaf(acc[4 * j + 3], sa1 * sb[j].y, fin[4 * j + 3]);
+        }
+      }
+      it += kblocks;
+      // Epilogue, staged through shared memory as in the M-grouped kernel: rows past N and columns
+      // past K are masked (K % 8 == 0, so a 16-byte chunk is all in or all out).
+      uint8_t* epi = smem_epi + mw * 64 * K::kEpiRowBytes;
+      asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");  // the previous tile's read-out is done
+#pragma unroll
+      for (int j = 0; j < K::kAcc / 4; ++j) {
+        const int cl = 8 * j + c0;
+        const int lr = warp * 16 + lane / 4;
+        store2(reinterpret_cast<Out*>(epi + lr * K::kEpiRowBytes) + cl, fin[4 * j + 0], fin[4 * j + 1]);
+        store2(reinterpret_cast<Out*>(epi + (lr + 8) * K::kEpiRowBytes) + cl, fin[4 * j + 2], fin[4 * j + 3]);
+      }
+      asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");
+      {
+        constexpr int kChunksPerRow = K::kBlockN * static_cast<int>(sizeof(Out)) / 16;
+        constexpr int kChunks = 64 * kChunksPerRow / 128;
+        constexpr int kBatch = kChunks <= 8 ? kChunks : 8;
+        static_assert(kChunks % kBatch == 0, "copy-out chunks per thread");
+        const int rows_here = p.n - c.row0 - mw * 64;
+        const int cols_left = p.k - c.col0;
+        Out* og = static_cast<Out*>(p.out) + static_cast<int64_t>(c.g) * p.n * p.k;
+#pragma unroll
+        for (int i0 = 0; i0 < kChunks; i0 += kBatch) {
+          uint4 v[kBatch];
+#pragma unroll
+          for (int i = 0; i < kBatch; ++i) {
+            const int q = lt + 128 * (i0 + i);
+            const int lr = q / kChunksPerRow, ch = q - lr * kChunksPerRow;
+            v[i] = *reinterpret_cast<const uint4*>(epi + lr * K::kEpiRowBytes + 16 * ch);
+          }
+#pragma unroll
+          for (int i = 0; i < kBatch; ++i) {
+            const int q = lt + 128 * (i0 + i);
+            const int lr = q / kChunksPerRow, ch = q - lr * kChunksPerRow;
+            const int cl = ch * (16 / static_cast<int>(sizeof(Out)));
+            if (lr < rows_here && cl < cols_left)
+              *reinterpret_cast<uint4*>(og + static_cast<int64_t>(c.row0 + mw * 64 + lr) * p.k + c.col0 + cl) = v[i];
+          }
+        }
+      }
+    }
+    // Empty groups' outputs are zero (the math threads of every CTA, 16-byte stores).
+    const int64_t per_group = static_cast<int64_t>(p.n) * p.k * static_cast<int64_t>(sizeof(Out)) / 16;
+#pragma unroll 1
+    for (int g = 0; g < p.groups; ++g) {
+      if (s_end[g] != (g ? s_end[g - 1] : 0)) continue;
+      uint4* o = reinterpret_cast<uint4*>(static_cast<Out*>(p.out) + static_cast<int64_t>(g) * p.n * p.k);
+#pragma unroll 1
+      for (int64_t i = blockIdx.x * 256 + (tid - 128); i < per_group; i += static_cast<int64_t>(gridDim.x) * 256)
+        o[i] = make_uint4(0, 0, 0, 0);
+    }
+  }
+#endif
+}
+
+}  // namespace sm90
+}  // namespace gemm
+}  // namespace cuda
+}  // namespace mxmoe

@@ -1,0 +1,47 @@
+// The sm_90a FP8 grouped GEMM with token groups along the reduction (the tile128 wgrad,
+// sm90_fp8_grouped_k_1x128_1x128.cuh) behind plain types, like sm90_grouped_m.hpp.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace mxmoe {
+namespace cuda {
+namespace gemm {
+
+// One wgrad call: out[g] (N, K) = A[:, group g] (N, len_g) . B[:, group g] (K, len_g)^T over the
+// token groups of offs. A (N, M) and B (K, M) tokens contiguous with row strides lda / ldb bytes;
+// scales the recipe's grouped compact E8M0 layout (N, cap) / (K, cap); out (G, N, K) contiguous.
+struct GroupedKRun {
+  int64_t m = 0, n = 0, k = 0;
+  int groups = 0;
+  const uint8_t* a = nullptr;
+  int64_t lda = 0;
+  const uint8_t* a_scale = nullptr;
+  int64_t as_s0 = 0;
+  const uint8_t* b = nullptr;
+  int64_t ldb = 0;
+  const uint8_t* b_scale = nullptr;
+  int64_t bs_s0 = 0;
+  const int32_t* offs = nullptr;
+  int64_t offs_s = 1;
+  void* out = nullptr;
+  bool out_bf16 = true;
+  int sm_count = 0;
+  int device = 0;
+  cudaStream_t stream = nullptr;
+};
+
+// Whether the default (MXMOE_GEMM_SM90 unset or "auto") runs this kernel for the wgrad
+// (sm90_tile_heuristics.hpp).
+bool sm90_prefers_own_wgrad(int64_t m, int64_t n, int64_t k, int groups);
+
+// Launches the kernel on r.stream and returns true, or returns false having launched nothing when
+// the call is outside what the kernel takes (M = 0, row strides or bases not 16-byte aligned, K not
+// a multiple of 8, too many groups for the shared tables); the caller then runs the CUTLASS path.
+bool sm90_grouped_k(const GroupedKRun& r);
+
+}  // namespace gemm
+}  // namespace cuda
+}  // namespace mxmoe

@@ -1,0 +1,23 @@
+// Host helpers shared by the launchers of the sm_90a GEMM kernels of this folder: TMA descriptors
+// of K-major byte operands and the per-kernel dynamic shared-memory opt-in.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace mxmoe {
+namespace cuda {
+namespace gemm {
+
+// 2D byte tensor (outer rows of `inner` bytes, row stride `ld` bytes), boxes of box_outer rows x
+// 128 bytes, 128-byte swizzle (the wgmma K-major layout), zeros outside the tensor.
+CUtensorMap kmajor_map(const void* base, uint64_t inner, uint64_t outer, uint64_t ld, uint32_t box_outer);
+
+// Sets the kernel's dynamic shared-memory limit (the opt-in maximum less its static shared memory)
+// once per device and kernel; returns that limit.
+int sm90_prepare_smem(const void* kernel, int device);
+
+}  // namespace gemm
+}  // namespace cuda
+}  // namespace mxmoe
