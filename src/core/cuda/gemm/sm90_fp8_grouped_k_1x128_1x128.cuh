@@ -86,8 +86,13 @@ struct GroupedK {
   }
 };
 
+// A tile's group: tokens [start, start + len), k-blocks of 128 from start. TMA reads boxes of 128
+// tokens at 16-aligned coordinates a0 + 128 j, a0 = start - d, d = start % 16 (a TMA box may not start
+// off a 16-byte boundary: an illegal instruction). Box kb is patched into block kb (patch_box), which
+// for d > 0 needs the first d tokens of box kb + 1: the last block may need one box more (boxes).
 struct KTile {
   int g, start, len, blk, row0, col0;
+  int d, blocks, boxes;
 };
 
 // Tile t: the non-empty groups in order, each with the same ceil(N / 128) x ceil(K / 128) tiles,
@@ -110,33 +115,48 @@ __device__ __forceinline__ KTile ktile(int t, const GroupedKParams& p, int mt, i
   c.blk = s_blk[c.g];
   c.row0 = m_idx * K::kBlockM;
   c.col0 = n_idx * K::kBlockN;
+  c.d = c.start & 15;
+  c.blocks = (c.len + K::kBlockK - 1) / K::kBlockK;
+  c.boxes = c.blocks + (c.len - (c.blocks - 1) * K::kBlockK > K::kBlockK - c.d ? 1 : 0);
   return c;
 }
 
-// Zeroes tokens [keep, 128) of `rows` K-major 128-byte rows written by TMA with 128-byte swizzle
-// (16-byte chunk c of row r sits at chunk c ^ (r % 8)). One warp.
-__device__ __forceinline__ void zero_token_tail(uint8_t* tile, int rows, int keep, int lane) {
-  const int first = keep >> 4, part = keep & 15;
-  uint32_t mask[4];
-#pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    const int kept = min(max(part - 4 * w, 0), 4);
-    mask[w] = kept >= 4 ? 0xFFFFFFFFu : ((1u << (8 * kept)) - 1u);
-  }
+// Bytes [lo, hi) of 32-bit word w of a 16-byte chunk, as a mask.
+__device__ __forceinline__ uint32_t byte_range_mask(int w, int lo, int hi) {
+  const int a = max(lo - 4 * w, 0), b = min(hi - 4 * w, 4);
+  if (b <= a) return 0u;
+  const uint32_t below_b = b >= 4 ? 0xFFFFFFFFu : ((1u << (8 * b)) - 1u);
+  const uint32_t below_a = (1u << (8 * a)) - 1u;  // a <= 3
+  return below_b & ~below_a;
+}
+
+// Turns box kb (tokens a0 + 128 kb + q in slot q) of `rows` K-major 128-byte rows, written by TMA with
+// 128-byte swizzle (16-byte chunk c of row r sits at chunk c ^ (r % 8)), into block kb's tokens:
+// slots [d, 128) keep their token while it is inside the block (q < d + keep, keep = tokens of the block
+// left), slots [0, d) (the previous block's tokens) take the first tokens of box kb + 1 (`next`), the
+// block's last d, while inside the block (q < keep - 128 + d); every other slot is zero. The slot order
+// of a block does not matter to its sum, only that A and B agree, and both are patched alike. One warp.
+__device__ __forceinline__ void patch_box(uint8_t* cur, const uint8_t* next, int rows, int d, int keep, int lane) {
+  const int hi = min(d + keep, 128);
+  const int take = min(max(keep - 128 + d, 0), d);
   for (int r = lane; r < rows; r += 32) {
-    uint8_t* row = tile + r * 128;
-    for (int ch = first; ch < 8; ++ch) {
-      uint4* q = reinterpret_cast<uint4*>(row + ((ch ^ (r & 7)) << 4));
-      if (ch == first && part) {
-        uint4 v = *q;
-        v.x &= mask[0];
-        v.y &= mask[1];
-        v.z &= mask[2];
-        v.w &= mask[3];
-        *q = v;
-      } else {
-        *q = make_uint4(0, 0, 0, 0);
-      }
+#pragma unroll 1
+    for (int ch = 0; ch < 8; ++ch) {
+      const int lo = 16 * ch;
+      if ((ch > 0 || d == 0) && lo + 16 <= hi) continue;  // whole chunk inside the block, unchanged
+      const int off = r * 128 + ((ch ^ (r & 7)) << 4);
+      uint4* q = reinterpret_cast<uint4*>(cur + off);
+      const uint4 v = *q;
+      uint4 nv = make_uint4(0, 0, 0, 0);
+      if (ch == 0 && take > 0) nv = *reinterpret_cast<const uint4*>(next + off);
+      const int own_lo = max(d - lo, 0), own_hi = hi - lo;  // this box's kept bytes in the chunk
+      const int head_hi = ch == 0 ? take : 0;               // the next box's bytes in the chunk
+      uint4 o;
+      o.x = (v.x & byte_range_mask(0, own_lo, own_hi)) | (nv.x & byte_range_mask(0, 0, head_hi));
+      o.y = (v.y & byte_range_mask(1, own_lo, own_hi)) | (nv.y & byte_range_mask(1, 0, head_hi));
+      o.z = (v.z & byte_range_mask(2, own_lo, own_hi)) | (nv.z & byte_range_mask(2, 0, head_hi));
+      o.w = (v.w & byte_range_mask(3, own_lo, own_hi)) | (nv.w & byte_range_mask(3, 0, head_hi));
+      *q = o;
     }
   }
 }
@@ -215,34 +235,36 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   const int total = s_nonempty * mt * nt;
 
   if (wg == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<40>();
+    // 56 registers (the helper warp's patch and decode; 40 spilled) and 224 for the math (one
+    // accumulator set, the promoted sum, 32 column scales): 128 x 56 + 256 x 224 <= 64K.
+    cutlass::arch::warpgroup_reg_dealloc<56>();
     const int warp = tid / 32, lane = tid % 32;
     if (tid == 0) {
       // TMA thread: every tile's k-blocks through the stage ring.
       uint32_t it = 0;
       for (int t = blockIdx.x; t < total; t += gridDim.x) {
         const KTile c = ktile<K>(t, p, mt, nt, s_end, s_blk, s_ne);
-        const int kblocks = (c.len + K::kBlockK - 1) / K::kBlockK;
-        for (int kb = 0; kb < kblocks; ++kb, ++it) {
+        for (int j = 0; j < c.boxes; ++j, ++it) {
           const int s = it % K::kStages;
           const uint32_t ph = (it / K::kStages) & 1;
           cutlass::arch::ClusterBarrier::wait(&empty[s], ph ^ 1);
           cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[s], K::kStageBytes);
-          const int t0 = c.start + kb * K::kBlockK;
+          const int t0 = c.start - c.d + j * K::kBlockK;
           tma_load_2d(&tma_a, &full[s], smem_a + s * K::kABytes, t0, c.row0);
           tma_load_2d(&tma_b, &full[s], smem_b + s * K::kBBytes, t0, c.col0);
         }
       }
     } else if (warp == 1) {
-      // Helper warp: the k-block's scales into the stage's slot; tokens of the next group in a
-      // partial k-block zeroed once the TMA has landed; then the stage is ready for the math.
+      // Helper warp: the k-block's scales into the stage's slot; the box patched into the block's
+      // tokens once it (and, for an unaligned group, the next box) has landed; then the stage is
+      // ready for the math. A tile's extra box (used only for its first tokens) is released here.
       uint32_t it = 0;
       for (int t = blockIdx.x; t < total; t += gridDim.x) {
         const KTile c = ktile<K>(t, p, mt, nt, s_end, s_blk, s_ne);
-        const int kblocks = (c.len + K::kBlockK - 1) / K::kBlockK;
-        for (int kb = 0; kb < kblocks; ++kb, ++it) {
-          const int s = it % K::kStages;
-          const uint32_t ph = (it / K::kStages) & 1;
+        for (int kb = 0; kb < c.blocks; ++kb) {
+          const uint32_t i = it + kb;
+          const int s = i % K::kStages;
+          const uint32_t ph = (i / K::kStages) & 1;
           cutlass::arch::ClusterBarrier::wait(&empty[s], ph ^ 1);
           float* sf = smem_sf + s * K::kScaleFloats;
           const int col = c.blk + 4 * kb;
@@ -257,18 +279,27 @@ __global__ void __launch_bounds__(K::kThreads, 1)
             sf[K::kBlockM + r] = row < p.k ? e8m0_f32(__ldg(p.b_scale + static_cast<int64_t>(row) * p.bs_s0 + col)) : 0.f;
           }
           const int keep = c.len - kb * K::kBlockK;
-          if (keep < K::kBlockK) {
+          if (c.d > 0 || keep < K::kBlockK) {
             cutlass::arch::ClusterBarrier::wait(&full[s], ph);
-            zero_token_tail(smem_a + s * K::kABytes, K::kBlockM, keep, lane);
-            zero_token_tail(smem_b + s * K::kBBytes, K::kBlockN, keep, lane);
+            const int sn = (i + 1) % K::kStages;
+            if (keep > K::kBlockK - c.d) cutlass::arch::ClusterBarrier::wait(&full[sn], ((i + 1) / K::kStages) & 1);
+            patch_box(smem_a + s * K::kABytes, smem_a + sn * K::kABytes, K::kBlockM, c.d, keep, lane);
+            patch_box(smem_b + s * K::kBBytes, smem_b + sn * K::kBBytes, K::kBlockN, c.d, keep, lane);
             cutlass::arch::fence_view_async_shared();  // the wgmmas read through the async proxy
           }
           cutlass::arch::ClusterBarrier::arrive(&ready[s]);
         }
+        if (c.boxes > c.blocks) {  // landed (waited above); keep every barrier of the stage in phase
+          const int s = (it + c.blocks) % K::kStages;
+          __syncwarp();
+          cutlass::arch::ClusterBarrier::arrive(&ready[s]);
+          if (lane < 8) cutlass::arch::ClusterBarrier::arrive(&empty[s]);
+        }
+        it += c.boxes;
       }
     }
   } else {
-    cutlass::arch::warpgroup_reg_alloc<232>();
+    cutlass::arch::warpgroup_reg_alloc<224>();
     const int mw = wg - 1;
     const int lt = tid - 128 * wg, warp = lt / 32, lane = lt % 32;
     const int r0 = mw * 64 + warp * 16 + lane / 4;  // this thread's tile rows: r0, r0 + 8
@@ -277,7 +308,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     uint32_t it = 0;
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
       const KTile c = ktile<K>(t, p, mt, nt, s_end, s_blk, s_ne);
-      const int kblocks = (c.len + K::kBlockK - 1) / K::kBlockK;
+      const int kblocks = c.blocks;
 #pragma unroll
       for (int i = 0; i < K::kAcc; ++i) fin[i] = 0.f;
       // Per k-block: wait for the stage (TMA landed, scales and tail ready), issue its 4 wgmmas, read
@@ -323,7 +354,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
           fin[4 * j + 3] = fmaf(acc[4 * j + 3], sa1 * sb[j].y, fin[4 * j + 3]);
         }
       }
-      it += kblocks;
+      it += c.boxes;  // the extra box, if any, was released by the helper
       // Epilogue, staged through shared memory as in the M-grouped kernel: rows past N and columns
       // past K are masked (K % 8 == 0, so a 16-byte chunk is all in or all out).
       uint8_t* epi = smem_epi + mw * 64 * K::kEpiRowBytes;
