@@ -567,7 +567,7 @@ TEST(CudaGemmTile128, OwnSm90Wgrad) {
       {256, 128, {128, 256, 0, 512, 64}, MXMOE_DTYPE_F32},       // aligned starts
       {96, 288, random_sizes(64, 3000, rng, true), MXMOE_DTYPE_F32, 8},  // G = 64, N < 128
       {384, 512, random_sizes(8, 4096, rng, false), MXMOE_DTYPE_BF16},
-      {136, 520, {2000, 48}, MXMOE_DTYPE_BF16},                  // 16 k-blocks, partial m- and n-tiles
+      {136, 528, {2000, 48}, MXMOE_DTYPE_BF16},                  // 16 k-blocks, partial m- and n-tiles
       {512, 1024, random_sizes(16, 8192, rng, false), MXMOE_DTYPE_F32},  // 512 tiles: several per CTA
       {64, 64, {0, 0}, MXMOE_DTYPE_F32, 16},                     // all empty: zeros
   };
