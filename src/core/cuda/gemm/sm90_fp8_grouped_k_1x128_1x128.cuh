@@ -235,9 +235,10 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   const int total = s_nonempty * mt * nt;
 
   if (wg == 0) {
-    // 56 registers (the helper warp's patch and decode; 40 spilled) and 224 for the math (one
-    // accumulator set, the promoted sum, 32 column scales): 128 x 56 + 256 x 224 <= 64K.
-    cutlass::arch::warpgroup_reg_dealloc<56>();
+    // 72 registers (the helper warp: tile decode, two k-blocks' scale bytes, the patch; 40 and 56
+    // spilled) and 216 for the math (one accumulator set, the promoted sum, 32 column scales):
+    // 128 x 72 + 256 x 216 <= 64K.
+    cutlass::arch::warpgroup_reg_dealloc<72>();
     const int warp = tid / 32, lane = tid % 32;
     if (tid == 0) {
       // TMA thread: every tile's k-blocks through the stage ring.
@@ -258,26 +259,41 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       // Helper warp: the k-block's scales into the stage's slot; the box patched into the block's
       // tokens once it (and, for an unaligned group, the next box) has landed; then the stage is
       // ready for the math. A tile's extra box (used only for its first tokens) is released here.
+      // The scale bytes of k-block kb + 1 (8 per lane, 128 rows of A and of B, one row stride apart)
+      // are loaded while k-block kb is handled: loaded one after another they were the kernel's
+      // bound (v1a: ~6.6k cycles per k-block, 165 TFLOP/s).
+      constexpr int kRowsA = K::kBlockM / 32, kRows = kRowsA + K::kBlockN / 32;
+      static_assert(K::kScaleFloats == 32 * kRows, "the slot holds A's rows then B's columns");
+      auto load_scale_bytes = [&](const KTile& c, int kb, uint32_t(&e)[kRows]) {
+        const int col = c.blk + 4 * kb;
+#pragma unroll
+        for (int q = 0; q < kRows; ++q) {
+          const bool is_a = q < kRowsA;
+          const int row = (is_a ? c.row0 : c.col0) + lane + 32 * (is_a ? q : q - kRowsA);
+          const uint8_t* base = is_a ? p.a_scale : p.b_scale;
+          const int64_t stride = is_a ? p.as_s0 : p.bs_s0;
+          e[q] = row < (is_a ? p.n : p.k) ? static_cast<uint32_t>(__ldg(base + static_cast<int64_t>(row) * stride + col))
+                                           : 0x100u;  // a row past N / K: scale 0
+        }
+      };
       uint32_t it = 0;
       for (int t = blockIdx.x; t < total; t += gridDim.x) {
         const KTile c = ktile<K>(t, p, mt, nt, s_end, s_blk, s_ne);
+        uint32_t next[kRows];
+        load_scale_bytes(c, 0, next);
         for (int kb = 0; kb < c.blocks; ++kb) {
           const uint32_t i = it + kb;
           const int s = i % K::kStages;
           const uint32_t ph = (i / K::kStages) & 1;
+          uint32_t e[kRows];
+#pragma unroll
+          for (int q = 0; q < kRows; ++q) e[q] = next[q];
+          if (kb + 1 < c.blocks) load_scale_bytes(c, kb + 1, next);
           cutlass::arch::ClusterBarrier::wait(&empty[s], ph ^ 1);
           float* sf = smem_sf + s * K::kScaleFloats;
-          const int col = c.blk + 4 * kb;
-#pragma unroll 1
-          for (int q = 0; q < K::kBlockM / 32; ++q) {
-            const int r = lane + 32 * q, row = c.row0 + r;
-            sf[r] = row < p.n ? e8m0_f32(__ldg(p.a_scale + static_cast<int64_t>(row) * p.as_s0 + col)) : 0.f;
-          }
-#pragma unroll 1
-          for (int q = 0; q < K::kBlockN / 32; ++q) {
-            const int r = lane + 32 * q, row = c.col0 + r;
-            sf[K::kBlockM + r] = row < p.k ? e8m0_f32(__ldg(p.b_scale + static_cast<int64_t>(row) * p.bs_s0 + col)) : 0.f;
-          }
+#pragma unroll
+          for (int q = 0; q < kRows; ++q)
+            sf[lane + 32 * q] = e[q] == 0x100u ? 0.f : e8m0_f32(e[q]);  // A rows, then B columns
           const int keep = c.len - kb * K::kBlockK;
           if (c.d > 0 || keep < K::kBlockK) {
             cutlass::arch::ClusterBarrier::wait(&full[s], ph);
@@ -299,7 +315,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       }
     }
   } else {
-    cutlass::arch::warpgroup_reg_alloc<224>();
+    cutlass::arch::warpgroup_reg_alloc<216>();
     const int mw = wg - 1;
     const int lt = tid - 128 * wg, warp = lt / 32, lane = lt % 32;
     const int r0 = mw * 64 + warp * 16 + lane / 4;  // this thread's tile rows: r0, r0 + 8
