@@ -11,14 +11,15 @@
 // persistent CTA per SM, warpgroup 0 the producer, warpgroups 1 and 2 the math (64 rows each of the
 // 128 x 128 output tile, one wgmma accumulator set and the promoted fp32 sum). What the
 // reduction-grouped pass adds:
-//   - one TMA map per operand over the whole (R, M) tensor: a group's k-block is the box at token
-//     start_g + 128 kb, any start (TMA coordinates need no alignment), so no group is staged;
-//   - the tokens of a group's last, partial k-block that belong to the next group are zeroed in
-//     shared memory before the wgmmas read the stage (warp 1 of the producer warpgroup, the "helper":
-//     it waits for the TMA, clears those bytes in the swizzled layout, fences them for the async
-//     proxy and releases the stage on a second barrier); tokens past M are zero from TMA;
-//   - the per-row (A) and per-column (B) scales of a k-block differ across the tile, so the helper
-//     also converts the k-block's 128 + 128 E8M0 bytes to fp32 into a per-stage scale slot; the math
+//   - one TMA map per operand over the whole (R, M) tensor, no group staged: a group's boxes of 128
+//     tokens start at 16-aligned coordinates a0 + 128 j (a0 = start - start % 16; a box starting off
+//     a 16-byte boundary is an illegal instruction), and warps 1-3 of the producer warpgroup (the
+//     "helpers") patch box kb in shared memory into block kb's tokens once it and the next box have
+//     landed (patch_box: the first start % 16 slots take the next box's first tokens, tokens past the
+//     group are zeroed; tokens past M are zero from TMA), fence them for the async proxy and release
+//     the stage on a second barrier;
+//   - the per-row (A) and per-column (B) scales of a k-block differ across the tile, so the helpers
+//     also convert the k-block's 128 + 128 E8M0 bytes to fp32 into a per-stage scale slot; the math
 //     threads read them there while the k-block's wgmmas run and release the stage after the wait.
 // Offsets are read on the device (no host sync): every CTA scans offs into shared tables (group
 // ends, scale-column offsets, the list of non-empty groups); a slot's tile is decoded without
@@ -65,13 +66,14 @@ struct GroupedK {
   using Out = Out_;
   static constexpr int kBlockM = 128, kBlockN = 128, kBlockK = 128;  // out rows (N), out cols (K), tokens
   static constexpr int kStages = Stages_;
-  static constexpr int kThreads = 384;  // producer warpgroup (TMA thread + helper warp) + two math warpgroups
+  static constexpr int kThreads = 384;  // producer warpgroup (TMA thread + 3 helper warps) + two math warpgroups
   static constexpr int kABytes = kBlockM * kBlockK;
   static constexpr int kBBytes = kBlockN * kBlockK;
   static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr int kScaleFloats = kBlockM + kBlockN;  // a k-block's fp32 row and column scales
   static constexpr int kAcc = kBlockN / 2;                // fp32 accumulators per math thread
   static constexpr int kBand = 8;                         // m-tiles per band of the tile order
+  static constexpr int kHelpers = 96;                     // warps 1-3 of the producer warpgroup
   static_assert(kStageBytes % 1024 == 0, "stages must keep the 1024-byte swizzle alignment");
   static constexpr int kEpiRowBytes = kBlockN * static_cast<int>(sizeof(Out)) + (sizeof(Out) == 2 ? 16 : 32);
   static constexpr int kEpiBytes = 2 * 64 * kEpiRowBytes;
@@ -135,11 +137,13 @@ __device__ __forceinline__ uint32_t byte_range_mask(int w, int lo, int hi) {
 // slots [d, 128) keep their token while it is inside the block (q < d + keep, keep = tokens of the block
 // left), slots [0, d) (the previous block's tokens) take the first tokens of box kb + 1 (`next`), the
 // block's last d, while inside the block (q < keep - 128 + d); every other slot is zero. The slot order
-// of a block does not matter to its sum, only that A and B agree, and both are patched alike. One warp.
-__device__ __forceinline__ void patch_box(uint8_t* cur, const uint8_t* next, int rows, int d, int keep, int lane) {
+// of a block does not matter to its sum, only that A and B agree, and both are patched alike. Rows
+// first, first + stride, ... of the calling thread.
+__device__ __forceinline__ void patch_box(uint8_t* cur, const uint8_t* next, int rows, int d, int keep, int first,
+                                          int stride) {
   const int hi = min(d + keep, 128);
   const int take = min(max(keep - 128 + d, 0), d);
-  for (int r = lane; r < rows; r += 32) {
+  for (int r = first; r < rows; r += stride) {
 #pragma unroll 1
     for (int ch = 0; ch < 8; ++ch) {
       const int lo = 16 * ch;
@@ -168,6 +172,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Op = typename WgmmaOp<K::kBlockN>::Op;
   using Out = typename K::Out;
+  constexpr int kHelpers = K::kHelpers;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((0u - smem_u32(smem_raw)) & 1023u);  // see the M-grouped kernel
   uint8_t* smem_a = smem;
@@ -186,7 +191,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   if (tid == 0) {
     for (int s = 0; s < K::kStages; ++s) {
       cutlass::arch::ClusterBarrier::init(&full[s], 1);    // the TMA thread's expect-tx
-      cutlass::arch::ClusterBarrier::init(&ready[s], 32);  // every helper lane (scales, tail zeroed)
+      cutlass::arch::ClusterBarrier::init(&ready[s], kHelpers);  // every helper thread (scales, patch)
       cutlass::arch::ClusterBarrier::init(&empty[s], 8);   // lane 0 of each math warp
     }
     cutlass::arch::fence_barrier_init();
@@ -235,7 +240,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   const int total = s_nonempty * mt * nt;
 
   if (wg == 0) {
-    // 72 registers (the helper warp: tile decode, two k-blocks' scale bytes, the patch; 40 and 56
+    // 72 registers (the helper threads: tile decode, three k-blocks' scale bytes, the patch; 40 and 56
     // spilled) and 216 for the math (one accumulator set, the promoted sum, 32 column scales):
     // 128 x 72 + 256 x 216 <= 64K.
     cutlass::arch::warpgroup_reg_dealloc<72>();
@@ -255,61 +260,70 @@ __global__ void __launch_bounds__(K::kThreads, 1)
           tma_load_2d(&tma_b, &full[s], smem_b + s * K::kBBytes, t0, c.col0);
         }
       }
-    } else if (warp == 1) {
-      // Helper warp: the k-block's scales into the stage's slot; the box patched into the block's
-      // tokens once it (and, for an unaligned group, the next box) has landed; then the stage is
-      // ready for the math. A tile's extra box (used only for its first tokens) is released here.
-      // The scale bytes of k-block kb + 1 (8 per lane, 128 rows of A and of B, one row stride apart)
-      // are loaded while k-block kb is handled: loaded one after another they were the kernel's
-      // bound (v1a: ~6.6k cycles per k-block, 165 TFLOP/s).
-      constexpr int kRowsA = K::kBlockM / 32, kRows = kRowsA + K::kBlockN / 32;
-      static_assert(K::kScaleFloats == 32 * kRows, "the slot holds A's rows then B's columns");
-      auto load_scale_bytes = [&](const KTile& c, int kb, uint32_t(&e)[kRows]) {
+    } else if (warp >= 1) {
+      // Helper threads (warps 1-3, 96 threads, all on every k-block): the k-block's scales into the
+      // stage's slot; the box patched into the block's tokens once it (and, for an unaligned group,
+      // the next box) has landed; then the stage is ready for the math. A tile's extra box (used only
+      // for its first tokens) is released here. The scale bytes (256 rows, one row stride apart, 3
+      // per thread) are loaded two k-blocks ahead: one warp loading 8 bytes each, one after another
+      // (v1a) or one k-block ahead (v1b), bounded the kernel (~6.6k / ~2.1k cycles per k-block).
+      const int ht = tid - 32;
+      constexpr int kScaleRows = K::kBlockM + K::kBlockN;
+      constexpr int kPer = (kScaleRows + kHelpers - 1) / kHelpers;
+      static_assert(K::kScaleFloats == kScaleRows, "the slot holds A's rows then B's columns");
+      auto load_scale_bytes = [&](const KTile& c, int kb, uint32_t(&e)[kPer]) {
         const int col = c.blk + 4 * kb;
 #pragma unroll
-        for (int q = 0; q < kRows; ++q) {
-          const bool is_a = q < kRowsA;
-          const int row = (is_a ? c.row0 : c.col0) + lane + 32 * (is_a ? q : q - kRowsA);
+        for (int q = 0; q < kPer; ++q) {
+          const int r = ht + kHelpers * q;
+          const bool is_a = r < K::kBlockM;
+          const int row = is_a ? c.row0 + r : c.col0 + r - K::kBlockM;
           const uint8_t* base = is_a ? p.a_scale : p.b_scale;
           const int64_t stride = is_a ? p.as_s0 : p.bs_s0;
-          e[q] = row < (is_a ? p.n : p.k) ? static_cast<uint32_t>(__ldg(base + static_cast<int64_t>(row) * stride + col))
-                                           : 0x100u;  // a row past N / K: scale 0
+          e[q] = r < kScaleRows && row < (is_a ? p.n : p.k)
+                     ? static_cast<uint32_t>(__ldg(base + static_cast<int64_t>(row) * stride + col))
+                     : 0x100u;  // a row past N / K: scale 0
         }
       };
       uint32_t it = 0;
       for (int t = blockIdx.x; t < total; t += gridDim.x) {
         const KTile c = ktile<K>(t, p, mt, nt, s_end, s_blk, s_ne);
-        uint32_t next[kRows];
-        load_scale_bytes(c, 0, next);
+        uint32_t n1[kPer], n2[kPer];
+        load_scale_bytes(c, 0, n1);
+        if (c.blocks > 1) load_scale_bytes(c, 1, n2);
         for (int kb = 0; kb < c.blocks; ++kb) {
           const uint32_t i = it + kb;
           const int s = i % K::kStages;
           const uint32_t ph = (i / K::kStages) & 1;
-          uint32_t e[kRows];
+          uint32_t e[kPer];
 #pragma unroll
-          for (int q = 0; q < kRows; ++q) e[q] = next[q];
-          if (kb + 1 < c.blocks) load_scale_bytes(c, kb + 1, next);
+          for (int q = 0; q < kPer; ++q) {
+            e[q] = n1[q];
+            n1[q] = n2[q];
+          }
+          if (kb + 2 < c.blocks) load_scale_bytes(c, kb + 2, n2);
           cutlass::arch::ClusterBarrier::wait(&empty[s], ph ^ 1);
           float* sf = smem_sf + s * K::kScaleFloats;
 #pragma unroll
-          for (int q = 0; q < kRows; ++q)
-            sf[lane + 32 * q] = e[q] == 0x100u ? 0.f : e8m0_f32(e[q]);  // A rows, then B columns
+          for (int q = 0; q < kPer; ++q) {
+            const int r = ht + kHelpers * q;
+            if (r < kScaleRows) sf[r] = e[q] == 0x100u ? 0.f : e8m0_f32(e[q]);  // A rows, then B columns
+          }
           const int keep = c.len - kb * K::kBlockK;
           if (c.d > 0 || keep < K::kBlockK) {
             cutlass::arch::ClusterBarrier::wait(&full[s], ph);
             const int sn = (i + 1) % K::kStages;
             if (keep > K::kBlockK - c.d) cutlass::arch::ClusterBarrier::wait(&full[sn], ((i + 1) / K::kStages) & 1);
-            patch_box(smem_a + s * K::kABytes, smem_a + sn * K::kABytes, K::kBlockM, c.d, keep, lane);
-            patch_box(smem_b + s * K::kBBytes, smem_b + sn * K::kBBytes, K::kBlockN, c.d, keep, lane);
+            patch_box(smem_a + s * K::kABytes, smem_a + sn * K::kABytes, K::kBlockM, c.d, keep, ht, kHelpers);
+            patch_box(smem_b + s * K::kBBytes, smem_b + sn * K::kBBytes, K::kBlockN, c.d, keep, ht, kHelpers);
             cutlass::arch::fence_view_async_shared();  // the wgmmas read through the async proxy
           }
           cutlass::arch::ClusterBarrier::arrive(&ready[s]);
         }
         if (c.boxes > c.blocks) {  // landed (waited above); keep every barrier of the stage in phase
           const int s = (it + c.blocks) % K::kStages;
-          __syncwarp();
           cutlass::arch::ClusterBarrier::arrive(&ready[s]);
-          if (lane < 8) cutlass::arch::ClusterBarrier::arrive(&empty[s]);
+          if (ht < 8) cutlass::arch::ClusterBarrier::arrive(&empty[s]);
         }
         it += c.boxes;
       }
