@@ -274,8 +274,8 @@ def sweep_scheduler(mx, label):
 
 
 def wgrad_prefers_own(M, N, K, G):
-    """grouped_k_prefer_own of src/core/cuda/gemm/sm90_tile_heuristics.hpp."""
-    return True
+    """grouped_k_prefer_own of src/core/cuda/gemm/sm90_tile_heuristics.hpp (CUTLASS by default)."""
+    return False
 
 
 def sm90_choice(pas, N, K, G, M, env=None):
@@ -465,7 +465,7 @@ def main():
     ap.add_argument("--profile", default="llama4-scout:8,jagged:32", help="name:G pairs to profile")
     ap.add_argument("--sweep", default="", help="name:G pairs for the scheduler sweep (e.g. llama4-scout:8)")
     ap.add_argument("--variants", default="",
-                    help="forward/dgrad re-timed under library env knobs, e.g. "
+                    help="every pass re-timed under library env knobs, e.g. "
                          "'cutlass:MXMOE_GEMM_SM90=cutlass,n128:MXMOE_GEMM_BLOCK_N=128'")
     args = ap.parse_args()
     variants = parse_variants(args.variants)

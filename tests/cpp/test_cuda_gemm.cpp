@@ -524,8 +524,7 @@ TEST(CudaGemmTile128, OwnSm90Kernel) {
   g_data = Data::kFullRange;
 }
 
-// Wgrad through the CUTLASS kernel (the default picks the own kernel where its TMA can read the
-// operands in place, which OwnSm90Wgrad covers).
+// Wgrad through the CUTLASS kernel (the default; OwnSm90Wgrad covers the own K-grouped kernel).
 TEST(CudaGemmTile128, Wgrad) {
   SKIP_WITHOUT_CUDA();
   EnvGuard env;

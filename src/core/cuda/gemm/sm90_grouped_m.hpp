@@ -34,7 +34,8 @@ struct GroupedMRun {
   cudaStream_t stream = nullptr;
 };
 
-// Which kernel runs the tile128 forward / dgrad on Hopper, from MXMOE_GEMM_SM90 (read per call):
+// Which kernel runs a tile128 pass on Hopper, from MXMOE_GEMM_SM90 (read per call; the wgrad reads it
+// too, with sm90_grouped_k.hpp's kernel as "this kernel"):
 //   unset or "auto"  this kernel where it measured faster (sm90_prefers_own), else CUTLASS's
 //   "cutlass"        the CUTLASS kernel
 //   "mxmoe"          this kernel where it takes the call, else CUTLASS
