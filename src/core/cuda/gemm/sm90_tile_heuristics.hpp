@@ -51,8 +51,8 @@ inline bool grouped_m_prefer_own(int64_t m, int64_t n, int64_t k) {
 
 // The default choice for the wgrad (MXMOE_GEMM_SM90 unset or "auto"): CUTLASS's kernel. The own
 // K-grouped kernel (sm90_fp8_grouped_k_1x128_1x128.cuh, "mxmoe" / "mxmoe-only") measured at v1c
-// (docs/perf/gemm.md, "wgrad v1"): 0.99-1.09x CUTLASS on the fine-grained shapes with 128-aligned
-// groups, 0.67-0.93x on the large ones, 0.37-0.49x where group starts are not 16-aligned (jagged,
+// (docs/perf/gemm.md, "wgrad v1"): 1.01-1.08x CUTLASS on the fine-grained shapes with 128-aligned
+// groups, 0.69-0.95x on the large ones, 0.37-0.48x where group starts are not 16-aligned (jagged,
 // Qwen3-30B: the shared-memory patch of every box); group alignment is known only on the device, so
 // no host rule can pick it safely yet.
 inline bool grouped_k_prefer_own(int64_t m, int64_t n, int64_t k, int groups) {
