@@ -57,7 +57,7 @@ bool launch(const GroupedKRun& r) {
 // Stages: as many as fit ~210 KB beside the epilogue buffer and the scale slots.
 template <class Out>
 constexpr int stages() {
-  constexpr int stage = 2 * 128 * 128 + 256 * 4;
+  constexpr int stage = 2 * 128 * 128 + sm90::GroupedK<1, Out>::kScaleFloats * 4;
   constexpr int epi = 2 * 64 * (128 * static_cast<int>(sizeof(Out)) + (sizeof(Out) == 2 ? 16 : 32));
   constexpr int n = (210 * 1024 - epi) / stage;
   return n > 6 ? 6 : n;

@@ -15,7 +15,7 @@
 //     tokens start at 16-aligned coordinates a0 + 128 j (a0 = start - start % 16; a box starting off
 //     a 16-byte boundary is an illegal instruction), and warps 1-3 of the producer warpgroup (the
 //     "helpers") patch box kb in shared memory into block kb's tokens once it and the next box have
-//     landed (patch_box: the first start % 16 slots take the next box's first tokens, tokens past the
+//     landed (patch_rows: the first start % 16 slots take the next box's first tokens, tokens past the
 //     group are zeroed; tokens past M are zero from TMA), fence them for the async proxy and release
 //     the stage on a second barrier;
 //   - the per-row (A) and per-column (B) scales of a k-block differ across the tile, so the helpers
@@ -70,7 +70,9 @@ struct GroupedK {
   static constexpr int kABytes = kBlockM * kBlockK;
   static constexpr int kBBytes = kBlockN * kBlockK;
   static constexpr int kStageBytes = kABytes + kBBytes;
-  static constexpr int kScaleFloats = kBlockM + kBlockN;  // a k-block's fp32 row and column scales
+  // A k-block's fp32 scales: A's 128 rows, then B's 128 columns in math-thread order (kColScale).
+  static constexpr int kColGroup = 36;  // floats per lane%4 group of columns: 32 + 4 of bank padding
+  static constexpr int kScaleFloats = kBlockM + 4 * kColGroup;
   static constexpr int kAcc = kBlockN / 2;                // fp32 accumulators per math thread
   static constexpr int kBand = 8;                         // m-tiles per band of the tile order
   static constexpr int kHelpers = 96;                     // warps 1-3 of the producer warpgroup
@@ -90,7 +92,7 @@ struct GroupedK {
 
 // A tile's group: tokens [start, start + len), k-blocks of 128 from start. TMA reads boxes of 128
 // tokens at 16-aligned coordinates a0 + 128 j, a0 = start - d, d = start % 16 (a TMA box may not start
-// off a 16-byte boundary: an illegal instruction). Box kb is patched into block kb (patch_box), which
+// off a 16-byte boundary: an illegal instruction). Box kb is patched into block kb (patch_rows), which
 // for d > 0 needs the first d tokens of box kb + 1: the last block may need one box more (boxes).
 struct KTile {
   int g, start, len, blk, row0, col0;
@@ -132,35 +134,74 @@ __device__ __forceinline__ uint32_t byte_range_mask(int w, int lo, int hi) {
   return below_b & ~below_a;
 }
 
-// Turns box kb (tokens a0 + 128 kb + q in slot q) of `rows` K-major 128-byte rows, written by TMA with
-// 128-byte swizzle (16-byte chunk c of row r sits at chunk c ^ (r % 8)), into block kb's tokens:
-// slots [d, 128) keep their token while it is inside the block (q < d + keep, keep = tokens of the block
-// left), slots [0, d) (the previous block's tokens) take the first tokens of box kb + 1 (`next`), the
-// block's last d, while inside the block (q < keep - 128 + d); every other slot is zero. The slot order
-// of a block does not matter to its sum, only that A and B agree, and both are patched alike. Rows
-// first, first + stride, ... of the calling thread.
-__device__ __forceinline__ void patch_box(uint8_t* cur, const uint8_t* next, int rows, int d, int keep, int first,
-                                          int stride) {
+// Where column c (0..127) of B's scales sits in a k-block's scale slot, after A's 128 rows: math thread
+// lane holds columns 8 j + 2 (lane % 4) + e (j < 16, e < 2), so those 32 are made contiguous (eight
+// 16-byte loads instead of sixteen 8-byte ones) and the four lane % 4 groups sit kColGroup floats
+// apart, which puts them in different banks.
+template <class K>
+__device__ __forceinline__ int col_scale_slot(int c) {
+  return K::kBlockM + K::kColGroup * ((c & 7) >> 1) + 2 * (c >> 3) + (c & 1);
+}
+
+// Turns box kb (tokens a0 + 128 kb + q in slot q) of K-major 128-byte rows, written by TMA with 128-byte
+// swizzle (16-byte chunk c of row r sits at chunk c ^ (r % 8)), into block kb's tokens: slots [d, 128)
+// keep their token while it is inside the block (q < hi = d + keep, keep = tokens of the block left),
+// slots [0, d) (the previous block's tokens) take the first tokens of box kb + 1 (`next`), the block's
+// last d, while inside the block (q < take); every other slot is zero. The slot order of a block does
+// not matter to its sum, only that A and B agree, and both are patched alike. Rows r = first + stride q
+// of the 2 x 128 rows (A's, then B's). A full block (hi = 128) changes only chunk 0 of each row (when
+// d > 0): its loads are issued together, then merged and stored (the per-chunk loop of v1 bounded the
+// unaligned groups: the math waited on the helpers 45% of its samples, ncu at 87a77f6); the other
+// chunks change only in a tile's last block.
+template <int kRowsPerThread>
+__device__ __forceinline__ void patch_rows(uint8_t* a_cur, const uint8_t* a_next, uint8_t* b_cur,
+                                           const uint8_t* b_next, int d, int keep, int first, int stride) {
   const int hi = min(d + keep, 128);
   const int take = min(max(keep - 128 + d, 0), d);
-  for (int r = first; r < rows; r += stride) {
-#pragma unroll 1
-    for (int ch = 0; ch < 8; ++ch) {
-      const int lo = 16 * ch;
-      if ((ch > 0 || d == 0) && lo + 16 <= hi) continue;  // whole chunk inside the block, unchanged
-      const int off = r * 128 + ((ch ^ (r & 7)) << 4);
-      uint4* q = reinterpret_cast<uint4*>(cur + off);
-      const uint4 v = *q;
-      uint4 nv = make_uint4(0, 0, 0, 0);
-      if (ch == 0 && take > 0) nv = *reinterpret_cast<const uint4*>(next + off);
-      const int own_lo = max(d - lo, 0), own_hi = hi - lo;  // this box's kept bytes in the chunk
-      const int head_hi = ch == 0 ? take : 0;               // the next box's bytes in the chunk
+  int off[kRowsPerThread];
+  uint4 v[kRowsPerThread], nv[kRowsPerThread];
+  if (d > 0) {
+#pragma unroll
+    for (int q = 0; q < kRowsPerThread; ++q) {
+      const int r = first + stride * q;
+      off[q] = (r & 127) * 128 + ((r & 7) << 4);  // chunk 0 of row r
+      if (r < 256) {
+        v[q] = *reinterpret_cast<const uint4*>((r < 128 ? a_cur : b_cur) + off[q]);
+        nv[q] = take > 0 ? *reinterpret_cast<const uint4*>((r < 128 ? a_next : b_next) + off[q])
+                         : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < kRowsPerThread; ++q) {
+      const int r = first + stride * q;
+      if (r >= 256) continue;
       uint4 o;
-      o.x = (v.x & byte_range_mask(0, own_lo, own_hi)) | (nv.x & byte_range_mask(0, 0, head_hi));
-      o.y = (v.y & byte_range_mask(1, own_lo, own_hi)) | (nv.y & byte_range_mask(1, 0, head_hi));
-      o.z = (v.z & byte_range_mask(2, own_lo, own_hi)) | (nv.z & byte_range_mask(2, 0, head_hi));
-      o.w = (v.w & byte_range_mask(3, own_lo, own_hi)) | (nv.w & byte_range_mask(3, 0, head_hi));
-      *q = o;
+      o.x = (v[q].x & byte_range_mask(0, d, hi)) | (nv[q].x & byte_range_mask(0, 0, take));
+      o.y = (v[q].y & byte_range_mask(1, d, hi)) | (nv[q].y & byte_range_mask(1, 0, take));
+      o.z = (v[q].z & byte_range_mask(2, d, hi)) | (nv[q].z & byte_range_mask(2, 0, take));
+      o.w = (v[q].w & byte_range_mask(3, d, hi)) | (nv[q].w & byte_range_mask(3, 0, take));
+      *reinterpret_cast<uint4*>((r < 128 ? a_cur : b_cur) + off[q]) = o;
+    }
+  }
+  if (hi == 128) return;
+  // A tile's last block: chunks [hi / 16, 8) hold tokens past the group (chunk 0 was done above when d > 0).
+#pragma unroll 1
+  for (int q = 0; q < kRowsPerThread; ++q) {
+    const int r = first + stride * q;
+    if (r >= 256) break;
+    uint8_t* cur = (r < 128 ? a_cur : b_cur);
+#pragma unroll 1
+    for (int ch = max(hi >> 4, d > 0 ? 1 : 0); ch < 8; ++ch) {
+      const int lo = 16 * ch;
+      uint4* p = reinterpret_cast<uint4*>(cur + (r & 127) * 128 + ((ch ^ (r & 7)) << 4));
+      const uint4 x = *p;
+      const int own_lo = max(d - lo, 0), own_hi = hi - lo;
+      uint4 o;
+      o.x = x.x & byte_range_mask(0, own_lo, own_hi);
+      o.y = x.y & byte_range_mask(1, own_lo, own_hi);
+      o.z = x.z & byte_range_mask(2, own_lo, own_hi);
+      o.w = x.w & byte_range_mask(3, own_lo, own_hi);
+      *p = o;
     }
   }
 }
@@ -240,11 +281,11 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   const int total = s_nonempty * mt * nt;
 
   if (wg == 0) {
-    // 72 registers (the helper threads: tile decode, three k-blocks' scale bytes, the patch; 40 and 56
-    // spilled) and 216 for the math (one accumulator set, the promoted sum, 32 column scales):
-    // 128 x 72 + 256 x 216 <= 64K.
-    cutlass::arch::warpgroup_reg_dealloc<72>();
-    const int warp = tid / 32, lane = tid % 32;
+    // 104 registers for the helper threads (tile decode, three k-blocks' scale bytes, the patch's batched
+    // loads: 72 and 88 spilled) and 200 for the math (one accumulator set, the promoted sum, 32 column
+    // scales): 104 + 2 x 200 <= 3 x 168, the launch's share (setmaxnreg moves registers within it).
+    cutlass::arch::warpgroup_reg_dealloc<104>();
+    const int warp = tid / 32;
     if (tid == 0) {
       // TMA thread: every tile's k-blocks through the stage ring.
       uint32_t it = 0;
@@ -270,7 +311,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       const int ht = tid - 32;
       constexpr int kScaleRows = K::kBlockM + K::kBlockN;
       constexpr int kPer = (kScaleRows + kHelpers - 1) / kHelpers;
-      static_assert(K::kScaleFloats == kScaleRows, "the slot holds A's rows then B's columns");
+      static_assert(K::kBlockM == 128 && K::kBlockN == 128 && kScaleRows == 256, "patch_rows: 2 x 128 rows");
       auto load_scale_bytes = [&](const KTile& c, int kb, uint32_t(&e)[kPer]) {
         const int col = c.blk + 4 * kb;
 #pragma unroll
@@ -307,15 +348,16 @@ __global__ void __launch_bounds__(K::kThreads, 1)
 #pragma unroll
           for (int q = 0; q < kPer; ++q) {
             const int r = ht + kHelpers * q;
-            if (r < kScaleRows) sf[r] = e[q] == 0x100u ? 0.f : e8m0_f32(e[q]);  // A rows, then B columns
+            if (r < kScaleRows)  // A rows, then B columns in the math threads' order
+              sf[r < K::kBlockM ? r : col_scale_slot<K>(r - K::kBlockM)] = e[q] == 0x100u ? 0.f : e8m0_f32(e[q]);
           }
           const int keep = c.len - kb * K::kBlockK;
           if (c.d > 0 || keep < K::kBlockK) {
             cutlass::arch::ClusterBarrier::wait(&full[s], ph);
             const int sn = (i + 1) % K::kStages;
             if (keep > K::kBlockK - c.d) cutlass::arch::ClusterBarrier::wait(&full[sn], ((i + 1) / K::kStages) & 1);
-            patch_box(smem_a + s * K::kABytes, smem_a + sn * K::kABytes, K::kBlockM, c.d, keep, ht, kHelpers);
-            patch_box(smem_b + s * K::kBBytes, smem_b + sn * K::kBBytes, K::kBlockN, c.d, keep, ht, kHelpers);
+            patch_rows<kPer>(smem_a + s * K::kABytes, smem_a + sn * K::kABytes, smem_b + s * K::kBBytes,
+                             smem_b + sn * K::kBBytes, c.d, keep, ht, kHelpers);
             cutlass::arch::fence_view_async_shared();  // the wgmmas read through the async proxy
           }
           cutlass::arch::ClusterBarrier::arrive(&ready[s]);
@@ -329,7 +371,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       }
     }
   } else {
-    cutlass::arch::warpgroup_reg_alloc<216>();
+    cutlass::arch::warpgroup_reg_alloc<200>();
     const int mw = wg - 1;
     const int lt = tid - 128 * wg, warp = lt / 32, lane = lt % 32;
     const int r0 = mw * 64 + warp * 16 + lane / 4;  // this thread's tile rows: r0, r0 + 8
@@ -341,12 +383,14 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       const int kblocks = c.blocks;
 #pragma unroll
       for (int i = 0; i < K::kAcc; ++i) fin[i] = 0.f;
-      // Per k-block: wait for the stage (TMA landed, scales and tail ready), issue its 4 wgmmas, read
-      // the k-block's row and column scales from the stage's slot while they run, wait, promote with
-      // their outer product, release the stage. One accumulator set: the promotion overlapping the
-      // next k-block's wgmmas needs a second 64-register set, which with the 32 column scales does
-      // not fit beside the promoted sum (and bought nothing in the forward kernel, v3); the other
-      // math warpgroup's wgmmas fill the tensor cores meanwhile.
+      // Per k-block: wait for the stage (TMA landed, scales and tail ready), read the k-block's row and
+      // column scales from the stage's slot (before the wgmmas start reading the stage: issued after
+      // them, at v1, the 17 loads queued behind the wgmmas' shared-memory reads and the promotion
+      // waited on them), issue the 4 wgmmas, wait, promote with the scales' outer product, release the
+      // stage. One accumulator set: the promotion overlapping the next k-block's wgmmas needs a second
+      // 64-register set, which beside the column scales and the promoted sum does not fit (nor do the
+      // 64 products formed ahead: 92-128 bytes spilled); the other math warpgroup's wgmmas fill the
+      // tensor cores meanwhile.
 #pragma unroll 1
       for (int kb = 0; kb < kblocks; ++kb) {
         const uint32_t i = it + kb;
@@ -354,6 +398,12 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         const uint32_t ph = (i / K::kStages) & 1;
         cutlass::arch::ClusterBarrier::wait(&full[s], ph);
         cutlass::arch::ClusterBarrier::wait(&ready[s], ph);
+        const float* sf = smem_sf + s * K::kScaleFloats;
+        const float sa0 = sf[r0], sa1 = sf[r0 + 8];
+        float4 sb[K::kAcc / 8];  // columns 8 j + c0 + e at sb[j / 2], component 2 (j % 2) + e
+#pragma unroll
+        for (int q = 0; q < K::kAcc / 8; ++q)
+          sb[q] = *reinterpret_cast<const float4*>(sf + K::kBlockM + K::kColGroup * (lane % 4) + 4 * q);
 #pragma unroll
         for (int q = 0; q < K::kAcc; ++q) cute::warpgroup_fence_operand(acc[q]);
         cute::warpgroup_arrive();
@@ -364,11 +414,6 @@ __global__ void __launch_bounds__(K::kThreads, 1)
           wgmma<Op>(kmajor_sw128_desc(ta + 32 * j), kmajor_sw128_desc(tb + 32 * j), acc, j > 0,
                     std::make_index_sequence<K::kAcc>{});
         cute::warpgroup_commit_batch();
-        const float* sf = smem_sf + s * K::kScaleFloats;
-        const float sa0 = sf[r0], sa1 = sf[r0 + 8];
-        float2 sb[K::kAcc / 4];
-#pragma unroll
-        for (int j = 0; j < K::kAcc / 4; ++j) sb[j] = *reinterpret_cast<const float2*>(sf + K::kBlockM + 8 * j + c0);
 #pragma unroll
         for (int q = 0; q < K::kAcc; ++q) cute::warpgroup_fence_operand(acc[q]);
         cute::warpgroup_wait<0>();
@@ -378,10 +423,11 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&empty[s]);  // tiles and scale slot read
 #pragma unroll
         for (int j = 0; j < K::kAcc / 4; ++j) {
-          fin[4 * j + 0] = fmaf(acc[4 * j + 0], sa0 * sb[j].x, fin[4 * j + 0]);
-          fin[4 * j + 1] = fmaf(acc[4 * j + 1], sa0 * sb[j].y, fin[4 * j + 1]);
-          fin[4 * j + 2] = fmaf(acc[4 * j + 2], sa1 * sb[j].x, fin[4 * j + 2]);
-          fin[4 * j + 3] = fmaf(acc[4 * j + 3], sa1 * sb[j].y, fin[4 * j + 3]);
+          const float bx = (j & 1) ? sb[j / 2].z : sb[j / 2].x, by = (j & 1) ? sb[j / 2].w : sb[j / 2].y;
+          fin[4 * j + 0] = fmaf(acc[4 * j + 0], sa0 * bx, fin[4 * j + 0]);
+          fin[4 * j + 1] = fmaf(acc[4 * j + 1], sa0 * by, fin[4 * j + 1]);
+          fin[4 * j + 2] = fmaf(acc[4 * j + 2], sa1 * bx, fin[4 * j + 2]);
+          fin[4 * j + 3] = fmaf(acc[4 * j + 3], sa1 * by, fin[4 * j + 3]);
         }
       }
       it += c.boxes;  // the extra box, if any, was released by the helper
