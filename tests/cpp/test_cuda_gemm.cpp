@@ -427,10 +427,12 @@ TEST(CudaGemmTile128, SmallForwardAndWgrad) {  // the compute-sanitizer case
   run_fwd_case({200, 96, 160, {0, 70, 81, 0}, MXMOE_DTYPE_F32, true}, 1, &unsupported);
   if (unsupported) GTEST_SKIP() << "tile128 GEMMs unsupported here: " << mxmoe_last_error();
   run_kg_case({96, 160, {37, 0, 130, 5}, MXMOE_DTYPE_F32, 3}, 2, &unsupported);  // M % 16 != 0: CUTLASS
-  {
-    EnvGuard env;  // the own wgrad kernel: unaligned group starts, tails, an empty group
-    env.set("MXMOE_GEMM_SM90", "mxmoe-only");
+  for (const char* cluster : {"1", "2"}) {
+    EnvGuard env;  // the own wgrad kernel: unaligned group starts, tails, an empty group; at cluster 2
+    env.set("MXMOE_GEMM_SM90", "mxmoe-only");  // 1 x 2 tiles per group: each pair shares no B box
+    env.set("MXMOE_GEMM_CLUSTER", cluster);
     run_kg_case({96, 160, {37, 0, 130, 5}, MXMOE_DTYPE_F32, 4}, 3, &unsupported);
+    run_kg_case({200, 96, {37, 0, 130, 5}, MXMOE_DTYPE_BF16, 4}, 4, &unsupported);  // shared B, multicast
   }
   g_data = Data::kFullRange;
 }
@@ -552,12 +554,11 @@ TEST(CudaGemmTile128, Wgrad) {
 }
 
 // The own sm_90a K-grouped (wgrad) kernel forced with "mxmoe-only" (a call it does not take fails
-// instead of falling back to CUTLASS). M % 16 == 0 everywhere (its TMA row strides); group starts are
-// anywhere, so partial k-blocks whose last tokens belong to the next group are the common case.
+// instead of falling back to CUTLASS), at both cluster sizes (B multicast over CTA pairs on / off).
+// M % 16 == 0 everywhere (its TMA row strides); group starts are anywhere, so partial k-blocks whose
+// last tokens belong to the next group are the common case.
 TEST(CudaGemmTile128, OwnSm90Wgrad) {
   SKIP_WITHOUT_CUDA();
-  EnvGuard env;
-  env.set("MXMOE_GEMM_SM90", "mxmoe-only");
   std::mt19937 rng(10);
   std::vector<KgCase> cases = {
       {160, 224, {1008}, MXMOE_DTYPE_F32},                       // G = 1, N, K not multiples of 128, a tail
@@ -569,14 +570,22 @@ TEST(CudaGemmTile128, OwnSm90Wgrad) {
       {136, 528, {2000, 48}, MXMOE_DTYPE_BF16},                  // 16 k-blocks, partial m- and n-tiles
       {512, 1024, random_sizes(16, 8192, rng, false), MXMOE_DTYPE_F32},  // 512 tiles: several per CTA
       {64, 64, {0, 0}, MXMOE_DTYPE_F32, 16},                     // all empty: zeros
+      {384, 256, {700, 333, 0, 1011}, MXMOE_DTYPE_BF16, 4},      // bands of 3 m-tiles: pairs across n-tiles
+      {1200, 200, random_sizes(5, 3008, rng, true), MXMOE_DTYPE_F32},  // 10 x 2 tiles, bands of 8 and 2
   };
   uint32_t seed = 400;
-  for (Data d : {Data::kExactGrid, Data::kFullRange}) {
-    g_data = d;
-    for (const auto& c : cases) {
-      bool unsupported = false;
-      run_kg_case(c, seed++, &unsupported);
-      if (unsupported) GTEST_SKIP() << "tile128 GEMMs unsupported here: " << mxmoe_last_error();
+  for (const char* cluster : {"2", "1"}) {
+    EnvGuard env;
+    env.set("MXMOE_GEMM_SM90", "mxmoe-only");
+    env.set("MXMOE_GEMM_CLUSTER", cluster);
+    for (Data d : {Data::kExactGrid, Data::kFullRange}) {
+      g_data = d;
+      for (const auto& c : cases) {
+        SCOPED_TRACE(std::string("cluster ") + cluster);
+        bool unsupported = false;
+        run_kg_case(c, seed++, &unsupported);
+        if (unsupported) GTEST_SKIP() << "tile128 GEMMs unsupported here: " << mxmoe_last_error();
+      }
     }
   }
   g_data = Data::kFullRange;

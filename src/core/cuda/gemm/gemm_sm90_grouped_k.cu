@@ -23,7 +23,7 @@ bool launch(const GroupedKRun& r) {
   const size_t smem = K::smem_bytes(r.groups);
   if (smem > static_cast<size_t>(limit)) return false;
   const CUtensorMap ma = kmajor_map(r.a, r.m, r.n, r.lda, K::kBlockM);
-  const CUtensorMap mb = kmajor_map(r.b, r.m, r.k, r.ldb, K::kBlockN);
+  const CUtensorMap mb = kmajor_map(r.b, r.m, r.k, r.ldb, K::kBlockN / 2);  // B boxes in two halves
   const int64_t mt = (r.n + K::kBlockM - 1) / K::kBlockM, nt = (r.k + K::kBlockN - 1) / K::kBlockN;
   sm90::GroupedKParams p{};
   p.offs = r.offs;
@@ -37,16 +37,25 @@ bool launch(const GroupedKRun& r) {
   p.b_scale = r.b_scale;
   p.bs_s0 = r.bs_s0;
   p.out = r.out;
-  p.group_div = sm90::make_fast_div(static_cast<uint32_t>(mt * nt));
+  p.group_tiles = static_cast<int>((mt * nt + K::kCluster - 1) / K::kCluster * K::kCluster);
+  p.group_div = sm90::make_fast_div(static_cast<uint32_t>(p.group_tiles));
   p.band_div = sm90::make_fast_div(static_cast<uint32_t>(K::kBand * nt));
-  // Persistent grid: one CTA per SM, at most one per tile of the G groups (CTAs without tiles only
-  // zero-fill empty groups).
-  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(r.sm_count, r.groups * mt * nt));
+  // Persistent grid: one CTA per SM (a multiple of the cluster size), at most one per tile slot of
+  // the G groups (CTAs without tiles only zero-fill empty groups).
+  int64_t grid = std::min<int64_t>(r.sm_count, r.groups * static_cast<int64_t>(p.group_tiles));
+  grid = std::max<int64_t>(K::kCluster, grid / K::kCluster * K::kCluster);
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
   cfg.blockDim = dim3(K::kThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = r.stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = K::kCluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
   cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, ma, mb, p);
   if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess)
@@ -76,9 +85,12 @@ bool sm90_grouped_k(const GroupedKRun& r) {
   if (r.lda % 16 != 0 || r.ldb % 16 != 0 || r.lda < r.m || r.ldb < r.m) return false;
   if (reinterpret_cast<uintptr_t>(r.out) % 16 != 0) return false;
   if (r.m >= (int64_t{1} << 31) || r.n >= (int64_t{1} << 31) || r.k >= (int64_t{1} << 31)) return false;
-  if (r.groups * ((r.n + 127) / 128) * ((r.k + 127) / 128) >= (int64_t{1} << 31)) return false;
-  if (r.out_bf16) return launch<sm90::GroupedK<stages<__nv_bfloat16>(), __nv_bfloat16>>(r);
-  return launch<sm90::GroupedK<stages<float>(), float>>(r);
+  if (r.groups * ((r.n + 127) / 128 * ((r.k + 127) / 128) + 1) >= (int64_t{1} << 31)) return false;
+  const bool pairs = grouped_k_cluster(r.m, r.groups) == 2;
+  if (r.out_bf16)
+    return pairs ? launch<sm90::GroupedK<stages<__nv_bfloat16>(), __nv_bfloat16, 2>>(r)
+                 : launch<sm90::GroupedK<stages<__nv_bfloat16>(), __nv_bfloat16, 1>>(r);
+  return pairs ? launch<sm90::GroupedK<stages<float>(), float, 2>>(r) : launch<sm90::GroupedK<stages<float>(), float, 1>>(r);
 }
 
 }  // namespace gemm

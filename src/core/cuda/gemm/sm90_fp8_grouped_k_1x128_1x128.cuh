@@ -20,7 +20,10 @@
 //     the stage on a second barrier;
 //   - the per-row (A) and per-column (B) scales of a k-block differ across the tile, so the helpers
 //     also convert the k-block's 128 + 128 E8M0 bytes to fp32 into a per-stage scale slot; the math
-//     threads read them there while the k-block's wgmmas run and release the stage after the wait.
+//     threads read them there before issuing the k-block's wgmmas and release the stage after the wait;
+//   - optional clusters of 2 CTAs on neighbouring m-tiles of one group and n-tile: each loads half of
+//     the B box and multicasts it to both (24 KB per k-block per CTA instead of 32 KB; the large
+//     shapes are bound by L2 -> SM bytes), every box released to both producers.
 // Offsets are read on the device (no host sync): every CTA scans offs into shared tables (group
 // ends, scale-column offsets, the list of non-empty groups); a slot's tile is decoded without
 // integer division. Empty groups' outputs are zero-filled by the math threads after the tile loop.
@@ -35,6 +38,7 @@
 
 #include <cub/block/block_scan.cuh>
 
+#include "cute/arch/cluster_sm90.hpp"
 #include "cute/arch/mma_sm90_desc.hpp"
 #include "cute/arch/mma_sm90_gmma.hpp"
 #include "cutlass/arch/barrier.h"
@@ -57,13 +61,18 @@ struct GroupedKParams {
   const uint8_t* b_scale;   // (K, cap) E8M0, row stride bs_s0
   int64_t bs_s0;
   void* out;                // (G, N, K) contiguous, bf16 or f32
-  FastDiv group_div;        // division by the tiles of one group, ceil(N / 128) ceil(K / 128)
+  int group_tiles;          // tile slots per group: ceil(N / 128) ceil(K / 128), rounded up to the cluster size
+  FastDiv group_div;        // division by group_tiles
   FastDiv band_div;         // division by the tiles of a full band, kBand ceil(K / 128)
 };
 
-template <int Stages_, class Out_>
+template <int Stages_, class Out_, int Cluster_ = 1>
 struct GroupedK {
   using Out = Out_;
+  // CTAs per cluster: 2 = pairs of CTAs on neighbouring m-tiles (A rows) of one group and the same
+  // n-tile share the B box, each loading half of it and multicasting it to both.
+  static constexpr int kCluster = Cluster_;
+  static_assert(kCluster == 1 || kCluster == 2, "cluster of 1 or 2 CTAs");
   static constexpr int kBlockM = 128, kBlockN = 128, kBlockK = 128;  // out rows (N), out cols (K), tokens
   static constexpr int kStages = Stages_;
   static constexpr int kThreads = 384;  // producer warpgroup (TMA thread + 3 helper warps) + two math warpgroups
@@ -97,16 +106,22 @@ struct GroupedK {
 struct KTile {
   int g, start, len, blk, row0, col0;
   int d, blocks, boxes;
+  bool store;  // false: a ghost slot (a group's tile count is odd at cluster 2), its peer's tile re-run
 };
 
-// Tile t: the non-empty groups in order, each with the same ceil(N / 128) x ceil(K / 128) tiles,
-// inside a group bands of kBand m-tiles swept along K (as the M-grouped order).
+// Tile slot t: the non-empty groups in order, each with the same ceil(N / 128) x ceil(K / 128) tiles,
+// inside a group bands of kBand m-tiles swept along K (as the M-grouped order). At cluster 2 each
+// group has an even number of slots (p.group_tiles), so the two CTAs of a cluster always work on one
+// group (the same k-blocks, in step) and, inside a band of even height, on the same n-tile; an odd
+// group's last slot is a ghost that re-runs the tile before it without storing.
 template <class K>
 __device__ __forceinline__ KTile ktile(int t, const GroupedKParams& p, int mt, int nt, const int* s_end,
                                        const int* s_blk, const int* s_ne) {
   static_assert(K::kBand <= 8, "div_small divides by at most 8");
   const int q = static_cast<int>(fast_div(static_cast<uint32_t>(t), p.group_div));
-  const int local = t - q * mt * nt;
+  int local = t - q * p.group_tiles;
+  const bool store = local < mt * nt;
+  if (!store) local -= 1;
   const int band = static_cast<int>(fast_div(static_cast<uint32_t>(local), p.band_div));
   const int rem = local - band * K::kBand * nt;
   const int band_rows = min(K::kBand, mt - band * K::kBand);
@@ -122,6 +137,7 @@ __device__ __forceinline__ KTile ktile(int t, const GroupedKParams& p, int mt, i
   c.d = c.start & 15;
   c.blocks = (c.len + K::kBlockK - 1) / K::kBlockK;
   c.boxes = c.blocks + (c.len - (c.blocks - 1) * K::kBlockK > K::kBlockK - c.d ? 1 : 0);
+  c.store = store;
   return c;
 }
 
@@ -229,11 +245,17 @@ __global__ void __launch_bounds__(K::kThreads, 1)
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
+  // Cluster rank and tile slots: CTA r of cluster c takes slot kCluster * P + r for P = c, c + clusters, ...
+  const int rank = K::kCluster > 1 ? static_cast<int>(cute::block_rank_in_cluster()) : 0;
+  const int peer = 1 - rank;
+  const int cluster = blockIdx.x / K::kCluster, clusters = gridDim.x / K::kCluster;
   if (tid == 0) {
     for (int s = 0; s < K::kStages; ++s) {
       cutlass::arch::ClusterBarrier::init(&full[s], 1);    // the TMA thread's expect-tx
       cutlass::arch::ClusterBarrier::init(&ready[s], kHelpers);  // every helper thread (scales, patch)
-      cutlass::arch::ClusterBarrier::init(&empty[s], 8);   // lane 0 of each math warp
+      // lane 0 of each math warp of every CTA of the cluster: every box is released to both
+      // producers (shared or not), so the two rings stay in step
+      cutlass::arch::ClusterBarrier::init(&empty[s], 8 * K::kCluster);
     }
     cutlass::arch::fence_barrier_init();
   }
@@ -274,11 +296,22 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     }
     if (tid == 0) s_nonempty = carry_ne;
   }
-  __syncthreads();
+  // Barriers initialized and tables written in every CTA of the cluster before any CTA multicasts
+  // into a peer or arrives on its barriers.
+  if constexpr (K::kCluster > 1) {
+    cute::cluster_sync();
+  } else {
+    __syncthreads();
+  }
 
   const int mt = (p.n + K::kBlockM - 1) / K::kBlockM;
   const int nt = (p.k + K::kBlockN - 1) / K::kBlockN;
-  const int total = s_nonempty * mt * nt;
+  const int total = s_nonempty * p.group_tiles;  // tile slots, a multiple of kCluster
+  // Releases stage s to this CTA's producer and, at cluster 2, to the peer's.
+  auto release = [&](int s) {
+    cutlass::arch::ClusterBarrier::arrive(&empty[s]);
+    if constexpr (K::kCluster > 1) cutlass::arch::ClusterBarrier::arrive(&empty[s], static_cast<uint32_t>(peer), 1u);
+  };
 
   if (wg == 0) {
     // 104 registers for the helper threads (tile decode, three k-blocks' scale bytes, the patch's batched
@@ -288,9 +321,13 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     const int warp = tid / 32;
     if (tid == 0) {
       // TMA thread: every tile's k-blocks through the stage ring.
+      constexpr int kHalfB = K::kBBytes / 2;  // the B box is loaded as two halves of 64 rows
       uint32_t it = 0;
-      for (int t = blockIdx.x; t < total; t += gridDim.x) {
-        const KTile c = ktile<K>(t, p, mt, nt, s_end, s_blk, s_ne);
+      for (int P = cluster; K::kCluster * P < total; P += clusters) {
+        const KTile c = ktile<K>(K::kCluster * P + rank, p, mt, nt, s_end, s_blk, s_ne);
+        // Both CTAs of a cluster decode both slots, so they agree on every multicast.
+        const bool shared =
+            K::kCluster > 1 && ktile<K>(K::kCluster * P + peer, p, mt, nt, s_end, s_blk, s_ne).col0 == c.col0;
         for (int j = 0; j < c.boxes; ++j, ++it) {
           const int s = it % K::kStages;
           const uint32_t ph = (it / K::kStages) & 1;
@@ -298,7 +335,14 @@ __global__ void __launch_bounds__(K::kThreads, 1)
           cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[s], K::kStageBytes);
           const int t0 = c.start - c.d + j * K::kBlockK;
           tma_load_2d(&tma_a, &full[s], smem_a + s * K::kABytes, t0, c.row0);
-          tma_load_2d(&tma_b, &full[s], smem_b + s * K::kBBytes, t0, c.col0);
+          uint8_t* b = smem_b + s * K::kBBytes;
+          if (K::kCluster > 1 && shared) {
+            tma_load_2d_multicast(&tma_b, &full[s], b + rank * kHalfB, t0, c.col0 + rank * (K::kBlockN / 2),
+                                  static_cast<uint16_t>((1u << K::kCluster) - 1));
+          } else {
+            tma_load_2d(&tma_b, &full[s], b, t0, c.col0);
+            tma_load_2d(&tma_b, &full[s], b + kHalfB, t0, c.col0 + K::kBlockN / 2);
+          }
         }
       }
     } else if (warp >= 1) {
@@ -327,8 +371,8 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         }
       };
       uint32_t it = 0;
-      for (int t = blockIdx.x; t < total; t += gridDim.x) {
-        const KTile c = ktile<K>(t, p, mt, nt, s_end, s_blk, s_ne);
+      for (int P = cluster; K::kCluster * P < total; P += clusters) {
+        const KTile c = ktile<K>(K::kCluster * P + rank, p, mt, nt, s_end, s_blk, s_ne);
         uint32_t n1[kPer], n2[kPer];
         load_scale_bytes(c, 0, n1);
         if (c.blocks > 1) load_scale_bytes(c, 1, n2);
@@ -365,7 +409,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         if (c.boxes > c.blocks) {  // landed (waited above); keep every barrier of the stage in phase
           const int s = (it + c.blocks) % K::kStages;
           cutlass::arch::ClusterBarrier::arrive(&ready[s]);
-          if (ht < 8) cutlass::arch::ClusterBarrier::arrive(&empty[s]);
+          if (ht < 8) release(s);  // as the 8 math warps would
         }
         it += c.boxes;
       }
@@ -378,8 +422,8 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     const int c0 = 2 * (lane % 4);                  // and columns 8 j + c0, 8 j + c0 + 1
     float acc[K::kAcc], fin[K::kAcc];
     uint32_t it = 0;
-    for (int t = blockIdx.x; t < total; t += gridDim.x) {
-      const KTile c = ktile<K>(t, p, mt, nt, s_end, s_blk, s_ne);
+    for (int P = cluster; K::kCluster * P < total; P += clusters) {
+      const KTile c = ktile<K>(K::kCluster * P + rank, p, mt, nt, s_end, s_blk, s_ne);
       const int kblocks = c.blocks;
 #pragma unroll
       for (int i = 0; i < K::kAcc; ++i) fin[i] = 0.f;
@@ -420,7 +464,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
 #pragma unroll
         for (int q = 0; q < K::kAcc; ++q) cute::warpgroup_fence_operand(acc[q]);
         __syncwarp();
-        if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&empty[s]);  // tiles and scale slot read
+        if (lane == 0) release(s);  // tiles and scale slot read
 #pragma unroll
         for (int j = 0; j < K::kAcc / 4; ++j) {
           const float bx = (j & 1) ? sb[j / 2].z : sb[j / 2].x, by = (j & 1) ? sb[j / 2].w : sb[j / 2].y;
@@ -431,6 +475,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         }
       }
       it += c.boxes;  // the extra box, if any, was released by the helper
+      if (!c.store) continue;  // a ghost slot: its k-blocks ran only to keep the cluster in step
       // Epilogue, staged through shared memory as in the M-grouped kernel: rows past N and columns
       // past K are masked (K % 8 == 0, so a 16-byte chunk is all in or all out).
       uint8_t* epi = smem_epi + mw * 64 * K::kEpiRowBytes;
@@ -482,6 +527,8 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         o[i] = make_uint4(0, 0, 0, 0);
     }
   }
+  // No CTA leaves while its peer may still arrive on its barriers or multicast into it.
+  if constexpr (K::kCluster > 1) cute::cluster_sync();
 #endif
 }
 

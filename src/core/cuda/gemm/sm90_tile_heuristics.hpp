@@ -49,6 +49,17 @@ inline bool grouped_m_prefer_own(int64_t m, int64_t n, int64_t k) {
   return (k <= 1024 && n <= 1536) || m >= 65536;
 }
 
+// CTAs per cluster of the K-grouped (wgrad) kernel: 2 (pairs share B boxes through TMA multicast)
+// when the groups average >= 4096 tokens (32 k-blocks per tile, where the forward kernel's pairs pay
+// off), 1 below. MXMOE_GEMM_CLUSTER=1|2 forces (as for the M-grouped kernel).
+inline int grouped_k_cluster(int64_t m, int groups) {
+  if (const char* e = std::getenv("MXMOE_GEMM_CLUSTER")) {
+    const int v = std::atoi(e);
+    if (v == 1 || v == 2) return v;
+  }
+  return groups > 0 && m / groups >= 4096 ? 2 : 1;
+}
+
 // The default choice for the wgrad (MXMOE_GEMM_SM90 unset or "auto"): CUTLASS's kernel. The own
 // K-grouped kernel (sm90_fp8_grouped_k_1x128_1x128.cuh, "mxmoe" / "mxmoe-only") measured at v1c
 // (docs/perf/gemm.md, "wgrad v1"): 1.01-1.08x CUTLASS on the fine-grained shapes with 128-aligned
