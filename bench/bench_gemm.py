@@ -289,7 +289,7 @@ def sm90_choice(pas, N, K, G, M, env=None):
         return ("mxmoe_sm90_grouped_k", "128x128x128") if own and M % 16 == 0 else cutlass
     if mode == "cutlass" or (mode == "auto" and not ((K <= 1024 and N <= 1536) or M >= 65536)):
         return cutlass
-    bn = int(env["MXMOE_GEMM_BLOCK_N"]) if env.get("MXMOE_GEMM_BLOCK_N") in ("128", "192") else None
+    bn = int(env["MXMOE_GEMM_BLOCK_N"]) if env.get("MXMOE_GEMM_BLOCK_N") in ("128", "160", "192") else None
     if bn is None:
         m_tiles, sms = (M + 127) // 128 + G // 2, 132
 

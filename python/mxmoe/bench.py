@@ -50,6 +50,11 @@ class Row:
     scaled_peak_mib: float
     peak_mem_ratio: float
     micro_batches: int = 1  # fwd+bwd per weight update; the e2e times are per fwd+bwd
+    # torchao's fp8 rowwise grouped mm (BENCH.md's peer), same inputs and mode, when torchao is
+    # importable and the groups are 16-row multiples (it does not pad them here); else None
+    torchao_e2e_us: Optional[float] = None
+    torchao_fwd_us: Optional[float] = None
+    scaled_vs_torchao_e2e: Optional[float] = None
     date: str = ""
     commit: str = ""
     device: str = ""
@@ -178,6 +183,19 @@ def touch_weights(*weights: torch.Tensor) -> None:
             w.as_strided((1,), (1,)).mul_(1.0)
 
 
+def _torchao_rowwise():
+    """torchao's differentiable fp8 rowwise grouped mm (BENCH.md "Baselines"), or None without torchao."""
+    try:
+        from torchao.prototype.moe_training.fp8_grouped_mm import _to_fp8_rowwise_then_scaled_grouped_mm
+    except Exception:  # torchao is a benchmark peer, not a dependency
+        return None
+
+    def run(a, w, offs):
+        return _to_fp8_rowwise_then_scaled_grouped_mm(a, w.transpose(-2, -1), offs, out_dtype=torch.bfloat16,
+                                                      pad_token_groups_for_grouped_mm=False)
+    return run
+
+
 def bench_grouped_mm(shape, recipe: str, backend: str, mode: str, reps: int, micro_batches: int = 1) -> Row:
     import mxmoe
 
@@ -245,12 +263,21 @@ def bench_grouped_mm(shape, recipe: str, backend: str, mode: str, reps: int, mic
         scaled_e2e = _time_us(graphed_micro_batches(scaled, True), reps) / mb
     else:
         bf16_e2e, scaled_e2e = _time_us(wrap(e2e(bf16)), reps) / mb, _time_us(wrap(e2e(scaled)), reps) / mb
+    ao_e2e = ao_fwd = None
+    ao = _torchao_rowwise() if mode in ("eager", "cuda_graph") else None
+    sizes = torch.diff(offs, prepend=offs.new_zeros(1))
+    if ao is not None and bool((sizes % 16 == 0).all()):
+        try:
+            ao_fwd, ao_e2e = _time_us(wrap(fwd(ao)), reps), _time_us(wrap(e2e(ao)), reps) / mb
+        except Exception as e:  # a peer that fails on a shape leaves its column empty
+            print(f"torchao fp8 rowwise {shape} {mode}: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
     return Row(
         A_shape=str((m, k)), B_shape=str((g, n, k)), recipe=recipe, compiled=compiled, mode=mode,
         bf16_e2e_us=bf16_e2e, scaled_e2e_us=scaled_e2e, scaled_e2e_speedup=bf16_e2e / scaled_e2e,
         bf16_fwd_us=bf16_fwd, scaled_fwd_us=scaled_fwd, scaled_fwd_speedup=bf16_fwd / scaled_fwd,
         bf16_peak_mib=bf16_peak, scaled_peak_mib=scaled_peak, peak_mem_ratio=scaled_peak / bf16_peak,
-        micro_batches=mb,
+        micro_batches=mb, torchao_e2e_us=ao_e2e, torchao_fwd_us=ao_fwd,
+        scaled_vs_torchao_e2e=ao_e2e / scaled_e2e if ao_e2e else None,
     )
 
 
@@ -322,7 +349,9 @@ def profile_step(shape, recipe: Optional[str], backend: str, out_dir: str) -> st
 
 
 def _fmt(col: str, v) -> str:
-    if col.endswith("speedup") or col == "peak_mem_ratio":
+    if v is None:
+        return "-"
+    if col.endswith("speedup") or col in ("peak_mem_ratio", "scaled_vs_torchao_e2e"):
         return f"{v:.3f}x"
     return f"{v:.1f}" if isinstance(v, float) else str(v)
 
@@ -403,7 +432,8 @@ def main(args) -> int:
     with open(os.path.join(args.out, "e2e.json"), "w") as f:
         json.dump({"rows": rows, "moe_layer": layers, **env}, f, indent=1)
     cols = ["A_shape", "B_shape", "recipe", "mode", "micro_batches", "bf16_e2e_us", "scaled_e2e_us", "scaled_e2e_speedup",
-            "bf16_fwd_us", "scaled_fwd_us", "scaled_fwd_speedup", "peak_mem_ratio"]
+            "bf16_fwd_us", "scaled_fwd_us", "scaled_fwd_speedup", "peak_mem_ratio", "torchao_e2e_us",
+            "scaled_vs_torchao_e2e"]
     print()
     print(_table(rows, cols) if rows else "no rows")
     for layer in layers:

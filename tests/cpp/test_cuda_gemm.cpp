@@ -426,6 +426,13 @@ TEST(CudaGemmTile128, SmallForwardAndWgrad) {  // the compute-sanitizer case
   bool unsupported = false;
   run_fwd_case({200, 96, 160, {0, 70, 81, 0}, MXMOE_DTYPE_F32, true}, 1, &unsupported);
   if (unsupported) GTEST_SKIP() << "tile128 GEMMs unsupported here: " << mxmoe_last_error();
+  for (const char* block_n : {"160", "192"}) {  // the own forward kernel's wider tiles: scale tiles straddled,
+    EnvGuard env;                                 // 64-byte TMA-store boxes (160, bf16), partial and whole
+    env.set("MXMOE_GEMM_SM90", "mxmoe-only");     // warpgroup halves, tail rows, CTA pairs
+    env.set("MXMOE_GEMM_BLOCK_N", block_n);
+    env.set("MXMOE_GEMM_CLUSTER", "2");
+    run_fwd_case({400, 352, 256, {130, 0, 200}, MXMOE_DTYPE_BF16, true}, 5, &unsupported);
+  }
   run_kg_case({96, 160, {37, 0, 130, 5}, MXMOE_DTYPE_F32, 3}, 2, &unsupported);  // M % 16 != 0: CUTLASS
   for (const char* cluster : {"1", "2"}) {
     EnvGuard env;  // the own wgrad kernel: unaligned group starts, tails, an empty group; at cluster 2
@@ -502,12 +509,12 @@ TEST(CudaGemmTile128, OwnSm90Kernel) {
       {1500, 96, 288, random_sizes(64, 1400, rng, true), MXMOE_DTYPE_BF16, true},  // G = 64, N < 128
       {777, 352, 416, random_sizes(16, 777, rng, false), MXMOE_DTYPE_F32, false},  // dgrad-like shape
       {256, 128, 128, {0, 0, 0}, MXMOE_DTYPE_F32, true},                            // all rows are tail
-      {100, 576, 256, {100}, MXMOE_DTYPE_F32, false},  // 5 (BlockN 128) or 3 (192) tiles: the last slot a ghost
+      {100, 576, 256, {100}, MXMOE_DTYPE_F32, false},  // 5 (BlockN 128), 4 (160: tile starts 0/32/64/96 mod 128) or 3 (192) tiles
       {3000, 256, 256, {2500, 3000}, MXMOE_DTYPE_BF16, true},  // groups of > 1024 rows: several bands, a short last one
   };
   uint32_t seed = 300;
   for (const char* cluster : {"2", "1"}) {
-    for (const char* block_n : {"128", "192"}) {
+    for (const char* block_n : {"128", "160", "192"}) {
       EnvGuard env;
       env.set("MXMOE_GEMM_SM90", "mxmoe-only");
       env.set("MXMOE_GEMM_CLUSTER", cluster);

@@ -22,12 +22,14 @@ namespace {
 
 template <class K>
 bool launch(const GroupedMRun& r) {
-  void (*kernel)(const CUtensorMap, const CUtensorMap, const sm90::GroupedMParams) = sm90::grouped_m_kernel<K>;
+  void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const sm90::GroupedMParams) =
+      sm90::grouped_m_kernel<K>;
   const int limit = sm90_prepare_smem(reinterpret_cast<const void*>(kernel), r.device);
   const size_t smem = K::smem_bytes(r.groups);
   if (smem > static_cast<size_t>(limit)) return false;
   const CUtensorMap ma = kmajor_map(r.a, r.k, r.m, r.k, 128);
   const CUtensorMap mb = kmajor_map(r.b, r.k, static_cast<uint64_t>(r.groups) * r.n, r.k, K::kBlockN / 2);
+  const CUtensorMap mo = output_map(r.out, r.out_bf16, r.m, r.n, K::kEpiBoxBytes);
   sm90::GroupedMParams p{};
   p.offs = r.offs;
   p.offs_s = r.offs_s;
@@ -64,7 +66,7 @@ bool launch(const GroupedMRun& r) {
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, ma, mb, p);
+  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, ma, mb, mo, p);
   if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess) fail_status(MXMOE_ERR_CUDA, "grouped_mm_tile128: kernel launch failed: ", cudaGetErrorString(e));
   return true;
@@ -74,16 +76,21 @@ bool launch(const GroupedMRun& r) {
 template <int BlockN, class Out>
 constexpr int stages() {
   constexpr int stage = (128 + BlockN) * 128;
-  constexpr int epi = 2 * 64 * (BlockN * static_cast<int>(sizeof(Out)) + (sizeof(Out) == 2 ? 16 : 32));
+  constexpr int epi = 2 * 64 * BlockN * static_cast<int>(sizeof(Out));  // the staged output boxes
   constexpr int n = (210 * 1024 - epi) / stage;
   return n > 6 ? 6 : n;
 }
 
 template <class Out, int Cluster>
 bool dispatch_n(const GroupedMRun& r) {
-  if (grouped_m_block_n(r.m, r.n, r.groups, r.sm_count) == 192)
-    return launch<sm90::GroupedM<192, stages<192, Out>(), Out, Cluster>>(r);
-  return launch<sm90::GroupedM<128, stages<128, Out>(), Out, Cluster>>(r);
+  switch (grouped_m_block_n(r.m, r.n, r.groups, r.sm_count)) {
+    case 192:
+      return launch<sm90::GroupedM<192, stages<192, Out>(), Out, Cluster>>(r);
+    case 160:
+      return launch<sm90::GroupedM<160, stages<160, Out>(), Out, Cluster>>(r);
+    default:
+      return launch<sm90::GroupedM<128, stages<128, Out>(), Out, Cluster>>(r);
+  }
 }
 
 template <class Out>

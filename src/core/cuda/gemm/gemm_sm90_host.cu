@@ -51,6 +51,24 @@ CUtensorMap kmajor_map(const void* base, uint64_t inner, uint64_t outer, uint64_
   return m;
 }
 
+CUtensorMap output_map(void* base, bool bf16, uint64_t rows, uint64_t cols, uint32_t box_bytes) {
+  CUtensorMap m;
+  std::memset(&m, 0, sizeof(m));
+  const uint64_t elem_bytes = bf16 ? 2 : 4;
+  const cuuint64_t dims[2] = {cols, rows};
+  const cuuint64_t strides[1] = {cols * elem_bytes};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_bytes / elem_bytes), 64};
+  const cuuint32_t elem[2] = {1, 1};
+  const CUresult r = encode_tiled()(
+      &m, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, base, dims, strides, box, elem,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, box_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+      CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    fail_status(MXMOE_ERR_CUDA, "grouped_mm_tile128: cuTensorMapEncodeTiled failed (", static_cast<int>(r),
+                ") for a ", rows, " x ", cols, " output");
+  return m;
+}
+
 namespace {
 
 int optin_smem(int device) {

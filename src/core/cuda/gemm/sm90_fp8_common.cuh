@@ -11,6 +11,9 @@
 
 #include "cute/arch/mma_sm90_desc.hpp"
 #include "cute/arch/mma_sm90_gmma.hpp"
+// The N = 160 wgmma shapes (BlockN 160) are in CuTe's extended set, which mma_sm90_gmma.hpp includes
+// only under CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED; included directly, for this folder's kernels alone.
+#include "cute/arch/mma_sm90_gmma_ext.hpp"
 #include "cuda/fast_div.cuh"
 
 namespace mxmoe {
@@ -37,6 +40,10 @@ struct WgmmaOp;
 template <>
 struct WgmmaOp<128> {
   using Op = cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>;
+};
+template <>
+struct WgmmaOp<160> {
+  using Op = cute::SM90::GMMA::MMA_64x160x32_F32E4M3E4M3_SS_TN<>;
 };
 template <>
 struct WgmmaOp<192> {
@@ -77,6 +84,26 @@ __device__ __forceinline__ void tma_load_2d_multicast(const CUtensorMap* map, ui
       :
       : "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar)), "h"(mask)
       : "memory");
+}
+
+// TMA store of a staged shared-memory box to the tensor at (c0, c1), in this thread's bulk group;
+// elements outside the tensor are not written.
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];"
+               :
+               : "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(src))
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// This thread's bulk stores have read their shared-memory sources (the buffer may be rewritten).
+__device__ __forceinline__ void bulk_wait_group_read0() {
+  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+// This thread's bulk stores are complete.
+__device__ __forceinline__ void bulk_wait_group0() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+// Shared memory written by ordinary stores, read next by the async proxy (TMA store, wgmma).
+__device__ __forceinline__ void fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
 template <class Op, int N, size_t... I>

@@ -11,8 +11,9 @@
 // shared-memory stages; 40 registers), warpgroups 1 and 2 each own 64 of the tile's 128 rows and
 // issue m64 x BlockN x k32 wgmmas from the staged tiles (232 registers). At BlockN 128 a math
 // thread holds two in-flight fp32 sets and the promoted sum, so k-block i is promoted while the
-// wgmmas of k-block i + 1 run; at BlockN 192 (13% less shared-memory traffic per FLOP; straddles
-// two weight-scale tiles, handled per 8-column chunk) one in-flight set. Optional clusters of 2
+// wgmmas of k-block i + 1 run; at BlockN 160 / 192 (10% / 13% less shared-memory traffic per FLOP;
+// a tile straddles two weight-scale tiles, handled per 8-column chunk) one in-flight set, the two
+// math warpgroups' wgmmas and promotions interleaving on the tensor cores instead. Optional clusters of 2
 // CTAs whose neighbouring m-tiles share a B tile load half of it each and multicast it. Group
 // boundaries cost nothing in the mainloop: a tile's TMA box starts at its group's row (any row, no
 // 128-alignment), rows of the next group or past M load as data or zeros and are masked when the
@@ -80,15 +81,25 @@ struct GroupedM {
   // Promotion of k-block i overlapped with the wgmmas of k-block i + 1 needs a second accumulator
   // set: 3 x 64 fp32 registers at BlockN 128 fit the 232 of a math thread, 3 x 96 at 192 do not.
   static constexpr bool kOverlap = kBlockN <= 128;
-  static_assert(kBlockN % 64 == 0 && kBlockN <= 256, "BlockN: a multiple of 64 (the weight-scale straddle)");
+  // BlockN 128, 160 or 192: a tile meets at most two 128-wide weight-scale tiles, and its 8-column
+  // chunks never straddle one (tile starts are multiples of 32).
+  static_assert(kBlockN == 128 || kBlockN == 160 || kBlockN == 192, "BlockN: 128, 160 or 192");
   static_assert(kStageBytes % 1024 == 0, "stages must keep the 1024-byte swizzle alignment");
   static_assert(kBlockN / 2 * kBlockK % 1024 == 0, "a half B tile must keep the swizzle alignment");
 
-  // Epilogue staging: each math warpgroup's 64 x BlockN output rows, padded by 16 bytes (bf16) or 32
-  // (f32) per row so the accumulator-layout writes hit distinct banks.
-  static constexpr int kEpiRowBytes = kBlockN * static_cast<int>(sizeof(Out)) + (sizeof(Out) == 2 ? 16 : 32);
-  static constexpr int kEpiBytes = 2 * 64 * kEpiRowBytes;
-  static_assert(kEpiBytes % 1024 == 0, "the epilogue buffer keeps the stages 1024-byte aligned");
+  // Epilogue staging: each math warpgroup's 64 x BlockN outputs in shared memory as the boxes of a TMA
+  // store: kEpiBoxes boxes of 64 rows x kEpiBoxBytes, each swizzled as the tensor map says (128-byte
+  // rows: 16-byte chunk c of row r at c ^ (r % 8); 64-byte rows: c ^ (r / 2 % 4)), which also keeps
+  // the accumulator-layout writes free of bank conflicts (bf16). 64-byte boxes where a row is not a
+  // whole number of 128-byte lines (BlockN 160 bf16).
+  static constexpr int kRowBytes = kBlockN * static_cast<int>(sizeof(Out));
+  static constexpr int kEpiBoxBytes = kRowBytes % 128 == 0 ? 128 : 64;
+  static constexpr int kEpiBoxes = kRowBytes / kEpiBoxBytes;
+  static constexpr int kEpiBoxCols = kEpiBoxBytes / static_cast<int>(sizeof(Out));
+  static constexpr int kEpiWgBytes = 64 * kRowBytes;
+  static constexpr int kEpiBytes = 2 * kEpiWgBytes;
+  static_assert(kRowBytes % kEpiBoxBytes == 0, "a staged row is a whole number of boxes");
+  static_assert(kEpiWgBytes % 1024 == 0, "the epilogue buffers keep the stages and the swizzle 1024-byte aligned");
 
   // Dynamic shared memory: 1024 alignment slack | stages | epilogue | full/empty barriers | group tables.
   static constexpr size_t smem_bytes(int groups) {
@@ -100,6 +111,16 @@ struct GroupedM {
 struct TileCoord {
   int g, row0, rows, n0;
 };
+
+// Byte offset of 16-byte chunk `ch` (of kRowBytes / 16) of row r (of 64) in a warpgroup's staged
+// epilogue: box ch / (box chunks), then the TMA swizzle of its 16-byte chunks inside the box row.
+template <class K>
+__device__ __forceinline__ int epi_offset(int r, int ch) {
+  constexpr int kBoxChunks = K::kEpiBoxBytes / 16;
+  const int box = ch / kBoxChunks, c = ch % kBoxChunks;
+  const int sw = K::kEpiBoxBytes == 128 ? (r & 7) : ((r >> 1) & 3);
+  return box * 64 * K::kEpiBoxBytes + r * K::kEpiBoxBytes + 16 * (c ^ sw);
+}
 
 // Tile t of the persistent order: groups in order, inside a group bands of kBand m-tiles swept
 // along N (consecutive CTAs share B tiles of one expert and A tiles of one band). g is advanced
@@ -130,7 +151,7 @@ __device__ __forceinline__ TileCoord tile_coord(int t, int& g, int nt, FastDiv b
 template <class K>
 __global__ void __launch_bounds__(K::kThreads, 1)
     grouped_m_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
-                     const GroupedMParams p) {
+                     const __grid_constant__ CUtensorMap tma_out, const GroupedMParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Op = typename WgmmaOp<K::kBlockN>::Op;
   using Out = typename K::Out;
@@ -376,13 +397,30 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         }
       }
       it += kblocks;
-      // Epilogue: + bias, rounded to Out into this warpgroup's shared buffer (accumulator layout),
-      // then read back as rows of 16-byte chunks, consecutive threads along a row: each quarter-warp
-      // store writes one whole 128-byte line instead of the accumulator layout's 8 half-used 32-byte
-      // sectors per instruction. Rows past the group and columns past N are masked (N % 16 == 0, so
-      // a 16-byte chunk is all in or all out).
-      uint8_t* epi = smem_epi + mw * 64 * K::kEpiRowBytes;
-      asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");  // the previous tile's read-out is done
+      // Epilogue: + bias, rounded to Out into this warpgroup's staged boxes (accumulator layout), then
+      // stored: by TMA when the warpgroup's 64 rows all belong to the group (columns past N are
+      // clipped by the tensor map; one thread issues the boxes and the warpgroup goes on to the next
+      // tile's wgmmas while the copy engine writes them), else read back as rows of 16-byte chunks
+      // and stored masked by the group's rows and N (rows of the next group must not be written;
+      // N % 16 == 0, so a 16-byte chunk is all in or all out).
+      uint8_t* epi = smem_epi + mw * K::kEpiWgBytes;
+      // The previous tile's boxes have been read out of this buffer (TMA store or copy-out).
+      if (lt == 0) bulk_wait_group_read0();
+      asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");
+      // Byte offset of this thread's pair (row lr, columns 8 j + 2 (lane % 4) + {0, 1}) in the staged
+      // boxes: box_j * 64 * box bytes + (t ^ 16 c_j), with t this thread's row, swizzle and byte in its
+      // 16-byte chunk, and box_j, c_j (the chunk of column 8 j inside its box) known per unrolled j.
+      // Row lr + 8 has the same swizzle (t + 8 box bytes). t is taken through an opaque copy so the
+      // compiler keeps one register instead of hoisting (and spilling) the 2 x kAcc / 4 addresses.
+      int t;
+      {
+        constexpr int kS = static_cast<int>(sizeof(Out));
+        const int lr = warp * 16 + lane / 4;  // row in this warpgroup's 64
+        const int b0 = 2 * (lane % 4) * kS;   // byte of the pair in column 8 j's 8 columns
+        const int sw = K::kEpiBoxBytes == 128 ? (lr & 7) : ((lr >> 1) & 3);
+        const int v = lr * K::kEpiBoxBytes + 16 * ((b0 / 16) ^ sw) + b0 % 16;
+        asm volatile("mov.b32 %0, %1;" : "=r"(t) : "r"(v));
+      }
 #pragma unroll
       for (int j = 0; j < K::kAcc / 4; ++j) {
         const int cl = 8 * j + 2 * (lane % 4);
@@ -400,33 +438,51 @@ __global__ void __launch_bounds__(K::kThreads, 1)
             by = bf[o + p.bias_s1];
           }
         }
-        const int lr = warp * 16 + lane / 4;  // row in this warpgroup's 64
-        store2(reinterpret_cast<Out*>(epi + lr * K::kEpiRowBytes) + cl, fin[4 * j + 0] + bx, fin[4 * j + 1] + by);
-        store2(reinterpret_cast<Out*>(epi + (lr + 8) * K::kEpiRowBytes) + cl, fin[4 * j + 2] + bx,
-               fin[4 * j + 3] + by);
+        constexpr int kBoxChunks = K::kEpiBoxBytes / 16;
+        const int chunk = j * 8 * static_cast<int>(sizeof(Out)) / 16;  // column 8 j's 16-byte chunk in the row
+        uint8_t* box = epi + chunk / kBoxChunks * 64 * K::kEpiBoxBytes;
+        const int cx = 16 * (chunk % kBoxChunks);
+        store2(reinterpret_cast<Out*>(box + (t ^ cx)), fin[4 * j + 0] + bx, fin[4 * j + 1] + by);
+        store2(reinterpret_cast<Out*>(box + ((t + 8 * K::kEpiBoxBytes) ^ cx)), fin[4 * j + 2] + bx, fin[4 * j + 3] + by);
       }
+      const int rows_here = c.rows - mw * 64;  // rows of this warpgroup's 64 inside the group
+      const bool whole = sl.store && rows_here >= 64;
+      if (whole) fence_async_shared();  // the staged boxes, written by this thread, are read by TMA next
       asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");
-      if (sl.store) {
-        constexpr int kChunksPerRow = K::kBlockN * static_cast<int>(sizeof(Out)) / 16;
-        const int rows_here = c.rows - mw * 64;  // rows of this warpgroup's 64 inside the group
-        const int cols_left = p.n - c.n0;        // columns < N in this tile
+      if (whole) {
+        if (lt == 0) {
+#pragma unroll
+          for (int b = 0; b < K::kEpiBoxes; ++b)
+            tma_store_2d(&tma_out, epi + b * 64 * K::kEpiBoxBytes, c.n0 + b * K::kEpiBoxCols, c.row0 + mw * 64);
+          bulk_commit_group();
+        }
+      } else if (sl.store && rows_here > 0) {
+        constexpr int kChunksPerRow = K::kRowBytes / 16;
+        const int cols_left = p.n - c.n0;  // columns < N in this tile
         // Chunk lt + 128 i of the warpgroup's 64 x kChunksPerRow, i < kChunks; unrolled, the shared reads
-        // of a batch are issued together (all in the buffer) and the global stores masked after them.
+        // of a batch are issued together and the global stores masked after them.
         constexpr int kChunks = 64 * kChunksPerRow / 128;
-        constexpr int kBatch = kChunks <= 8 ? kChunks : kChunks % 8 == 0 ? 8 : 6;  // 8, 16, 12 or 24 chunks
+        constexpr int kBatch = kChunks <= 8        ? kChunks
+                               : kChunks % 8 == 0 ? 8
+                               : kChunks % 6 == 0 ? 6
+                                                  : 5;  // 8, 16, 12, 24 (BlockN 128 / 192) or 10, 20 (160) chunks
         static_assert(64 * kChunksPerRow % 128 == 0 && kChunks % kBatch == 0, "copy-out chunks per thread");
+        // The chunk offsets depend on lt alone; computed here (an opaque copy of lt) rather than hoisted
+        // out of the tile loop by the compiler, where they would be held (spilled) through the mainloop.
+        int lt_here;
+        asm volatile("mov.b32 %0, %1;" : "=r"(lt_here) : "r"(lt));
 #pragma unroll
         for (int i0 = 0; i0 < kChunks; i0 += kBatch) {
           uint4 v[kBatch];
 #pragma unroll
           for (int i = 0; i < kBatch; ++i) {
-            const int q = lt + 128 * (i0 + i);
+            const int q = lt_here + 128 * (i0 + i);
             const int lr = q / kChunksPerRow, ch = q - lr * kChunksPerRow;
-            v[i] = *reinterpret_cast<const uint4*>(epi + lr * K::kEpiRowBytes + 16 * ch);
+            v[i] = *reinterpret_cast<const uint4*>(epi + epi_offset<K>(lr, ch));
           }
 #pragma unroll
           for (int i = 0; i < kBatch; ++i) {
-            const int q = lt + 128 * (i0 + i);
+            const int q = lt_here + 128 * (i0 + i);
             const int lr = q / kChunksPerRow, ch = q - lr * kChunksPerRow;
             const int cl = ch * (16 / static_cast<int>(sizeof(Out)));
             if (lr < rows_here && cl < cols_left)
@@ -436,6 +492,8 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         }
       }
     }
+    // The last boxes are written before the CTA leaves (its shared memory is their source).
+    if (lt == 0) bulk_wait_group0();
     // Rows past the last group are zero (the math threads of every CTA, 16-byte stores; N * sizeof(Out)
     // is a multiple of 16).
     const int64_t end = p.groups ? s_end[p.groups - 1] : 0;

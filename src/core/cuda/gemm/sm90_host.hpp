@@ -14,6 +14,10 @@ namespace gemm {
 // 128 bytes, 128-byte swizzle (the wgmma K-major layout), zeros outside the tensor.
 CUtensorMap kmajor_map(const void* base, uint64_t inner, uint64_t outer, uint64_t ld, uint32_t box_outer);
 
+// 2D bf16 (bf16 true) or f32 output (rows x cols, dense), TMA-store boxes of 64 rows x box_bytes
+// (128 or 64) with the swizzle of that width (the kernels stage their epilogue in that layout).
+CUtensorMap output_map(void* base, bool bf16, uint64_t rows, uint64_t cols, uint32_t box_bytes);
+
 // Sets the kernel's dynamic shared-memory limit (the opt-in maximum less its static shared memory)
 // once per device and kernel; returns that limit.
 int sm90_prepare_smem(const void* kernel, int device);

@@ -13,11 +13,11 @@ namespace gemm {
 // tile's work, a 192-wide tile doing 3% less work per unit time than a 128-wide one (measured at v3,
 // docs/perf/gemm.md: 13% fewer bytes per FLOP, but its two 96-register accumulator sets leave no
 // room for the overlapped promotion). Each group wastes ~half an m-tile.
-// MXMOE_GEMM_BLOCK_N=128|192 forces one (measurements).
+// MXMOE_GEMM_BLOCK_N=128|160|192 forces one (measurements).
 inline int grouped_m_block_n(int64_t m, int64_t n, int groups, int sm_count) {
   if (const char* e = std::getenv("MXMOE_GEMM_BLOCK_N")) {
     const int v = std::atoi(e);
-    if (v == 128 || v == 192) return v;
+    if (v == 128 || v == 160 || v == 192) return v;
   }
   const int64_t m_tiles = (m + 127) / 128 + groups / 2;
   const int64_t sms = sm_count > 0 ? sm_count : 132;
