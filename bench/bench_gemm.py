@@ -274,8 +274,8 @@ def sweep_scheduler(mx, label):
 
 
 def wgrad_prefers_own(M, N, K, G):
-    """grouped_k_prefer_own of src/core/cuda/gemm/sm90_tile_heuristics.hpp (CUTLASS by default)."""
-    return False
+    """grouped_k_prefer_own of src/core/cuda/gemm/sm90_tile_heuristics.hpp: the own kernel at K <= 1024."""
+    return K <= 1024
 
 
 def sm90_choice(pas, N, K, G, M, env=None):
@@ -286,16 +286,12 @@ def sm90_choice(pas, N, K, G, M, env=None):
     mode = env.get("MXMOE_GEMM_SM90", "") or "auto"
     if pas == "wgrad":  # the own K-grouped kernel takes every call with M % 16 == 0 (contiguous operands)
         own = mode in ("mxmoe", "mxmoe-only") or (mode == "auto" and wgrad_prefers_own(M, N, K, G))
-        return ("mxmoe_sm90_grouped_k", "128x128x128") if own and M % 16 == 0 else cutlass
-    if mode == "cutlass" or (mode == "auto" and not ((K <= 1024 and N <= 1536) or M >= 65536)):
+        cl = int(env["MXMOE_GEMM_CLUSTER"]) if env.get("MXMOE_GEMM_CLUSTER") in ("1", "2") else \
+            (2 if G > 0 and M // G >= 4096 else 1)
+        return ("mxmoe_sm90_grouped_k", f"128x128x128 cluster {cl}") if own and M % 16 == 0 else cutlass
+    if mode == "cutlass" or (mode == "auto" and not ((K <= 1024 and N <= 1536) or (M >= 65536 and K <= 2048))):
         return cutlass
-    bn = int(env["MXMOE_GEMM_BLOCK_N"]) if env.get("MXMOE_GEMM_BLOCK_N") in ("128", "160", "192") else None
-    if bn is None:
-        m_tiles, sms = (M + 127) // 128 + G // 2, 132
-
-        def cost(b, speed):
-            return -(-m_tiles * (-(-N // b)) // sms) * b / speed
-        bn = 192 if cost(192, 0.97) < cost(128, 1.0) else 128
+    bn = int(env["MXMOE_GEMM_BLOCK_N"]) if env.get("MXMOE_GEMM_BLOCK_N") in ("128", "160", "192") else 128
     cl = int(env["MXMOE_GEMM_CLUSTER"]) if env.get("MXMOE_GEMM_CLUSTER") in ("1", "2") else (2 if K >= 4096 else 1)
     return "mxmoe_sm90_grouped_m", f"128x{bn}x128 cluster {cl}"
 
@@ -492,6 +488,44 @@ def main():
           f"commit {commit}; {date}")
     print(f"mxmoe library: {getattr(LIB, '_name', '?')}")
 
+    def fmt(v, spec):
+        return format(v, spec) if v is not None else "n/a"
+
+    def emit(all_rows):
+        """Writes the JSON rows and the short table of what has been measured so far (called after every
+        shape, so a run stopped by its time limit keeps its rows)."""
+        out_rows = []
+        for r in all_rows:
+            out_rows.append({
+                "pass": r["pass_"], "recipe": RECIPE, "shape": r["shape"], "M": r["M"], "N": r["N"], "K": r["K"],
+                "G": r["G"], "mxmoe_us": r["mxmoe_us"], "bf16_us": r["bf16_us"], "fp8_rowwise_us": r["fp8_rowwise_us"],
+                "ratio_vs_bf16": r["ratio_vs_bf16"], "mxmoe_tflops": r["mxmoe_tflops"], "bf16_tflops": r["bf16_tflops"],
+                "fp8_rowwise_tflops": r["fp8_rowwise_tflops"], "groups": r["groups"], "stages": r["stages"],
+                "variants_us": r.get("variants_us"), "variants_kernel": r.get("variants_kernel"),
+                "kernel": r["kernel"], "tile": r["tile"],
+                # DeepGEMM beside mxmoe (issue 12) when the GPU machine can import it
+                "deepgemm_us": r.get("deepgemm_us"),
+                "date": date, "commit": commit, "device": device, "clocks": clocks, "torch": torch.__version__,
+            })
+        with open(args.json, "w") as f:
+            json.dump(out_rows, f, indent=1)
+        lines = [f"tile128 grouped GEMMs ({RECIPE}), {device}, clocks {clocks}, torch {torch.__version__}, "
+                 f"commit {commit}, {date}",
+                 "| pass | M | N | K | G | mxmoe us | TFLOP/s | bf16 us | TFLOP/s | fp8 rowwise us | TFLOP/s | deepgemm us "
+                 "| vs bf16 | vs deepgemm |",
+                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in out_rows:
+            lines.append(f"| {r['pass']} | {r['M']} | {r['N']} | {r['K']} | {r['G']}{'*' if r['groups'] else ''} | "
+                         f"{fmt(r['mxmoe_us'], '.0f')} | {fmt(r['mxmoe_tflops'], '.0f')} | {fmt(r['bf16_us'], '.0f')} | "
+                         f"{fmt(r['bf16_tflops'], '.0f')} | {fmt(r['fp8_rowwise_us'], '.0f')} | "
+                         f"{fmt(r['fp8_rowwise_tflops'], '.0f')} | {fmt(r['deepgemm_us'], '.0f')} | "
+                         f"{fmt(r['ratio_vs_bf16'], '.2f')}x | "
+                         f"{fmt(r['deepgemm_us'] / r['mxmoe_us'] if r['deepgemm_us'] and r['mxmoe_us'] else None, '.2f')}x |")
+        lines.append("(* jagged: random group sizes, some empty, not multiples of 32)")
+        with open(args.table, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        return lines
+
     all_rows = []
     for name, M, N, K, gs, jagged in SHAPES:
         if args.only and name not in args.only.split(","):
@@ -504,42 +538,8 @@ def main():
                 r.update(shape=name, groups=sizes if jagged else None,
                          stages={"kernels": stages.get(r["pass_"]), "sweep": stages.get(r["pass_"] + "_sweep")})
             all_rows += rows
-
-    out_rows = []
-    for r in all_rows:
-        out_rows.append({
-            "pass": r["pass_"], "recipe": RECIPE, "shape": r["shape"], "M": r["M"], "N": r["N"], "K": r["K"],
-            "G": r["G"], "mxmoe_us": r["mxmoe_us"], "bf16_us": r["bf16_us"], "fp8_rowwise_us": r["fp8_rowwise_us"],
-            "ratio_vs_bf16": r["ratio_vs_bf16"], "mxmoe_tflops": r["mxmoe_tflops"], "bf16_tflops": r["bf16_tflops"],
-            "fp8_rowwise_tflops": r["fp8_rowwise_tflops"], "groups": r["groups"], "stages": r["stages"],
-            "variants_us": r.get("variants_us"), "variants_kernel": r.get("variants_kernel"),
-            "kernel": r["kernel"], "tile": r["tile"],
-            # DeepGEMM beside mxmoe (issue 12; forward / dgrad) when the GPU machine can import it
-            "deepgemm_us": r.get("deepgemm_us"),
-            "date": date, "commit": commit, "device": device, "clocks": clocks, "torch": torch.__version__,
-        })
-    with open(args.json, "w") as f:
-        json.dump(out_rows, f, indent=1)
-
-    def fmt(v, spec):
-        return format(v, spec) if v is not None else "n/a"
-
-    lines = [f"tile128 grouped GEMMs ({RECIPE}), {device}, clocks {clocks}, torch {torch.__version__}, "
-             f"commit {commit}, {date}",
-             "| pass | M | N | K | G | mxmoe us | TFLOP/s | bf16 us | TFLOP/s | fp8 rowwise us | TFLOP/s | deepgemm us "
-             "| vs bf16 | vs deepgemm |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in out_rows:
-        lines.append(f"| {r['pass']} | {r['M']} | {r['N']} | {r['K']} | {r['G']}{'*' if r['groups'] else ''} | "
-                     f"{fmt(r['mxmoe_us'], '.0f')} | {fmt(r['mxmoe_tflops'], '.0f')} | {fmt(r['bf16_us'], '.0f')} | "
-                     f"{fmt(r['bf16_tflops'], '.0f')} | {fmt(r['fp8_rowwise_us'], '.0f')} | "
-                     f"{fmt(r['fp8_rowwise_tflops'], '.0f')} | {fmt(r['deepgemm_us'], '.0f')} | "
-                     f"{fmt(r['ratio_vs_bf16'], '.2f')}x | "
-                     f"{fmt(r['deepgemm_us'] / r['mxmoe_us'] if r['deepgemm_us'] and r['mxmoe_us'] else None, '.2f')}x |")
-    lines.append("(* jagged: random group sizes, some empty, not multiples of 32)")
-    with open(args.table, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+            emit(all_rows)
+    print("\n".join(emit(all_rows)))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """A few tile128 GEMM calls of one shape (for Nsight Compute; bench/bench_gemm.py's inputs).
-Usage: gemm_one_call.py M N K G [forward|wgrad] [jagged]
+Usage: gemm_one_call.py M N K G [forward|wgrad|deepgemm] [jagged]
   forward: out (M, N) = x (M, K) . w[g] (N, K)^T;  wgrad: out[g] (N, K) = dY^T (N, M) . x^T (K, M)^T
+  deepgemm: the forward through DeepGEMM's M-grouped contiguous kernel (bench_gemm.py's anchor; needs
+  deep_gemm importable), for a kernel-to-kernel profile beside mxmoe's
   jagged: bench_gemm.py's random group sizes (unaligned starts, some empty) instead of 128-multiples."""
 import os
 import sys
@@ -29,8 +31,12 @@ elif pas == "wgrad":
     out = torch.empty(G, N, K, device="cuda", dtype=torch.bfloat16)
     ws = bg.workspace(bg.LIB.mxmoe_grouped_mm_tile128_kgroups_workspace_size(M, N, K, G, 0))
     run = bg.mx_kg_call(dyt8, a_s, xt8, b_s, offs, out, ws)
+elif pas == "deepgemm":
+    run = bg.deepgemm_m_grouped(bg.fp8((M, K)), bg.fp8((G, N, K)), sizes, N)
+    if run is None:
+        raise SystemExit("deepgemm: deep_gemm is not importable")
 else:
-    raise SystemExit(f"pass: expected forward or wgrad, got {pas!r}")
+    raise SystemExit(f"pass: expected forward, wgrad or deepgemm, got {pas!r}")
 for _ in range(4):
     run()
 torch.cuda.synchronize()

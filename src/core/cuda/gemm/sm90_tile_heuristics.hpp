@@ -9,24 +9,21 @@ namespace mxmoe {
 namespace cuda {
 namespace gemm {
 
-// BlockN of the M-grouped kernel: 128 or 192. Cost model: waves of tiles over the SMs times the
-// tile's work, a 192-wide tile doing 3% less work per unit time than a 128-wide one (measured at v3,
-// docs/perf/gemm.md: 13% fewer bytes per FLOP, but its two 96-register accumulator sets leave no
-// room for the overlapped promotion). Each group wastes ~half an m-tile.
-// MXMOE_GEMM_BLOCK_N=128|160|192 forces one (measurements).
+// BlockN of the M-grouped kernel: 128. The wider tiles (fewer L2 -> SM bytes per FLOP, one
+// accumulator set instead of the overlapped two) measured slower on every BENCH.md shape at v6
+// (12f4b5f, docs/perf/gemm.md "v6 measured": BlockN 160 0.87-0.94x of 128 on the large shapes,
+// 0.84-0.89x on the fine-grained ones; 192 0.83-0.96x), so they are used only when forced:
+// MXMOE_GEMM_BLOCK_N=128|160|192 (measurements). The arguments stay for a shape-aware rule.
 inline int grouped_m_block_n(int64_t m, int64_t n, int groups, int sm_count) {
+  (void)m;
+  (void)n;
+  (void)groups;
+  (void)sm_count;
   if (const char* e = std::getenv("MXMOE_GEMM_BLOCK_N")) {
     const int v = std::atoi(e);
     if (v == 128 || v == 160 || v == 192) return v;
   }
-  const int64_t m_tiles = (m + 127) / 128 + groups / 2;
-  const int64_t sms = sm_count > 0 ? sm_count : 132;
-  auto cost = [&](int64_t bn, double speed) {
-    const int64_t tiles = m_tiles * ((n + bn - 1) / bn);
-    const int64_t waves = (tiles + sms - 1) / sms;
-    return static_cast<double>(waves) * static_cast<double>(bn) / speed;
-  };
-  return cost(192, 0.97) < cost(128, 1.0) ? 192 : 128;
+  return 128;
 }
 
 // CTAs per cluster of the M-grouped kernel: 2 (pairs share B tiles through TMA multicast) at
@@ -41,12 +38,13 @@ inline int grouped_m_cluster(int64_t k) {
 }
 
 // The default choice between the own kernel and CUTLASS's (MXMOE_GEMM_SM90 unset or "auto"): the
-// own kernel where it measured ahead at v5 (8eb5a37, docs/perf/gemm.md): fine-grained experts (K <=
-// 1024, N <= 1536: 1.09-1.33x the CUTLASS kernel) and every shape with M >= 64K rows (Qwen3-30B,
-// DeepSeek-V3, Llama-4-Scout: 0.99-1.08x); CUTLASS for the smaller-M shapes with wide N and K (seeds
-// and jagged at M 16K: the own kernel 0.93-1.00x there).
+// own kernel where it measured ahead at v6 (12f4b5f, docs/perf/gemm.md "v6 measured", same run):
+// fine-grained experts (K <= 1024, N <= 1536: 1.18-1.42x the CUTLASS kernel) and M >= 64K rows with a
+// reduction of <= 2048 (Qwen3-30B-A3B's forward / dgrad 1.05-1.13x, DeepSeek-V3's dgrad 1.06-1.13x);
+// CUTLASS elsewhere (seeds, jagged and Llama-4-Scout-like shapes: own 0.88-1.01x; DeepSeek-V3's
+// forward 0.98-1.01x).
 inline bool grouped_m_prefer_own(int64_t m, int64_t n, int64_t k) {
-  return (k <= 1024 && n <= 1536) || m >= 65536;
+  return (k <= 1024 && n <= 1536) || (m >= 65536 && k <= 2048);
 }
 
 // CTAs per cluster of the K-grouped (wgrad) kernel: 2 (pairs share B boxes through TMA multicast)
@@ -60,18 +58,17 @@ inline int grouped_k_cluster(int64_t m, int groups) {
   return groups > 0 && m / groups >= 4096 ? 2 : 1;
 }
 
-// The default choice for the wgrad (MXMOE_GEMM_SM90 unset or "auto"): CUTLASS's kernel. The own
-// K-grouped kernel (sm90_fp8_grouped_k_1x128_1x128.cuh, "mxmoe" / "mxmoe-only") measured at v1c
-// (docs/perf/gemm.md, "wgrad v1"): 1.01-1.08x CUTLASS on the fine-grained shapes with 128-aligned
-// groups, 0.69-0.95x on the large ones, 0.37-0.48x where group starts are not 16-aligned (jagged,
-// Qwen3-30B: the shared-memory patch of every box); group alignment is known only on the device, so
-// no host rule can pick it safely yet.
+// The default choice for the wgrad (MXMOE_GEMM_SM90 unset or "auto"): the own K-grouped kernel
+// (sm90_fp8_grouped_k_1x128_1x128.cuh) where its output rows are short, K <= 1024: it measured
+// 1.07-1.17x CUTLASS's there at v3 (12f4b5f, docs/perf/gemm.md "v6 measured": fine-grained gate_up /
+// down, Qwen3-30B-A3B's down, with unaligned group starts too); CUTLASS elsewhere (own 0.76-0.94x on
+// the seeds, Llama-4-Scout, DeepSeek-V3, jagged and Qwen3-30B gate_up shapes). The kernel itself
+// declines calls it cannot take (M % 16 != 0, unaligned operands), which then go to CUTLASS.
 inline bool grouped_k_prefer_own(int64_t m, int64_t n, int64_t k, int groups) {
   (void)m;
   (void)n;
-  (void)k;
   (void)groups;
-  return false;
+  return k <= 1024;
 }
 
 }  // namespace gemm
