@@ -47,10 +47,11 @@ case $part in
       MXMOE_GEMM_SM90=mxmoe timeout 60 ncu --clock-control none --kernel-name "regex:$kern" --launch-skip 2 \
         --launch-count 1 --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
         --section MemoryWorkloadAnalysis --metrics "l1tex__m_xbar2l1tex_read_bytes.sum.per_second" \
-        python3 scripts/diag/gemm_one_call.py 32768 8192 5120 2 $pas > "$OUT/ncu-fwd-$label.txt" 2>&1
+        python3 scripts/diag/gemm_one_call.py 32768 8192 5120 2 $pas > "/tmp/ncu-fwd-$label.txt" 2>&1
+      { echo "== ncu forward 32768 x 8192 x 5120, G 2: $label"; cat "/tmp/ncu-fwd-$label.txt"; } >> "$OUT/ncu-fwd.txt"
       echo "== ncu forward 32768 x 8192 x 5120, G 2: $label"
       grep -E "Duration|SM Frequency|Compute \(SM\) Throughput|L2 Cache Throughput|DRAM Throughput|xbar2l1tex|Issue Slots Busy|Executed Ipc Active|Warp Cycles Per Issued|highest-utilized|Registers Per|Block Size|Grid Size" \
-        "$OUT/ncu-fwd-$label.txt" | sed -E 's/ +/ /g' | head -14
+        "/tmp/ncu-fwd-$label.txt" | sed -E 's/ +/ /g' | head -14
     done
     ;;
   *) echo "part: expected tests or gemm, got $part"; exit 2 ;;
