@@ -680,7 +680,9 @@ def main(args: argparse.Namespace) -> int:
     if cfg.distributed:
         from .distributed import launch
 
-        if launch.rank() != 0:
+        is_rank0 = launch.rank() == 0
+        launch.finish()
+        if not is_rank0:
             return 0
     print(format_report(rep))
     print("wrote " + ", ".join(write_outputs(rep, args.out)))
