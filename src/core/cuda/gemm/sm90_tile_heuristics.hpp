@@ -39,12 +39,13 @@ inline int grouped_m_cluster(int64_t k) {
 
 // The default choice between the own kernel and CUTLASS's (MXMOE_GEMM_SM90 unset or "auto"): the
 // own kernel where it measured ahead at v6 (12f4b5f, docs/perf/gemm.md "v6 measured", same run):
-// fine-grained experts (K <= 1024, N <= 1536: 1.18-1.42x the CUTLASS kernel) and M >= 64K rows with a
+// fine-grained experts (K, N <= 1536: 1.18-1.42x the CUTLASS kernel, the gate_up dgrad's K 1536 too)
+// and M >= 64K rows with a
 // reduction of <= 2048 (Qwen3-30B-A3B's forward / dgrad 1.05-1.13x, DeepSeek-V3's dgrad 1.06-1.13x);
 // CUTLASS elsewhere (seeds, jagged and Llama-4-Scout-like shapes: own 0.88-1.01x; DeepSeek-V3's
 // forward 0.98-1.01x).
 inline bool grouped_m_prefer_own(int64_t m, int64_t n, int64_t k) {
-  return (k <= 1024 && n <= 1536) || (m >= 65536 && k <= 2048);
+  return (k <= 1536 && n <= 1536) || (m >= 65536 && k <= 2048);
 }
 
 // CTAs per cluster of the K-grouped (wgrad) kernel: 2 (pairs share B boxes through TMA multicast)
