@@ -570,7 +570,7 @@ void grouped_mm_tile128_kgroups(const GroupedMMKArgs& a, void* workspace, int64_
   // kernel, group tables built on the device; MXMOE_GEMM_SM90 picks it or CUTLASS as for the forward.
   const gemm::Sm90Kernel choice = gemm::sm90_kernel_choice();
   if (choice == gemm::Sm90Kernel::kOwn || choice == gemm::Sm90Kernel::kOwnOnly ||
-      (choice == gemm::Sm90Kernel::kAuto && gemm::sm90_prefers_own_wgrad(M, N, K, G))) {
+      (choice == gemm::Sm90Kernel::kAuto && gemm::sm90_prefers_own_wgrad(K))) {
     gemm::GroupedKRun r;
     r.m = M;
     r.n = N;

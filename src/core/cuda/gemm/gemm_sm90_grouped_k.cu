@@ -74,8 +74,8 @@ constexpr int stages() {
 
 }  // namespace
 
-bool sm90_prefers_own_wgrad(int64_t m, int64_t n, int64_t k, int groups) {
-  return grouped_k_prefer_own(m, n, k, groups);
+bool sm90_prefers_own_wgrad(int64_t k) {
+  return grouped_k_prefer_own(k);
 }
 
 bool sm90_grouped_k(const GroupedKRun& r) {

@@ -83,7 +83,7 @@ constexpr int stages() {
 
 template <class Out, int Cluster>
 bool dispatch_n(const GroupedMRun& r) {
-  switch (grouped_m_block_n(r.m, r.n, r.groups, r.sm_count)) {
+  switch (grouped_m_block_n()) {
     case 192:
       return launch<sm90::GroupedM<192, stages<192, Out>(), Out, Cluster>>(r);
     case 160:

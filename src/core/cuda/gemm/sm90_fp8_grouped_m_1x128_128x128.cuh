@@ -112,14 +112,20 @@ struct TileCoord {
   int g, row0, rows, n0;
 };
 
+// The TMA swizzle of the staged epilogue's boxes: row r's 16-byte chunk c sits at chunk c ^ swizzle(r)
+// (128-byte rows: r % 8; 64-byte rows: r / 2 % 4).
+template <class K>
+__device__ __forceinline__ int epi_swizzle(int r) {
+  return K::kEpiBoxBytes == 128 ? (r & 7) : ((r >> 1) & 3);
+}
+
 // Byte offset of 16-byte chunk `ch` (of kRowBytes / 16) of row r (of 64) in a warpgroup's staged
-// epilogue: box ch / (box chunks), then the TMA swizzle of its 16-byte chunks inside the box row.
+// epilogue: box ch / (box chunks), then the swizzled chunk inside the box row.
 template <class K>
 __device__ __forceinline__ int epi_offset(int r, int ch) {
   constexpr int kBoxChunks = K::kEpiBoxBytes / 16;
   const int box = ch / kBoxChunks, c = ch % kBoxChunks;
-  const int sw = K::kEpiBoxBytes == 128 ? (r & 7) : ((r >> 1) & 3);
-  return box * 64 * K::kEpiBoxBytes + r * K::kEpiBoxBytes + 16 * (c ^ sw);
+  return box * 64 * K::kEpiBoxBytes + r * K::kEpiBoxBytes + 16 * (c ^ epi_swizzle<K>(r));
 }
 
 // Tile t of the persistent order: groups in order, inside a group bands of kBand m-tiles swept
@@ -417,8 +423,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         constexpr int kS = static_cast<int>(sizeof(Out));
         const int lr = warp * 16 + lane / 4;  // row in this warpgroup's 64
         const int b0 = 2 * (lane % 4) * kS;   // byte of the pair in column 8 j's 8 columns
-        const int sw = K::kEpiBoxBytes == 128 ? (lr & 7) : ((lr >> 1) & 3);
-        const int v = lr * K::kEpiBoxBytes + 16 * ((b0 / 16) ^ sw) + b0 % 16;
+        const int v = lr * K::kEpiBoxBytes + 16 * ((b0 / 16) ^ epi_swizzle<K>(lr)) + b0 % 16;
         asm volatile("mov.b32 %0, %1;" : "=r"(t) : "r"(v));
       }
 #pragma unroll

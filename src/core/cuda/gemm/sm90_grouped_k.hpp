@@ -35,7 +35,7 @@ struct GroupedKRun {
 
 // Whether the default (MXMOE_GEMM_SM90 unset or "auto") runs this kernel for the wgrad
 // (sm90_tile_heuristics.hpp).
-bool sm90_prefers_own_wgrad(int64_t m, int64_t n, int64_t k, int groups);
+bool sm90_prefers_own_wgrad(int64_t k);
 
 // Launches the kernel on r.stream and returns true, or returns false having launched nothing when
 // the call is outside what the kernel takes (M = 0, row strides or bases not 16-byte aligned, K not

@@ -13,12 +13,8 @@ namespace gemm {
 // accumulator set instead of the overlapped two) measured slower on every BENCH.md shape at v6
 // (12f4b5f, docs/perf/gemm.md "v6 measured": BlockN 160 0.87-0.94x of 128 on the large shapes,
 // 0.84-0.89x on the fine-grained ones; 192 0.83-0.96x), so they are used only when forced:
-// MXMOE_GEMM_BLOCK_N=128|160|192 (measurements). The arguments stay for a shape-aware rule.
-inline int grouped_m_block_n(int64_t m, int64_t n, int groups, int sm_count) {
-  (void)m;
-  (void)n;
-  (void)groups;
-  (void)sm_count;
+// MXMOE_GEMM_BLOCK_N=128|160|192 (measurements).
+inline int grouped_m_block_n() {
   if (const char* e = std::getenv("MXMOE_GEMM_BLOCK_N")) {
     const int v = std::atoi(e);
     if (v == 128 || v == 160 || v == 192) return v;
@@ -40,8 +36,8 @@ inline int grouped_m_cluster(int64_t k) {
 // The default choice between the own kernel and CUTLASS's (MXMOE_GEMM_SM90 unset or "auto"): the
 // own kernel where it measured ahead at v6 (12f4b5f, docs/perf/gemm.md "v6 measured", same run):
 // fine-grained experts (K, N <= 1536: 1.18-1.42x the CUTLASS kernel, the gate_up dgrad's K 1536 too)
-// and M >= 64K rows with a
-// reduction of <= 2048 (Qwen3-30B-A3B's forward / dgrad 1.05-1.13x, DeepSeek-V3's dgrad 1.06-1.13x);
+// and M >= 64K rows with a reduction of <= 2048 (Qwen3-30B-A3B's forward / dgrad 1.05-1.13x,
+// DeepSeek-V3's dgrad 1.06-1.13x);
 // CUTLASS elsewhere (seeds, jagged and Llama-4-Scout-like shapes: own 0.88-1.01x; DeepSeek-V3's
 // forward 0.98-1.01x).
 inline bool grouped_m_prefer_own(int64_t m, int64_t n, int64_t k) {
@@ -65,12 +61,7 @@ inline int grouped_k_cluster(int64_t m, int groups) {
 // down, Qwen3-30B-A3B's down, with unaligned group starts too); CUTLASS elsewhere (own 0.76-0.94x on
 // the seeds, Llama-4-Scout, DeepSeek-V3, jagged and Qwen3-30B gate_up shapes). The kernel itself
 // declines calls it cannot take (M % 16 != 0, unaligned operands), which then go to CUTLASS.
-inline bool grouped_k_prefer_own(int64_t m, int64_t n, int64_t k, int groups) {
-  (void)m;
-  (void)n;
-  (void)groups;
-  return k <= 1024;
-}
+inline bool grouped_k_prefer_own(int64_t k) { return k <= 1024; }
 
 }  // namespace gemm
 }  // namespace cuda
