@@ -314,14 +314,19 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       const uint8_t* sb0 = p.b_scale + c.g * p.bs_s0 + static_cast<int64_t>(ib0) * 128 * p.bs_s1;
       const uint8_t* sb1 = p.b_scale + c.g * p.bs_s0 + static_cast<int64_t>(ib1) * 128 * p.bs_s1;
       const int jb = (128 - c.n0 % 128) / 8;  // 8-column chunks [0, jb) are in weight tile ib0
-      // Per k-block: wait for its stage, issue its 4 wgmmas into `a` (async), later wait, release
-      // the stage to both producers and promote `a` into fin with the block's two scales. The scale
-      // bytes of a k-block are loaded when its wgmmas are issued and converted at its promotion,
-      // so their latency hides behind tensor-core work.
+      // Scales, 4 k-blocks per load: lane q of each quad (the 4 lanes holding the same rows) loads the
+      // scale bytes of k-block kb4 + q, and a k-block's scale products reach the quad by shuffle. One
+      // row's bytes of 4 k-blocks sit in one 16-byte span, so a warp's load touches 8 cache lines per 4
+      // k-blocks instead of per k-block: the scale loads were ~17 L1 wavefronts per warp and k-block,
+      // on the same data path as the wgmmas' shared-memory operand reads and the TMA writes.
       struct ScaleBytes {
         uint32_t a0, a1, b0, b1;
       };
-      auto load_scales = [&](int kb) {
+      struct ScaleProducts {
+        float s00, s10, s01, s11;  // (row r0 / r0 + 8) x (weight tile ib0 / ib1)
+      };
+      auto load_scales = [&](int kb4) {
+        const int kb = min(kb4 + (lane & 3), kblocks - 1);  // past the last k-block: a harmless reload
         ScaleBytes e;
         e.a0 = __ldg(sa0 + 4 * kb);
         e.a1 = __ldg(sa1 + 4 * kb);
@@ -329,21 +334,49 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         e.b1 = K::kBlockN > 128 ? __ldg(sb1 + 4 * kb) : 0u;
         return e;
       };
+      auto products = [&](const ScaleBytes& e) {
+        const float a0 = e8m0_f32(e.a0), a1 = e8m0_f32(e.a1), b0 = e8m0_f32(e.b0);
+        const float b1 = K::kBlockN > 128 ? e8m0_f32(e.b1) : b0;
+        return ScaleProducts{a0 * b0, a1 * b0, a0 * b1, a1 * b1};
+      };
+      // This lane's products of its quad's k-block group (cur) and the bytes of the next group (raw,
+      // loaded 4 k-blocks before they are used).
+      ScaleBytes raw = load_scales(0);
+      ScaleProducts cur{};
+      // The products of k-block kb, taken from lane kb % 4 of this quad; at a group's first k-block the
+      // group's products are formed and the next group's bytes are loaded.
+      auto scales_of = [&](int kb) {
+        if ((kb & 3) == 0) {
+          cur = products(raw);
+          raw = load_scales(kb + 4);
+        }
+        const int src = (lane & ~3) | (kb & 3);
+        ScaleProducts t;
+        t.s00 = __shfl_sync(0xffffffffu, cur.s00, src);
+        t.s10 = __shfl_sync(0xffffffffu, cur.s10, src);
+        t.s01 = K::kBlockN > 128 ? __shfl_sync(0xffffffffu, cur.s01, src) : t.s00;
+        t.s11 = K::kBlockN > 128 ? __shfl_sync(0xffffffffu, cur.s11, src) : t.s10;
+        return t;
+      };
+      // Per k-block: wait for its stage, issue its 4 wgmmas into `a` (async), later wait, release the
+      // stage to both producers and promote `a` into fin with the block's scale products (taken
+      // before the wait). The wgmma descriptors are the stage-0 ones plus the stage's and the k32
+      // step's offsets (16-byte units).
+      const uint64_t da0 = kmajor_sw128_desc(smem_a + mw * 64 * K::kBlockK), db0 = kmajor_sw128_desc(smem_b);
       auto issue = [&](uint32_t i, float(&a)[K::kAcc]) {
         const int s = i % K::kStages;
         cutlass::arch::ClusterBarrier::wait(&full[s], (i / K::kStages) & 1);
 #pragma unroll
         for (int q = 0; q < K::kAcc; ++q) cute::warpgroup_fence_operand(a[q]);
         cute::warpgroup_arrive();
-        const uint8_t* ta = smem_a + s * K::kABytes + mw * 64 * K::kBlockK;
-        const uint8_t* tb = smem_b + s * K::kBBytes;
+        const uint64_t da = da0 + static_cast<uint32_t>(s * (K::kABytes / 16));
+        const uint64_t db = db0 + static_cast<uint32_t>(s * (K::kBBytes / 16));
 #pragma unroll
         for (int j = 0; j < K::kBlockK / 32; ++j)
-          wgmma<Op>(kmajor_sw128_desc(ta + 32 * j), kmajor_sw128_desc(tb + 32 * j), a, j > 0,
-                    std::make_index_sequence<K::kAcc>{});
+          wgmma<Op>(da + 2 * j, db + 2 * j, a, j > 0, std::make_index_sequence<K::kAcc>{});
         cute::warpgroup_commit_batch();
       };
-      auto retire = [&](uint32_t i, float(&a)[K::kAcc], const ScaleBytes& e) {
+      auto retire = [&](uint32_t i, float(&a)[K::kAcc], const ScaleProducts& e) {
 #pragma unroll
         for (int q = 0; q < K::kAcc; ++q) cute::warpgroup_fence_operand(a[q]);
         if (lane == 0) {
@@ -352,13 +385,10 @@ __global__ void __launch_bounds__(K::kThreads, 1)
           if constexpr (K::kCluster > 1)
             cutlass::arch::ClusterBarrier::arrive(&empty[s], static_cast<uint32_t>(1 - rank), 1u);
         }
-        const float a0 = e8m0_f32(e.a0), a1 = e8m0_f32(e.a1), b0 = e8m0_f32(e.b0);
-        const float b1 = K::kBlockN > 128 ? e8m0_f32(e.b1) : b0;
-        const float s00 = a0 * b0, s10 = a1 * b0, s01 = a0 * b1, s11 = a1 * b1;
 #pragma unroll
         for (int j = 0; j < K::kAcc / 4; ++j) {
           const bool first = K::kBlockN == 128 || j < jb;
-          const float t0 = first ? s00 : s01, t1 = first ? s10 : s11;
+          const float t0 = first ? e.s00 : e.s01, t1 = first ? e.s10 : e.s11;
           fin[4 * j + 0] = fmaf(a[4 * j + 0], t0, fin[4 * j + 0]);
           fin[4 * j + 1] = fmaf(a[4 * j + 1], t0, fin[4 * j + 1]);
           fin[4 * j + 2] = fmaf(a[4 * j + 2], t1, fin[4 * j + 2]);
@@ -368,38 +398,37 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       if constexpr (K::kOverlap) {
         // Two wgmma accumulator sets: k-block kb + 1 is issued before k-block kb is promoted, so the
         // tensor cores have work queued while the FFMAs run (wait<1>: only the older group done).
-        ScaleBytes e0 = load_scales(0), e1{};
         issue(it, acc);
         int kb = 0;
         for (; kb + 2 < kblocks; kb += 2) {  // k-blocks kb + 1 and kb + 2 exist
-          e1 = load_scales(kb + 1);
           issue(it + kb + 1, acc2);
+          const ScaleProducts e0 = scales_of(kb);
           cute::warpgroup_wait<1>();
           retire(it + kb, acc, e0);
-          e0 = load_scales(kb + 2);
           issue(it + kb + 2, acc);
+          const ScaleProducts e1 = scales_of(kb + 1);
           cute::warpgroup_wait<1>();
           retire(it + kb + 1, acc2, e1);
         }
         if (kb + 1 < kblocks) {  // two k-blocks left: kb (in flight in acc) and kb + 1
-          e1 = load_scales(kb + 1);
           issue(it + kb + 1, acc2);
+          const ScaleProducts e0 = scales_of(kb);
           cute::warpgroup_wait<1>();
           retire(it + kb, acc, e0);
+          const ScaleProducts e1 = scales_of(kb + 1);
           cute::warpgroup_wait<0>();
           retire(it + kb + 1, acc2, e1);
         } else {
+          const ScaleProducts e0 = scales_of(kb);
           cute::warpgroup_wait<0>();
           retire(it + kb, acc, e0);
         }
       } else {
-        ScaleBytes e = load_scales(0);
         for (int kb = 0; kb < kblocks; ++kb) {
-          const ScaleBytes cur = e;
-          if (kb + 1 < kblocks) e = load_scales(kb + 1);
           issue(it + kb, acc);
+          const ScaleProducts e = scales_of(kb);
           cute::warpgroup_wait<0>();
-          retire(it + kb, acc, cur);
+          retire(it + kb, acc, e);
         }
       }
       it += kblocks;
