@@ -62,7 +62,7 @@ struct GroupedMParams {
   FastDiv band_div;  // division by the tiles of a full band, kBand * ceil(N / BlockN) (host-computed)
 };
 
-template <int BlockN_, int Stages_, class Out_, int Cluster_ = 1>
+template <int BlockN_, int Stages_, class Out_, int Cluster_ = 1, bool Overlap_ = (BlockN_ <= 128)>
 struct GroupedM {
   using Out = Out_;
   static constexpr int kBlockN = BlockN_;
@@ -80,7 +80,9 @@ struct GroupedM {
   static constexpr int kBand = 8;           // m-tiles per band of the tile order (L2 reuse of A and B)
   // Promotion of k-block i overlapped with the wgmmas of k-block i + 1 needs a second accumulator
   // set: 3 x 64 fp32 registers at BlockN 128 fit the 232 of a math thread, 3 x 96 at 192 do not.
-  static constexpr bool kOverlap = kBlockN <= 128;
+  // (Overlap_ = false at BlockN 128: one set, each k-block promoted after its wgmmas, as at 160 / 192.)
+  static constexpr bool kOverlap = Overlap_;
+  static_assert(!kOverlap || kBlockN <= 128, "two accumulator sets fit only at BlockN 128");
   // BlockN 128, 160 or 192: a tile meets at most two 128-wide weight-scale tiles, and its 8-column
   // chunks never straddle one (tile starts are multiples of 32).
   static_assert(kBlockN == 128 || kBlockN == 160 || kBlockN == 192, "BlockN: 128, 160 or 192");
@@ -110,6 +112,20 @@ struct GroupedM {
 
 struct TileCoord {
   int g, row0, rows, n0;
+};
+
+// A position in the ring of shared-memory stages: stage s, in a pass of parity ph. Every side takes the
+// k-blocks in order, so a position only ever advances by one (no division by the stage count).
+template <int Stages>
+struct RingPos {
+  int s = 0;
+  uint32_t ph = 0;
+  __device__ __forceinline__ void advance() {
+    if (++s == Stages) {
+      s = 0;
+      ph ^= 1u;
+    }
+  }
 };
 
 // The TMA swizzle of the staged epilogue's boxes: row r's 16-byte chunk c sits at chunk c ^ swizzle(r)
@@ -266,15 +282,15 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     // Producer: one thread streams every tile's k-blocks through the stage ring.
     cutlass::arch::warpgroup_reg_dealloc<40>();
     if (tid == 0) {
-      uint32_t it = 0;
+      RingPos<K::kStages> rp;
       int g_mine = 0, g_peer = 0;
       for (int P = cluster; P < slots; P += clusters) {
         const Slot sl = slot(P, g_mine, g_peer);
         if (K::kCluster == 1 && !sl.store) break;
         const int brow = sl.c.g * p.n + sl.c.n0;
-        for (int kb = 0; kb < kblocks; ++kb, ++it) {
-          const int s = it % K::kStages;
-          const uint32_t ph = (it / K::kStages) & 1;
+        for (int kb = 0; kb < kblocks; ++kb, rp.advance()) {
+          const int s = rp.s;
+          const uint32_t ph = rp.ph;
           cutlass::arch::ClusterBarrier::wait(&empty[s], ph ^ 1);
           cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[s], K::kStageBytes);
           const int k0 = kb * K::kBlockK;
@@ -299,7 +315,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     const int nb = (p.n + 127) / 128;
     float acc[K::kAcc], fin[K::kAcc];
     float acc2[K::kOverlap ? K::kAcc : 1];  // the second in-flight set (overlapped promotion only)
-    uint32_t it = 0;
+    RingPos<K::kStages> ri, rr;  // the next k-block to issue and the next to retire
     int g_mine = 0, g_peer = 0;
     for (int P = cluster; P < slots; P += clusters) {
       const Slot sl = slot(P, g_mine, g_peer);
@@ -363,9 +379,10 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       // before the wait). The wgmma descriptors are the stage-0 ones plus the stage's and the k32
       // step's offsets (16-byte units).
       const uint64_t da0 = kmajor_sw128_desc(smem_a + mw * 64 * K::kBlockK), db0 = kmajor_sw128_desc(smem_b);
-      auto issue = [&](uint32_t i, float(&a)[K::kAcc]) {
-        const int s = i % K::kStages;
-        cutlass::arch::ClusterBarrier::wait(&full[s], (i / K::kStages) & 1);
+      auto issue = [&](float(&a)[K::kAcc]) {
+        const int s = ri.s;
+        cutlass::arch::ClusterBarrier::wait(&full[s], ri.ph);
+        ri.advance();
 #pragma unroll
         for (int q = 0; q < K::kAcc; ++q) cute::warpgroup_fence_operand(a[q]);
         cute::warpgroup_arrive();
@@ -376,11 +393,12 @@ __global__ void __launch_bounds__(K::kThreads, 1)
           wgmma<Op>(da + 2 * j, db + 2 * j, a, j > 0, std::make_index_sequence<K::kAcc>{});
         cute::warpgroup_commit_batch();
       };
-      auto retire = [&](uint32_t i, float(&a)[K::kAcc], const ScaleProducts& e) {
+      auto retire = [&](float(&a)[K::kAcc], const ScaleProducts& e) {
 #pragma unroll
         for (int q = 0; q < K::kAcc; ++q) cute::warpgroup_fence_operand(a[q]);
+        const int s = rr.s;
+        rr.advance();
         if (lane == 0) {
-          const int s = i % K::kStages;
           cutlass::arch::ClusterBarrier::arrive(&empty[s]);
           if constexpr (K::kCluster > 1)
             cutlass::arch::ClusterBarrier::arrive(&empty[s], static_cast<uint32_t>(1 - rank), 1u);
@@ -398,40 +416,39 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       if constexpr (K::kOverlap) {
         // Two wgmma accumulator sets: k-block kb + 1 is issued before k-block kb is promoted, so the
         // tensor cores have work queued while the FFMAs run (wait<1>: only the older group done).
-        issue(it, acc);
+        issue(acc);
         int kb = 0;
         for (; kb + 2 < kblocks; kb += 2) {  // k-blocks kb + 1 and kb + 2 exist
-          issue(it + kb + 1, acc2);
+          issue(acc2);
           const ScaleProducts e0 = scales_of(kb);
           cute::warpgroup_wait<1>();
-          retire(it + kb, acc, e0);
-          issue(it + kb + 2, acc);
+          retire(acc, e0);
+          issue(acc);
           const ScaleProducts e1 = scales_of(kb + 1);
           cute::warpgroup_wait<1>();
-          retire(it + kb + 1, acc2, e1);
+          retire(acc2, e1);
         }
         if (kb + 1 < kblocks) {  // two k-blocks left: kb (in flight in acc) and kb + 1
-          issue(it + kb + 1, acc2);
+          issue(acc2);
           const ScaleProducts e0 = scales_of(kb);
           cute::warpgroup_wait<1>();
-          retire(it + kb, acc, e0);
+          retire(acc, e0);
           const ScaleProducts e1 = scales_of(kb + 1);
           cute::warpgroup_wait<0>();
-          retire(it + kb + 1, acc2, e1);
+          retire(acc2, e1);
         } else {
           const ScaleProducts e0 = scales_of(kb);
           cute::warpgroup_wait<0>();
-          retire(it + kb, acc, e0);
+          retire(acc, e0);
         }
       } else {
         for (int kb = 0; kb < kblocks; ++kb) {
-          issue(it + kb, acc);
+          issue(acc);
           const ScaleProducts e = scales_of(kb);
           cute::warpgroup_wait<0>();
-          retire(it + kb, acc, e);
+          retire(acc, e);
         }
       }
-      it += kblocks;
       // Epilogue: + bias, rounded to Out into this warpgroup's staged boxes (accumulator layout), then
       // stored: by TMA when the warpgroup's 64 rows all belong to the group (columns past N are
       // clipped by the tensor map; one thread issues the boxes and the warpgroup goes on to the next

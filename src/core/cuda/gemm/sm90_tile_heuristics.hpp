@@ -22,6 +22,13 @@ inline int grouped_m_block_n() {
   return 128;
 }
 
+// Promotion overlapped with the next k-block's wgmmas (two accumulator sets) at BlockN 128: on;
+// MXMOE_GEMM_OVERLAP=0 forces one set (each k-block promoted after its own wgmmas; measurements).
+inline bool grouped_m_overlap() {
+  const char* e = std::getenv("MXMOE_GEMM_OVERLAP");
+  return !(e && e[0] == '0');
+}
+
 // CTAs per cluster of the M-grouped kernel: 2 (pairs share B tiles through TMA multicast) at
 // K >= 4096, where the multicast saves 3-7%; 1 below, where the pairs' lockstep costs more than it
 // saves (up to 20% at K 768; measured at ab170b6, docs/perf/gemm.md). MXMOE_GEMM_CLUSTER=1|2 forces.
