@@ -193,7 +193,10 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   int* s_tiles = s_end + p.groups;                          // [G + 1] m-tile prefix
 
   const int tid = threadIdx.x;
-  const int wg = tid / 128;
+  // Warp-uniform by construction; taken through a shuffle so the compiler knows it (it then keeps the
+  // values derived from it, the math warpgroup's tile addresses and wgmma descriptors, in uniform
+  // registers instead of moving them there before every wgmma).
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
   // Cluster rank and tile slot: CTA r of cluster c takes tile kCluster * P + r for P = c, c + clusters, ...
   const int rank = K::kCluster > 1 ? static_cast<int>(cute::block_rank_in_cluster()) : 0;
   const int cluster = blockIdx.x / K::kCluster, clusters = gridDim.x / K::kCluster;
