@@ -289,7 +289,7 @@ def sm90_choice(pas, N, K, G, M, env=None):
         cl = int(env["MXMOE_GEMM_CLUSTER"]) if env.get("MXMOE_GEMM_CLUSTER") in ("1", "2") else \
             (2 if G > 0 and M // G >= 4096 else 1)
         return ("mxmoe_sm90_grouped_k", f"128x128x128 cluster {cl}") if own and M % 16 == 0 else cutlass
-    if mode == "cutlass" or (mode == "auto" and not ((K <= 1536 and N <= 1536) or (M >= 65536 and K <= 2048))):
+    if mode == "cutlass":  # auto: the own kernel on every shape (grouped_m_prefer_own)
         return cutlass
     bn = int(env["MXMOE_GEMM_BLOCK_N"]) if env.get("MXMOE_GEMM_BLOCK_N") in ("128", "160", "192") else 128
     cl = int(env["MXMOE_GEMM_CLUSTER"]) if env.get("MXMOE_GEMM_CLUSTER") in ("1", "2") else (2 if K >= 4096 else 1)

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Diagnostic device call for the forward / dgrad kernel v7 (issue 12): the GEMM gtests + memcheck, the
-# own kernel (BlockN 128 with the promotion overlapped with the next k-block's wgmmas, and not:
-# MXMOE_GEMM_OVERLAP=0; BlockN 160 and 192) beside
+# own kernel (BlockN 128, 160 and 192; v7b also ran BlockN 128 with one accumulator set) beside
 # CUTLASS on every forward / dgrad bench_gemm shape in one process, SM clock sampled, and Nsight Compute
 # of one forward launch per variant with the warp-stall sampling per SASS instruction (SourceCounters;
 # the per-instruction table as CSV: ncu-<variant>-sass.csv). Run from the repo root on the device
@@ -34,7 +33,7 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=c
 smi=$!
 SECONDS=0
 timeout 300 python3 bench/bench_gemm.py --passes forward,dgrad --profile= \
-  --variants "cutlass:MXMOE_GEMM_SM90=cutlass,own:MXMOE_GEMM_SM90=mxmoe+MXMOE_GEMM_OVERLAP=1,own-noov:MXMOE_GEMM_SM90=mxmoe+MXMOE_GEMM_OVERLAP=0,own160:MXMOE_GEMM_SM90=mxmoe+MXMOE_GEMM_BLOCK_N=160,own192:MXMOE_GEMM_SM90=mxmoe+MXMOE_GEMM_BLOCK_N=192" \
+  --variants "cutlass:MXMOE_GEMM_SM90=cutlass,own:MXMOE_GEMM_SM90=mxmoe,own160:MXMOE_GEMM_SM90=mxmoe+MXMOE_GEMM_BLOCK_N=160,own192:MXMOE_GEMM_SM90=mxmoe+MXMOE_GEMM_BLOCK_N=192" \
   --json "$OUT/gemm-variants.json" --table /tmp/table-gemm-variants.txt > "$OUT/bench-gemm-variants.log" 2>&1
 echo "bench fwd/dgrad rc $? after ${SECONDS}s"
 kill $smi 2>/dev/null

@@ -89,8 +89,6 @@ bool dispatch_n(const GroupedMRun& r) {
     case 160:
       return launch<sm90::GroupedM<160, stages<160, Out>(), Out, Cluster>>(r);
     default:
-      if (!grouped_m_overlap())
-        return launch<sm90::GroupedM<128, stages<128, Out>(), Out, Cluster, false>>(r);
       return launch<sm90::GroupedM<128, stages<128, Out>(), Out, Cluster>>(r);
   }
 }

@@ -22,13 +22,6 @@ inline int grouped_m_block_n() {
   return 128;
 }
 
-// Promotion overlapped with the next k-block's wgmmas (two accumulator sets) at BlockN 128: on;
-// MXMOE_GEMM_OVERLAP=0 forces one set (each k-block promoted after its own wgmmas; measurements).
-inline bool grouped_m_overlap() {
-  const char* e = std::getenv("MXMOE_GEMM_OVERLAP");
-  return !(e && e[0] == '0');
-}
-
 // CTAs per cluster of the M-grouped kernel: 2 (pairs share B tiles through TMA multicast) at
 // K >= 4096, where the multicast saves 3-7%; 1 below, where the pairs' lockstep costs more than it
 // saves (up to 20% at K 768; measured at ab170b6, docs/perf/gemm.md). MXMOE_GEMM_CLUSTER=1|2 forces.
@@ -40,16 +33,12 @@ inline int grouped_m_cluster(int64_t k) {
   return k >= 4096 ? 2 : 1;
 }
 
-// The default choice between the own kernel and CUTLASS's (MXMOE_GEMM_SM90 unset or "auto"): the
-// own kernel where it measured ahead at v6 (12f4b5f, docs/perf/gemm.md "v6 measured", same run):
-// fine-grained experts (K, N <= 1536: 1.18-1.42x the CUTLASS kernel, the gate_up dgrad's K 1536 too)
-// and M >= 64K rows with a reduction of <= 2048 (Qwen3-30B-A3B's forward / dgrad 1.05-1.13x,
-// DeepSeek-V3's dgrad 1.06-1.13x);
-// CUTLASS elsewhere (seeds, jagged and Llama-4-Scout-like shapes: own 0.88-1.01x; DeepSeek-V3's
-// forward 0.98-1.01x).
-inline bool grouped_m_prefer_own(int64_t m, int64_t n, int64_t k) {
-  return (k <= 1536 && n <= 1536) || (m >= 65536 && k <= 2048);
-}
+// The default choice between the own kernel and CUTLASS's (MXMOE_GEMM_SM90 unset or "auto"): the own
+// kernel on every shape. At v7c (docs/perf/gemm.md "v7c measured", same process as CUTLASS) it measured
+// 0.98-1.05x CUTLASS's on the seeds and Llama-4-Scout shapes, 1.04-1.21x on DeepSeek-V3's, 0.98-1.15x on
+// the jagged ones, 1.17-1.50x on the fine-grained and Qwen3-30B-A3B ones. (The kernel itself declines
+// calls it cannot take -- unaligned operands, shapes past int32 -- which then go to CUTLASS.)
+inline bool grouped_m_prefer_own(int64_t /*m*/, int64_t /*n*/, int64_t /*k*/) { return true; }
 
 // CTAs per cluster of the K-grouped (wgrad) kernel: 2 (pairs share B boxes through TMA multicast)
 // when the groups average >= 4096 tokens (32 k-blocks per tile, where the forward kernel's pairs pay
