@@ -336,8 +336,8 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       // Scales, 4 k-blocks per load: lane q of each quad (the 4 lanes holding the same rows) loads the
       // scale bytes of k-block kb4 + q, and a k-block's scale products reach the quad by shuffle. One
       // row's bytes of 4 k-blocks sit in one 16-byte span, so a warp's load touches 8 cache lines per 4
-      // k-blocks instead of per k-block: the scale loads were ~17 L1 wavefronts per warp and k-block,
-      // on the same data path as the wgmmas' shared-memory operand reads and the TMA writes.
+      // k-blocks instead of per k-block, and a math thread issues 3 byte loads and decodes per 4
+      // k-blocks instead of per k-block (a shorter per-k-block instruction stream: docs/perf/gemm.md v7).
       struct ScaleBytes {
         uint32_t a0, a1, b0, b1;
       };
