@@ -293,7 +293,8 @@ def sm90_choice(pas, N, K, G, M, env=None):
         return cutlass
     bn = int(env["MXMOE_GEMM_BLOCK_N"]) if env.get("MXMOE_GEMM_BLOCK_N") in ("128", "160", "192") else 128
     cl = int(env["MXMOE_GEMM_CLUSTER"]) if env.get("MXMOE_GEMM_CLUSTER") in ("1", "2") else (2 if K >= 4096 else 1)
-    return "mxmoe_sm90_grouped_m", f"128x{bn}x128 cluster {cl}"
+    extra = " +1 stage" if bn == 128 and env.get("MXMOE_GEMM_EXTRA_STAGE", "") == "1" else ""
+    return "mxmoe_sm90_grouped_m", f"128x{bn}x128 cluster {cl}{extra}"
 
 
 def parse_variants(spec):

@@ -433,6 +433,13 @@ TEST(CudaGemmTile128, SmallForwardAndWgrad) {  // the compute-sanitizer case
     env.set("MXMOE_GEMM_CLUSTER", "2");
     run_fwd_case({400, 352, 256, {130, 0, 200}, MXMOE_DTYPE_BF16, true}, 5, &unsupported);
   }
+  {
+    EnvGuard env;  // BlockN 128 with one more stage: the lean layout (scan storage in the epilogue buffer)
+    env.set("MXMOE_GEMM_SM90", "mxmoe-only");
+    env.set("MXMOE_GEMM_EXTRA_STAGE", "1");
+    env.set("MXMOE_GEMM_CLUSTER", "2");
+    run_fwd_case({400, 352, 256, {130, 0, 200}, MXMOE_DTYPE_BF16, true}, 6, &unsupported);
+  }
   run_kg_case({96, 160, {37, 0, 130, 5}, MXMOE_DTYPE_F32, 3}, 2, &unsupported);  // M % 16 != 0: CUTLASS
   for (const char* cluster : {"1", "2"}) {
     EnvGuard env;  // the own wgrad kernel: unaligned group starts, tails, an empty group; at cluster 2
@@ -444,8 +451,8 @@ TEST(CudaGemmTile128, SmallForwardAndWgrad) {  // the compute-sanitizer case
   g_data = Data::kFullRange;
 }
 
-// Forward / dgrad through the CUTLASS kernel (the default picks the own kernel for small K and N,
-// which OwnSm90Kernel covers).
+// Forward / dgrad through the CUTLASS kernel (the default picks the own kernel, which OwnSm90Kernel
+// covers).
 TEST(CudaGemmTile128, Forward) {
   SKIP_WITHOUT_CUDA();
   EnvGuard env;
@@ -513,16 +520,19 @@ TEST(CudaGemmTile128, OwnSm90Kernel) {
       {3000, 256, 256, {2500, 3000}, MXMOE_DTYPE_BF16, true},  // groups of > 1024 rows: several bands, a short last one
   };
   uint32_t seed = 300;
+  // BlockN 128 / 160 / 192, and 128 with one more stage (the lean shared-memory layout).
+  const std::pair<const char*, const char*> tiles[] = {{"128", "0"}, {"160", "0"}, {"192", "0"}, {"128", "1"}};
   for (const char* cluster : {"2", "1"}) {
-    for (const char* block_n : {"128", "160", "192"}) {
+    for (const auto& [block_n, extra_stage] : tiles) {
       EnvGuard env;
       env.set("MXMOE_GEMM_SM90", "mxmoe-only");
       env.set("MXMOE_GEMM_CLUSTER", cluster);
       env.set("MXMOE_GEMM_BLOCK_N", block_n);
+      env.set("MXMOE_GEMM_EXTRA_STAGE", extra_stage);
       for (Data d : {Data::kExactGrid, Data::kFullRange}) {
         g_data = d;
         for (const auto& c : cases) {
-          SCOPED_TRACE(std::string("cluster ") + cluster + ", BlockN " + block_n);
+          SCOPED_TRACE(std::string("cluster ") + cluster + ", BlockN " + block_n + ", extra stage " + extra_stage);
           bool unsupported = false;
           run_fwd_case(c, seed++, &unsupported);
           if (unsupported) GTEST_SKIP() << "tile128 GEMMs unsupported here: " << mxmoe_last_error();

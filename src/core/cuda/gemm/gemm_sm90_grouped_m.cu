@@ -89,6 +89,9 @@ bool dispatch_n(const GroupedMRun& r) {
     case 160:
       return launch<sm90::GroupedM<160, stages<160, Out>(), Out, Cluster>>(r);
     default:
+      // One more stage in the lean layout where it fits (G <= ~370), when forced.
+      if (grouped_m_extra_stage() && launch<sm90::GroupedM<128, stages<128, Out>() + 1, Out, Cluster, true>>(r))
+        return true;
       return launch<sm90::GroupedM<128, stages<128, Out>(), Out, Cluster>>(r);
   }
 }

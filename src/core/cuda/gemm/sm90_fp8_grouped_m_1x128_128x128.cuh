@@ -62,7 +62,7 @@ struct GroupedMParams {
   FastDiv band_div;  // division by the tiles of a full band, kBand * ceil(N / BlockN) (host-computed)
 };
 
-template <int BlockN_, int Stages_, class Out_, int Cluster_ = 1>
+template <int BlockN_, int Stages_, class Out_, int Cluster_ = 1, bool Lean_ = false>
 struct GroupedM {
   using Out = Out_;
   static constexpr int kBlockN = BlockN_;
@@ -70,6 +70,11 @@ struct GroupedM {
   // CTAs per cluster along the tile order: 2 = pairs of CTAs whose tiles share a B tile (same
   // expert and columns, neighbouring m-tiles) each load half of it and multicast it to both.
   static constexpr int kCluster = Cluster_;
+  // Lean: no static shared memory (CUB's scan storage lives in the epilogue buffer, free before the
+  // first tile) and no alignment slack (with no static shared memory the dynamic base is 1024-aligned;
+  // the kernel traps if not): the ~3.7 KB one more stage needs at BlockN 128 (forced only,
+  // MXMOE_GEMM_EXTRA_STAGE=1, not yet measured: docs/perf/gemm.md "Where issue 12 stands").
+  static constexpr bool kLean = Lean_;
   static_assert(kCluster == 1 || kCluster == 2, "cluster of 1 or 2 CTAs");
   static constexpr int kBlockM = 128, kBlockK = 128;
   static constexpr int kThreads = 384;  // producer warpgroup + two math warpgroups
@@ -103,10 +108,11 @@ struct GroupedM {
   static_assert(kRowBytes % kEpiBoxBytes == 0, "a staged row is a whole number of boxes");
   static_assert(kEpiWgBytes % 1024 == 0, "the epilogue buffers keep the stages and the swizzle 1024-byte aligned");
 
-  // Dynamic shared memory: 1024 alignment slack | stages | epilogue | full/empty barriers | group tables.
+  // Dynamic shared memory: 1024 alignment slack (not when lean) | stages | epilogue | full/empty
+  // barriers | group tables.
   static constexpr size_t smem_bytes(int groups) {
-    return 1024 + static_cast<size_t>(kStages) * kStageBytes + kEpiBytes + 2 * kStages * sizeof(uint64_t) +
-           (2 * static_cast<size_t>(groups) + 1) * sizeof(int);
+    return (kLean ? 0 : 1024) + static_cast<size_t>(kStages) * kStageBytes + kEpiBytes +
+           2 * kStages * sizeof(uint64_t) + (2 * static_cast<size_t>(groups) + 1) * sizeof(int);
   }
 };
 
@@ -142,6 +148,18 @@ __device__ __forceinline__ int epi_offset(int r, int ch) {
   constexpr int kBoxChunks = K::kEpiBoxBytes / 16;
   const int box = ch / kBoxChunks, c = ch % kBoxChunks;
   return box * 64 * K::kEpiBoxBytes + r * K::kEpiBoxBytes + 16 * (c ^ epi_swizzle<K>(r));
+}
+
+// CUB's block-scan storage for the group table: static shared memory, or (lean) the epilogue buffer,
+// which nothing else uses before the first tile's epilogue.
+template <class K, class Scan>
+__device__ __forceinline__ typename Scan::TempStorage& scan_storage(uint8_t* smem_epi) {
+  if constexpr (K::kLean) {
+    return *reinterpret_cast<typename Scan::TempStorage*>(smem_epi);
+  } else {
+    __shared__ typename Scan::TempStorage storage;
+    return storage;
+  }
 }
 
 // Tile t of the persistent order: groups in order, inside a group bands of kBand m-tiles swept
@@ -183,7 +201,10 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   // shared array itself, not computed through a generic uintptr_t, so the compiler keeps the shared
   // address space for every access below (STS / LDS instead of generic ST / LD).
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = smem_raw + ((0u - smem_u32(smem_raw)) & 1023u);
+  uint8_t* smem = K::kLean ? smem_raw : smem_raw + ((0u - smem_u32(smem_raw)) & 1023u);
+  if constexpr (K::kLean) {
+    if (smem_u32(smem_raw) & 1023u) __trap();  // no slack to align with: the layout needs an aligned base
+  }
   uint8_t* smem_a = smem;
   uint8_t* smem_b = smem + K::kStages * K::kABytes;
   uint8_t* smem_epi = smem + K::kStages * K::kStageBytes;
@@ -214,7 +235,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   // Group table: end_g = min(M, max(end_{g-1}, offs[g])), m-tiles_g = ceil(len_g / 128).
   {
     using Scan = cub::BlockScan<int, K::kThreads>;
-    __shared__ typename Scan::TempStorage scan_tmp;
+    typename Scan::TempStorage& scan_tmp = scan_storage<K, Scan>(smem_epi);
     int carry_end = 0, carry_tiles = 0;
     for (int base = 0; base < p.groups; base += K::kThreads) {
       const int g = base + tid;

@@ -22,6 +22,14 @@ inline int grouped_m_block_n() {
   return 128;
 }
 
+// One more stage at BlockN 128 (6 for bf16 output, 5 for fp32; the lean shared-memory layout, G <= ~370):
+// forced only, MXMOE_GEMM_EXTRA_STAGE=1. The v7c warp-stall table puts 17% of the math warps' mainloop
+// at the full barriers on the large shapes (docs/perf/gemm.md); not yet measured, so not a default.
+inline bool grouped_m_extra_stage() {
+  const char* e = std::getenv("MXMOE_GEMM_EXTRA_STAGE");
+  return e && e[0] == '1';
+}
+
 // CTAs per cluster of the M-grouped kernel: 2 (pairs share B tiles through TMA multicast) at
 // K >= 4096, where the multicast saves 3-7%; 1 below, where the pairs' lockstep costs more than it
 // saves (up to 20% at K 768; measured at ab170b6, docs/perf/gemm.md). MXMOE_GEMM_CLUSTER=1|2 forces.
