@@ -201,9 +201,15 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   // shared array itself, not computed through a generic uintptr_t, so the compiler keeps the shared
   // address space for every access below (STS / LDS instead of generic ST / LD).
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = K::kLean ? smem_raw : smem_raw + ((0u - smem_u32(smem_raw)) & 1023u);
+  uint8_t* smem;
   if constexpr (K::kLean) {
-    if (smem_u32(smem_raw) & 1023u) __trap();  // no slack to align with: the layout needs an aligned base
+    // No slack to align with: the array is declared 1024-aligned (the toolchain places it so), and
+    // checked, since the whole layout depends on it.
+    extern __shared__ __align__(1024) uint8_t smem_aligned[];
+    smem = smem_aligned;
+    if (smem_u32(smem) & 1023u) __trap();
+  } else {
+    smem = smem_raw + ((0u - smem_u32(smem_raw)) & 1023u);
   }
   uint8_t* smem_a = smem;
   uint8_t* smem_b = smem + K::kStages * K::kABytes;
