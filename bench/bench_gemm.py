@@ -294,6 +294,7 @@ def sm90_choice(pas, N, K, G, M, env=None):
     bn = int(env["MXMOE_GEMM_BLOCK_N"]) if env.get("MXMOE_GEMM_BLOCK_N") in ("128", "160", "192") else 128
     cl = int(env["MXMOE_GEMM_CLUSTER"]) if env.get("MXMOE_GEMM_CLUSTER") in ("1", "2") else (2 if K >= 4096 else 1)
     extra = " +1 stage" if bn == 128 and env.get("MXMOE_GEMM_EXTRA_STAGE", "") == "1" else ""
+    extra += " warp producer" if bn == 128 and env.get("MXMOE_GEMM_PRODUCER", "") == "warp" else ""
     return "mxmoe_sm90_grouped_m", f"128x{bn}x128 cluster {cl}{extra}"
 
 

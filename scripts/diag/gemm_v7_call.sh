@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Diagnostic device call for the forward / dgrad kernel v7 (issue 12): the GEMM gtests + memcheck, the
-# own kernel (BlockN 128, the same with one more stage: MXMOE_GEMM_EXTRA_STAGE=1, and BlockN 160; v7b
-# also ran BlockN 128 with one accumulator set, v7c BlockN 192) beside
+# own kernel (BlockN 128 as is, with the warp producer: MXMOE_GEMM_PRODUCER=warp, with one more stage:
+# MXMOE_GEMM_EXTRA_STAGE=1, and with both; v7b also ran one accumulator set, v7c BlockN 160 / 192) beside
 # CUTLASS on every forward / dgrad bench_gemm shape in one process, SM clock sampled, and Nsight Compute
 # of one forward launch per variant with the warp-stall sampling per SASS instruction (SourceCounters;
 # the per-instruction table as CSV: ncu-<variant>-sass.csv). Run from the repo root on the device
@@ -15,7 +15,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv,noh
 MXMOE_GEMM_SKIP_BENCH=1 bash scripts/device.d/30-gemm.sh 2>&1 | grep -v "^function\|GemmUniversal" | tail -24
 
 # Nsight Compute first (the warp-stall table is the point of this call), one forward launch per variant.
-for v in "own:MXMOE_GEMM_EXTRA_STAGE=0" "own-stage:MXMOE_GEMM_EXTRA_STAGE=1"; do
+for v in "own:MXMOE_GEMM_PRODUCER=thread" "own-warp:MXMOE_GEMM_PRODUCER=warp"; do
   IFS=: read -r label env <<<"$v"
   SECONDS=0
   env MXMOE_GEMM_SM90=mxmoe "$env" timeout 150 ncu --clock-control none --kernel-name regex:grouped_m_kernel --launch-skip 2 \
@@ -34,7 +34,7 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=c
 smi=$!
 SECONDS=0
 timeout 300 python3 bench/bench_gemm.py --passes forward,dgrad --profile= \
-  --variants "cutlass:MXMOE_GEMM_SM90=cutlass,own:MXMOE_GEMM_SM90=mxmoe,own-stage:MXMOE_GEMM_SM90=mxmoe+MXMOE_GEMM_EXTRA_STAGE=1,own160:MXMOE_GEMM_SM90=mxmoe+MXMOE_GEMM_BLOCK_N=160" \
+  --variants "cutlass:MXMOE_GEMM_SM90=cutlass,own:MXMOE_GEMM_SM90=mxmoe,own-warp:MXMOE_GEMM_SM90=mxmoe+MXMOE_GEMM_PRODUCER=warp,own-stage:MXMOE_GEMM_SM90=mxmoe+MXMOE_GEMM_EXTRA_STAGE=1,own-warp-stage:MXMOE_GEMM_SM90=mxmoe+MXMOE_GEMM_PRODUCER=warp+MXMOE_GEMM_EXTRA_STAGE=1" \
   --json "$OUT/gemm-variants.json" --table /tmp/table-gemm-variants.txt > "$OUT/bench-gemm-variants.log" 2>&1
 echo "bench fwd/dgrad rc $? after ${SECONDS}s"
 kill $smi 2>/dev/null

@@ -433,10 +433,11 @@ TEST(CudaGemmTile128, SmallForwardAndWgrad) {  // the compute-sanitizer case
     env.set("MXMOE_GEMM_CLUSTER", "2");
     run_fwd_case({400, 352, 256, {130, 0, 200}, MXMOE_DTYPE_BF16, true}, 5, &unsupported);
   }
-  {
-    EnvGuard env;  // BlockN 128 with one more stage: the lean layout (scan storage in the epilogue buffer)
-    env.set("MXMOE_GEMM_SM90", "mxmoe-only");
+  for (const char* producer : {"thread", "warp"}) {
+    EnvGuard env;  // BlockN 128 with one more stage (the lean layout: scan storage in the epilogue buffer),
+    env.set("MXMOE_GEMM_SM90", "mxmoe-only");  // with either producer
     env.set("MXMOE_GEMM_EXTRA_STAGE", "1");
+    env.set("MXMOE_GEMM_PRODUCER", producer);
     env.set("MXMOE_GEMM_CLUSTER", "2");
     run_fwd_case({400, 352, 256, {130, 0, 200}, MXMOE_DTYPE_BF16, true}, 6, &unsupported);
   }
@@ -520,19 +521,26 @@ TEST(CudaGemmTile128, OwnSm90Kernel) {
       {3000, 256, 256, {2500, 3000}, MXMOE_DTYPE_BF16, true},  // groups of > 1024 rows: several bands, a short last one
   };
   uint32_t seed = 300;
-  // BlockN 128 / 160 / 192, and 128 with one more stage (the lean shared-memory layout).
-  const std::pair<const char*, const char*> tiles[] = {{"128", "0"}, {"160", "0"}, {"192", "0"}, {"128", "1"}};
+  // BlockN 128 / 160 / 192, and 128 with one more stage (the lean shared-memory layout) and / or the
+  // warp producer: {BlockN, MXMOE_GEMM_EXTRA_STAGE, MXMOE_GEMM_PRODUCER}.
+  struct Tile {
+    const char *block_n, *extra_stage, *producer;
+  };
+  const Tile tiles[] = {{"128", "0", "thread"}, {"160", "0", "thread"}, {"192", "0", "thread"},
+                        {"128", "1", "thread"}, {"128", "0", "warp"},   {"128", "1", "warp"}};
   for (const char* cluster : {"2", "1"}) {
-    for (const auto& [block_n, extra_stage] : tiles) {
+    for (const auto& [block_n, extra_stage, producer] : tiles) {
       EnvGuard env;
       env.set("MXMOE_GEMM_SM90", "mxmoe-only");
       env.set("MXMOE_GEMM_CLUSTER", cluster);
       env.set("MXMOE_GEMM_BLOCK_N", block_n);
       env.set("MXMOE_GEMM_EXTRA_STAGE", extra_stage);
+      env.set("MXMOE_GEMM_PRODUCER", producer);
       for (Data d : {Data::kExactGrid, Data::kFullRange}) {
         g_data = d;
         for (const auto& c : cases) {
-          SCOPED_TRACE(std::string("cluster ") + cluster + ", BlockN " + block_n + ", extra stage " + extra_stage);
+          SCOPED_TRACE(std::string("cluster ") + cluster + ", BlockN " + block_n + ", extra stage " + extra_stage +
+                       ", producer " + producer);
           bool unsupported = false;
           run_fwd_case(c, seed++, &unsupported);
           if (unsupported) GTEST_SKIP() << "tile128 GEMMs unsupported here: " << mxmoe_last_error();

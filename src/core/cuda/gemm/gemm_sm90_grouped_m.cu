@@ -88,11 +88,18 @@ bool dispatch_n(const GroupedMRun& r) {
       return launch<sm90::GroupedM<192, stages<192, Out>(), Out, Cluster>>(r);
     case 160:
       return launch<sm90::GroupedM<160, stages<160, Out>(), Out, Cluster>>(r);
-    default:
-      // One more stage in the lean layout where it fits (G <= ~370), when forced.
-      if (grouped_m_extra_stage() && launch<sm90::GroupedM<128, stages<128, Out>() + 1, Out, Cluster, true>>(r))
+    default: {
+      // Forced only (measurements): one more stage in the lean layout where it fits (G <= ~240-370),
+      // and / or the warp producer.
+      constexpr int S = stages<128, Out>();
+      const bool warp = grouped_m_warp_producer();
+      if (grouped_m_extra_stage() &&
+          (warp ? launch<sm90::GroupedM<128, S + 1, Out, Cluster, true, true>>(r)
+                : launch<sm90::GroupedM<128, S + 1, Out, Cluster, true>>(r)))
         return true;
-      return launch<sm90::GroupedM<128, stages<128, Out>(), Out, Cluster>>(r);
+      return warp ? launch<sm90::GroupedM<128, S, Out, Cluster, false, true>>(r)
+                  : launch<sm90::GroupedM<128, S, Out, Cluster>>(r);
+    }
   }
 }
 

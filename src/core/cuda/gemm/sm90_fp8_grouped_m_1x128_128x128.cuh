@@ -62,7 +62,7 @@ struct GroupedMParams {
   FastDiv band_div;  // division by the tiles of a full band, kBand * ceil(N / BlockN) (host-computed)
 };
 
-template <int BlockN_, int Stages_, class Out_, int Cluster_ = 1, bool Lean_ = false>
+template <int BlockN_, int Stages_, class Out_, int Cluster_ = 1, bool Lean_ = false, bool WarpProducer_ = false>
 struct GroupedM {
   using Out = Out_;
   static constexpr int kBlockN = BlockN_;
@@ -75,6 +75,12 @@ struct GroupedM {
   // the kernel traps if not): the ~3.7 KB one more stage needs at BlockN 128 (forced only,
   // MXMOE_GEMM_EXTRA_STAGE=1, not yet measured: docs/perf/gemm.md "Where issue 12 stands").
   static constexpr bool kLean = Lean_;
+  // Warp producer: all of warp 0 runs the producer loop, its coordinates broadcast from lane 0 (warp-
+  // uniform for the compiler), and one lane chosen by elect.sync issues, so the TMA operands sit in
+  // uniform registers as in CUTLASS's producer, instead of an ELECT / R2UR / BRA.U.ANY loop around each
+  // TMA (thread 0 alone). The v7c warp-stall table has the single producer thread busy ~90% of the
+  // kernel on the large shapes (docs/perf/gemm.md). Forced only (MXMOE_GEMM_PRODUCER=warp), not yet run.
+  static constexpr bool kWarpProducer = WarpProducer_;
   static_assert(kCluster == 1 || kCluster == 2, "cluster of 1 or 2 CTAs");
   static constexpr int kBlockM = 128, kBlockK = 128;
   static constexpr int kThreads = 384;  // producer warpgroup + two math warpgroups
@@ -311,7 +317,38 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   if (wg == 0) {
     // Producer: one thread streams every tile's k-blocks through the stage ring.
     cutlass::arch::warpgroup_reg_dealloc<40>();
-    if (tid == 0) {
+    if constexpr (K::kWarpProducer) {
+      if (tid < 32) {
+        auto uniform = [](int v) { return __shfl_sync(0xffffffffu, v, 0); };
+        const bool leader = cute::elect_one_sync();
+        RingPos<K::kStages> rp;
+        int g_mine = 0, g_peer = 0;
+        for (int P = cluster; P < slots; P += clusters) {
+          const Slot sl = slot(P, g_mine, g_peer);
+          if (K::kCluster == 1 && !uniform(sl.store)) break;
+          const int row0 = uniform(sl.c.row0), brow = uniform(sl.c.g * p.n + sl.c.n0);
+          const bool shared = uniform(sl.shared);
+          for (int kb = 0; kb < kblocks; ++kb, rp.advance()) {
+            const int s = rp.s;
+            cutlass::arch::ClusterBarrier::wait(&empty[s], rp.ph ^ 1);
+            if (leader) {
+              cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[s], K::kStageBytes);
+              const int k0 = kb * K::kBlockK;
+              tma_load_2d(&tma_a, &full[s], smem_a + s * K::kABytes, k0, row0);
+              uint8_t* b = smem_b + s * K::kBBytes;
+              if (K::kCluster > 1 && shared) {
+                tma_load_2d_multicast(&tma_b, &full[s], b + rank * kHalfB, k0, brow + rank * (K::kBlockN / 2),
+                                      static_cast<uint16_t>((1u << K::kCluster) - 1));
+              } else {
+                tma_load_2d(&tma_b, &full[s], b, k0, brow);
+                tma_load_2d(&tma_b, &full[s], b + kHalfB, k0, brow + K::kBlockN / 2);
+              }
+            }
+            __syncwarp();
+          }
+        }
+      }
+    } else if (tid == 0) {
       RingPos<K::kStages> rp;
       int g_mine = 0, g_peer = 0;
       for (int P = cluster; P < slots; P += clusters) {

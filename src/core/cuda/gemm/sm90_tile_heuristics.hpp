@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 
 namespace mxmoe {
 namespace cuda {
@@ -28,6 +29,14 @@ inline int grouped_m_block_n() {
 inline bool grouped_m_extra_stage() {
   const char* e = std::getenv("MXMOE_GEMM_EXTRA_STAGE");
   return e && e[0] == '1';
+}
+
+// The warp producer at BlockN 128 (sm90_fp8_grouped_m_1x128_128x128.cuh kWarpProducer): forced only,
+// MXMOE_GEMM_PRODUCER=warp. The v7c warp-stall table has the single producer thread busy ~90% of the
+// kernel on the large shapes (docs/perf/gemm.md); not yet measured, so not a default.
+inline bool grouped_m_warp_producer() {
+  const char* e = std::getenv("MXMOE_GEMM_PRODUCER");
+  return e && std::strcmp(e, "warp") == 0;
 }
 
 // CTAs per cluster of the M-grouped kernel: 2 (pairs share B tiles through TMA multicast) at
