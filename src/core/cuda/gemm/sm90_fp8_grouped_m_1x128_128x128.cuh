@@ -71,9 +71,9 @@ struct GroupedM {
   // expert and columns, neighbouring m-tiles) each load half of it and multicast it to both.
   static constexpr int kCluster = Cluster_;
   // Lean: no static shared memory (CUB's scan storage lives in the epilogue buffer, free before the
-  // first tile) and no alignment slack (with no static shared memory the dynamic base is 1024-aligned;
-  // the kernel traps if not): the ~3.7 KB one more stage needs at BlockN 128 (forced only,
-  // MXMOE_GEMM_EXTRA_STAGE=1, not yet measured: docs/perf/gemm.md "Where issue 12 stands").
+  // first tile) and no alignment slack (the dynamic array is declared 1024-aligned instead): the
+  // ~3.7 KB one more stage needs at BlockN 128 (forced only, MXMOE_GEMM_EXTRA_STAGE=1, not yet run on a
+  // GPU: docs/perf/gemm.md "The producer").
   static constexpr bool kLean = Lean_;
   // Warp producer: all of warp 0 runs the producer loop, its coordinates broadcast from lane 0 (warp-
   // uniform for the compiler), and one lane chosen by elect.sync issues, so the TMA operands sit in
