@@ -12,7 +12,10 @@ export MXMOE_OPS_LIBRARY=$PWD/build-cuda/src/ops/libmxmoe_torch.so LD_LIBRARY_PA
 export PYTHONPATH=$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1 OUT=${OUT:-$PWD/out/device}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader
-MXMOE_GEMM_SKIP_BENCH=1 bash scripts/device.d/30-gemm.sh 2>&1 | grep -v "^function\|GemmUniversal" | tail -24
+# (The device returns at most 8 files: the GEMM step's SASS table stays in /tmp, the ncu run logs too.)
+mkdir -p /tmp/gemm-step
+OUT=/tmp/gemm-step MXMOE_GEMM_SKIP_BENCH=1 bash scripts/device.d/30-gemm.sh 2>&1 | grep -v "^function\|GemmUniversal" | tail -24
+cp /tmp/gemm-step/gemm-tests.log /tmp/gemm-step/gemm-memcheck.log "$OUT/" 2>/dev/null
 
 # Nsight Compute first (the warp-stall table is the point of this call), one forward launch per variant.
 for v in "own:MXMOE_GEMM_PRODUCER=thread" "own-warp:MXMOE_GEMM_PRODUCER=warp"; do
@@ -22,7 +25,7 @@ for v in "own:MXMOE_GEMM_PRODUCER=thread" "own-warp:MXMOE_GEMM_PRODUCER=warp"; d
     --launch-count 1 --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
     --section MemoryWorkloadAnalysis --section SourceCounters --section InstructionStats \
     --metrics "l1tex__m_xbar2l1tex_read_bytes.sum.per_second,smsp__inst_executed.sum" \
-    -o /tmp/$label python3 scripts/diag/gemm_one_call.py 32768 8192 5120 2 > "$OUT/ncu-$label-run.txt" 2>&1
+    -o /tmp/$label python3 scripts/diag/gemm_one_call.py 32768 8192 5120 2 > "/tmp/ncu-$label-run.txt" 2>&1
   echo "== ncu $label (${SECONDS}s)"
   ncu -i /tmp/$label.ncu-rep --print-summary none > "$OUT/ncu-$label.txt" 2>&1
   grep -E "Duration|SM Frequency|Compute \(SM\) Throughput|L1/TEX Cache|L2 Cache Throughput|xbar2l1tex|Issue Slots Busy|Executed Ipc Active|Warp Cycles Per Issued|highest-utilized|inst_executed" \
