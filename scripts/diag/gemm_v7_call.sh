@@ -17,8 +17,20 @@ mkdir -p /tmp/gemm-step
 OUT=/tmp/gemm-step MXMOE_GEMM_SKIP_BENCH=1 bash scripts/device.d/30-gemm.sh 2>&1 | grep -v "^function\|GemmUniversal" | tail -24
 cp /tmp/gemm-step/gemm-tests.log /tmp/gemm-step/gemm-memcheck.log "$OUT/" 2>/dev/null
 
-# Nsight Compute first (the warp-stall table is the point of this call), one forward launch per variant.
-for v in "own:MXMOE_GEMM_PRODUCER=thread" "own-warp:MXMOE_GEMM_PRODUCER=warp"; do
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 500 > /tmp/smi.csv &
+smi=$!
+SECONDS=0
+timeout 280 python3 bench/bench_gemm.py --passes forward,dgrad --profile= \
+  --variants "cutlass:MXMOE_GEMM_SM90=cutlass,own:MXMOE_GEMM_SM90=mxmoe,own-warp:MXMOE_GEMM_SM90=mxmoe+MXMOE_GEMM_PRODUCER=warp,own-stage:MXMOE_GEMM_SM90=mxmoe+MXMOE_GEMM_EXTRA_STAGE=1,own-warp-stage:MXMOE_GEMM_SM90=mxmoe+MXMOE_GEMM_PRODUCER=warp+MXMOE_GEMM_EXTRA_STAGE=1" \
+  --json "$OUT/gemm-variants.json" --table /tmp/table-gemm-variants.txt > "$OUT/bench-gemm-variants.log" 2>&1
+echo "bench fwd/dgrad rc $? after ${SECONDS}s"
+kill $smi 2>/dev/null
+awk '/^\[/{shape=$0} /variants/{print shape" | "$0}' "$OUT/bench-gemm-variants.log" | sed -E 's/ +/ /g' | cut -c1-150
+awk -F', ' '{print $2}' /tmp/smi.csv | sort -n | awk '{a[NR]=$1} END {print "SM clock MHz during benches: min", a[1], "median", a[int(NR/2)], "max", a[NR]}'
+
+# Nsight Compute after the bench, of the warp producer only (the default kernel's SASS is the v7c build's,
+# whose table is bench/results/ncu/0b12dc8-fwd-own128-sass-stalls.csv.gz).
+for v in "own-warp:MXMOE_GEMM_PRODUCER=warp"; do
   IFS=: read -r label env <<<"$v"
   SECONDS=0
   env MXMOE_GEMM_SM90=mxmoe "$env" timeout 150 ncu --clock-control none --kernel-name regex:grouped_m_kernel --launch-skip 2 \
@@ -33,13 +45,3 @@ for v in "own:MXMOE_GEMM_PRODUCER=thread" "own-warp:MXMOE_GEMM_PRODUCER=warp"; d
   ncu -i /tmp/$label.ncu-rep --page source --csv --print-source sass > "$OUT/ncu-$label-sass.csv" 2>&1
 done
 
-nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 500 > /tmp/smi.csv &
-smi=$!
-SECONDS=0
-timeout 300 python3 bench/bench_gemm.py --passes forward,dgrad --profile= \
-  --variants "cutlass:MXMOE_GEMM_SM90=cutlass,own:MXMOE_GEMM_SM90=mxmoe,own-warp:MXMOE_GEMM_SM90=mxmoe+MXMOE_GEMM_PRODUCER=warp,own-stage:MXMOE_GEMM_SM90=mxmoe+MXMOE_GEMM_EXTRA_STAGE=1,own-warp-stage:MXMOE_GEMM_SM90=mxmoe+MXMOE_GEMM_PRODUCER=warp+MXMOE_GEMM_EXTRA_STAGE=1" \
-  --json "$OUT/gemm-variants.json" --table /tmp/table-gemm-variants.txt > "$OUT/bench-gemm-variants.log" 2>&1
-echo "bench fwd/dgrad rc $? after ${SECONDS}s"
-kill $smi 2>/dev/null
-awk '/^\[/{shape=$0} /variants/{print shape" | "$0}' "$OUT/bench-gemm-variants.log" | sed -E 's/ +/ /g' | cut -c1-150
-awk -F', ' '{print $2}' /tmp/smi.csv | sort -n | awk '{a[NR]=$1} END {print "SM clock MHz during benches: min", a[1], "median", a[int(NR/2)], "max", a[NR]}'
