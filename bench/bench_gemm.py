@@ -293,8 +293,11 @@ def sm90_choice(pas, N, K, G, M, env=None):
         return cutlass
     bn = int(env["MXMOE_GEMM_BLOCK_N"]) if env.get("MXMOE_GEMM_BLOCK_N") in ("128", "160", "192") else 128
     cl = int(env["MXMOE_GEMM_CLUSTER"]) if env.get("MXMOE_GEMM_CLUSTER") in ("1", "2") else (2 if K >= 4096 else 1)
-    extra = " +1 stage" if bn == 128 and env.get("MXMOE_GEMM_EXTRA_STAGE", "") == "1" else ""
-    extra += " warp producer" if bn == 128 and env.get("MXMOE_GEMM_PRODUCER", "") == "warp" else ""
+    # grouped_m_extra_stage / grouped_m_warp_producer: both at K >= 4096 unless forced
+    stage = {"1": True, "0": False}.get(env.get("MXMOE_GEMM_EXTRA_STAGE", ""), K >= 4096)
+    warp = {"warp": True, "thread": False}.get(env.get("MXMOE_GEMM_PRODUCER", ""), K >= 4096)
+    extra = " +1 stage" if bn == 128 and stage else ""
+    extra += " warp producer" if bn == 128 and warp else ""
     return "mxmoe_sm90_grouped_m", f"128x{bn}x128 cluster {cl}{extra}"
 
 

@@ -89,11 +89,11 @@ bool dispatch_n(const GroupedMRun& r) {
     case 160:
       return launch<sm90::GroupedM<160, stages<160, Out>(), Out, Cluster>>(r);
     default: {
-      // Forced only (measurements): one more stage in the lean layout where it fits (G <= ~240-370),
-      // and / or the warp producer.
+      // One more stage in the lean layout where it fits (G <= ~240-370; else the usual stages), and / or
+      // the warp producer (sm90_tile_heuristics.hpp).
       constexpr int S = stages<128, Out>();
-      const bool warp = grouped_m_warp_producer();
-      if (grouped_m_extra_stage() &&
+      const bool warp = grouped_m_warp_producer(r.k);
+      if (grouped_m_extra_stage(r.k) &&
           (warp ? launch<sm90::GroupedM<128, S + 1, Out, Cluster, true, true>>(r)
                 : launch<sm90::GroupedM<128, S + 1, Out, Cluster, true>>(r)))
         return true;

@@ -23,20 +23,29 @@ inline int grouped_m_block_n() {
   return 128;
 }
 
-// One more stage at BlockN 128 (6 for bf16 output, 5 for fp32; the lean shared-memory layout, G <= ~370):
-// forced only, MXMOE_GEMM_EXTRA_STAGE=1. The v7c warp-stall table puts 17% of the math warps' mainloop
-// at the full barriers on the large shapes (docs/perf/gemm.md); not yet measured, so not a default.
-inline bool grouped_m_extra_stage() {
-  const char* e = std::getenv("MXMOE_GEMM_EXTRA_STAGE");
-  return e && e[0] == '1';
+// The warp producer and one more stage at BlockN 128 (sm90_fp8_grouped_m_1x128_128x128.cuh
+// kWarpProducer, kLean: 6 stages for bf16 output, 5 for fp32, G <= ~240-370) where the call's K is >= 4096
+// (32+ k-blocks a tile, where the producer's issue rate sets the pace): on the seeds, Llama-4-Scout,
+// DeepSeek-V3 forward and jagged dgrad shapes the pair measured 1.07-1.14x the single-thread producer
+// on 15 of 16 rows (one 0.97x; 339fb01, docs/perf/gemm.md "v7d measured"). At K <= 2048 it measured
+// 0.98-1.04x (the warp producer alone 0.97-1.01x) and the thread producer stays. MXMOE_GEMM_PRODUCER=
+// warp|thread and MXMOE_GEMM_EXTRA_STAGE=1|0 force (measurements).
+inline bool grouped_m_long_k(int64_t k) { return k >= 4096; }
+
+inline bool grouped_m_extra_stage(int64_t k) {
+  if (const char* e = std::getenv("MXMOE_GEMM_EXTRA_STAGE")) {
+    if (std::strcmp(e, "1") == 0) return true;
+    if (std::strcmp(e, "0") == 0) return false;
+  }
+  return grouped_m_long_k(k);
 }
 
-// The warp producer at BlockN 128 (sm90_fp8_grouped_m_1x128_128x128.cuh kWarpProducer): forced only,
-// MXMOE_GEMM_PRODUCER=warp. The v7c warp-stall table has the single producer thread busy ~90% of the
-// kernel on the large shapes (docs/perf/gemm.md); not yet measured, so not a default.
-inline bool grouped_m_warp_producer() {
-  const char* e = std::getenv("MXMOE_GEMM_PRODUCER");
-  return e && std::strcmp(e, "warp") == 0;
+inline bool grouped_m_warp_producer(int64_t k) {
+  if (const char* e = std::getenv("MXMOE_GEMM_PRODUCER")) {
+    if (std::strcmp(e, "warp") == 0) return true;
+    if (std::strcmp(e, "thread") == 0) return false;
+  }
+  return grouped_m_long_k(k);
 }
 
 // CTAs per cluster of the M-grouped kernel: 2 (pairs share B tiles through TMA multicast) at
