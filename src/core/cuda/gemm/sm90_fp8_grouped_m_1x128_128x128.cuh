@@ -7,8 +7,8 @@
 //   with the product of its two scales (the recipe's contract, as the CUTLASS path)
 //
 // Structure (DeepGEMM's technique, our code): a persistent CTA per SM with three warpgroups.
-// Warpgroup 0 is the producer (one thread issues the TMA loads of A and B tiles into a ring of
-// shared-memory stages; 40 registers), warpgroups 1 and 2 each own 64 of the tile's 128 rows and
+// Warpgroup 0 is the producer (one thread, or at K >= 4096 all of warp 0 with one elected lane, issues
+// the TMA loads of A and B tiles into a ring of shared-memory stages; 40 registers), warpgroups 1 and 2 each own 64 of the tile's 128 rows and
 // issue m64 x BlockN x k32 wgmmas from the staged tiles (232 registers). At BlockN 128 a math
 // thread holds two in-flight fp32 sets and the promoted sum, so k-block i is promoted while the
 // wgmmas of k-block i + 1 run; at BlockN 160 / 192 (10% / 13% less shared-memory traffic per FLOP;
@@ -72,14 +72,15 @@ struct GroupedM {
   static constexpr int kCluster = Cluster_;
   // Lean: no static shared memory (CUB's scan storage lives in the epilogue buffer, free before the
   // first tile) and no alignment slack (the dynamic array is declared 1024-aligned instead): the
-  // ~3.7 KB one more stage needs at BlockN 128 (forced only, MXMOE_GEMM_EXTRA_STAGE=1, not yet run on a
-  // GPU: docs/perf/gemm.md "The producer").
+  // ~3.7 KB one more stage needs at BlockN 128 (the default at K >= 4096 with the warp producer:
+  // sm90_tile_heuristics.hpp; docs/perf/gemm.md "v7d measured").
   static constexpr bool kLean = Lean_;
   // Warp producer: all of warp 0 runs the producer loop, its coordinates broadcast from lane 0 (warp-
   // uniform for the compiler), and one lane chosen by elect.sync issues, so the TMA operands sit in
   // uniform registers as in CUTLASS's producer, instead of an ELECT / R2UR / BRA.U.ANY loop around each
   // TMA (thread 0 alone). The v7c warp-stall table has the single producer thread busy ~90% of the
-  // kernel on the large shapes (docs/perf/gemm.md). Forced only (MXMOE_GEMM_PRODUCER=warp), not yet run.
+  // kernel on the large shapes; with this one tensor busy went 68% -> 80% there (docs/perf/gemm.md "v7d
+  // measured"). The default at K >= 4096; at K <= 1536 it measured 1-3% slower than the thread producer.
   static constexpr bool kWarpProducer = WarpProducer_;
   static_assert(kCluster == 1 || kCluster == 2, "cluster of 1 or 2 CTAs");
   static constexpr int kBlockM = 128, kBlockK = 128;
