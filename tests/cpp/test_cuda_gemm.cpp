@@ -442,12 +442,15 @@ TEST(CudaGemmTile128, SmallForwardAndWgrad) {  // the compute-sanitizer case
     run_fwd_case({400, 352, 256, {130, 0, 200}, MXMOE_DTYPE_BF16, true}, 6, &unsupported);
   }
   run_kg_case({96, 160, {37, 0, 130, 5}, MXMOE_DTYPE_F32, 3}, 2, &unsupported);  // M % 16 != 0: CUTLASS
-  for (const char* cluster : {"1", "2"}) {
-    EnvGuard env;  // the own wgrad kernel: unaligned group starts, tails, an empty group; at cluster 2
-    env.set("MXMOE_GEMM_SM90", "mxmoe-only");  // 1 x 2 tiles per group: each pair shares no B box
-    env.set("MXMOE_GEMM_CLUSTER", cluster);
-    run_kg_case({96, 160, {37, 0, 130, 5}, MXMOE_DTYPE_F32, 4}, 3, &unsupported);
-    run_kg_case({200, 96, {37, 0, 130, 5}, MXMOE_DTYPE_BF16, 4}, 4, &unsupported);  // shared B, multicast
+  for (const char* producer : {"thread", "warp"}) {
+    for (const char* cluster : {"1", "2"}) {
+      EnvGuard env;  // the own wgrad kernel: unaligned group starts, tails, an empty group; at cluster 2
+      env.set("MXMOE_GEMM_SM90", "mxmoe-only");  // 1 x 2 tiles per group: each pair shares no B box
+      env.set("MXMOE_GEMM_CLUSTER", cluster);
+      env.set("MXMOE_GEMM_PRODUCER", producer);  // thread (default) or warp 0 with an elected lane
+      run_kg_case({96, 160, {37, 0, 130, 5}, MXMOE_DTYPE_F32, 4}, 3, &unsupported);
+      run_kg_case({200, 96, {37, 0, 130, 5}, MXMOE_DTYPE_BF16, 4}, 4, &unsupported);  // shared B, multicast
+    }
   }
   g_data = Data::kFullRange;
 }
@@ -599,17 +602,21 @@ TEST(CudaGemmTile128, OwnSm90Wgrad) {
       {1200, 208, random_sizes(5, 3008, rng, true), MXMOE_DTYPE_F32},  // 10 x 2 tiles, bands of 8 and 2
   };
   uint32_t seed = 400;
-  for (const char* cluster : {"2", "1"}) {
-    EnvGuard env;
-    env.set("MXMOE_GEMM_SM90", "mxmoe-only");
-    env.set("MXMOE_GEMM_CLUSTER", cluster);
-    for (Data d : {Data::kExactGrid, Data::kFullRange}) {
-      g_data = d;
-      for (const auto& c : cases) {
-        SCOPED_TRACE(std::string("cluster ") + cluster);
-        bool unsupported = false;
-        run_kg_case(c, seed++, &unsupported);
-        if (unsupported) GTEST_SKIP() << "tile128 GEMMs unsupported here: " << mxmoe_last_error();
+  // The single-thread TMA producer (the default) and the warp producer (MXMOE_GEMM_PRODUCER=warp).
+  for (const char* producer : {"thread", "warp"}) {
+    for (const char* cluster : {"2", "1"}) {
+      EnvGuard env;
+      env.set("MXMOE_GEMM_SM90", "mxmoe-only");
+      env.set("MXMOE_GEMM_CLUSTER", cluster);
+      env.set("MXMOE_GEMM_PRODUCER", producer);
+      for (Data d : {Data::kExactGrid, Data::kFullRange}) {
+        g_data = d;
+        for (const auto& c : cases) {
+          SCOPED_TRACE(std::string("cluster ") + cluster + ", producer " + producer);
+          bool unsupported = false;
+          run_kg_case(c, seed++, &unsupported);
+          if (unsupported) GTEST_SKIP() << "tile128 GEMMs unsupported here: " << mxmoe_last_error();
+        }
       }
     }
   }

@@ -72,6 +72,15 @@ constexpr int stages() {
   return n > 6 ? 6 : n;
 }
 
+template <class Out>
+bool dispatch(const GroupedKRun& r) {
+  constexpr int S = stages<Out>();
+  const bool pairs = grouped_k_cluster(r.m, r.groups) == 2;
+  if (grouped_k_warp_producer())
+    return pairs ? launch<sm90::GroupedK<S, Out, 2, true>>(r) : launch<sm90::GroupedK<S, Out, 1, true>>(r);
+  return pairs ? launch<sm90::GroupedK<S, Out, 2>>(r) : launch<sm90::GroupedK<S, Out, 1>>(r);
+}
+
 }  // namespace
 
 bool sm90_prefers_own_wgrad(int64_t k) {
@@ -86,11 +95,7 @@ bool sm90_grouped_k(const GroupedKRun& r) {
   if (reinterpret_cast<uintptr_t>(r.out) % 16 != 0) return false;
   if (r.m >= (int64_t{1} << 31) || r.n >= (int64_t{1} << 31) || r.k >= (int64_t{1} << 31)) return false;
   if (r.groups * ((r.n + 127) / 128 * ((r.k + 127) / 128) + 1) >= (int64_t{1} << 31)) return false;
-  const bool pairs = grouped_k_cluster(r.m, r.groups) == 2;
-  if (r.out_bf16)
-    return pairs ? launch<sm90::GroupedK<stages<__nv_bfloat16>(), __nv_bfloat16, 2>>(r)
-                 : launch<sm90::GroupedK<stages<__nv_bfloat16>(), __nv_bfloat16, 1>>(r);
-  return pairs ? launch<sm90::GroupedK<stages<float>(), float, 2>>(r) : launch<sm90::GroupedK<stages<float>(), float, 1>>(r);
+  return r.out_bf16 ? dispatch<__nv_bfloat16>(r) : dispatch<float>(r);
 }
 
 }  // namespace gemm

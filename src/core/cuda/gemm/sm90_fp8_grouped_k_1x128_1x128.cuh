@@ -66,9 +66,14 @@ struct GroupedKParams {
   FastDiv band_div;         // division by the tiles of a full band, kBand ceil(K / 128)
 };
 
-template <int Stages_, class Out_, int Cluster_ = 1>
+template <int Stages_, class Out_, int Cluster_ = 1, bool WarpProducer_ = false>
 struct GroupedK {
   using Out = Out_;
+  // Warp producer (the M-grouped kernel's v7d technique): all of warp 0 runs the TMA loop with the tile
+  // fields broadcast from lane 0 and one elected lane issuing, so the TMA operands sit in uniform
+  // registers instead of an ELECT / R2UR / BRA.U.ANY loop around each TMA of thread 0 alone. Forced
+  // only (MXMOE_GEMM_PRODUCER=warp) until measured against the thread producer and CUTLASS.
+  static constexpr bool kWarpProducer = WarpProducer_;
   // CTAs per cluster: 2 = pairs of CTAs on neighbouring m-tiles (A rows) of one group and the same
   // n-tile share the B box, each loading half of it and multicasting it to both.
   static constexpr int kCluster = Cluster_;
@@ -319,29 +324,64 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     // scales): 104 + 2 x 200 <= 3 x 168, the launch's share (setmaxnreg moves registers within it).
     cutlass::arch::warpgroup_reg_dealloc<104>();
     const int warp = tid / 32;
-    if (tid == 0) {
-      // TMA thread: every tile's k-blocks through the stage ring.
+    if (K::kWarpProducer ? warp == 0 : tid == 0) {
       constexpr int kHalfB = K::kBBytes / 2;  // the B box is loaded as two halves of 64 rows
-      uint32_t it = 0;
-      for (int P = cluster; K::kCluster * P < total; P += clusters) {
-        const KTile c = ktile<K>(K::kCluster * P + rank, p, mt, nt, s_end, s_blk, s_ne);
-        // Both CTAs of a cluster decode both slots, so they agree on every multicast.
-        const bool shared =
-            K::kCluster > 1 && ktile<K>(K::kCluster * P + peer, p, mt, nt, s_end, s_blk, s_ne).col0 == c.col0;
-        for (int j = 0; j < c.boxes; ++j, ++it) {
-          const int s = it % K::kStages;
-          const uint32_t ph = (it / K::kStages) & 1;
-          cutlass::arch::ClusterBarrier::wait(&empty[s], ph ^ 1);
-          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[s], K::kStageBytes);
-          const int t0 = c.start - c.d + j * K::kBlockK;
-          tma_load_2d(&tma_a, &full[s], smem_a + s * K::kABytes, t0, c.row0);
-          uint8_t* b = smem_b + s * K::kBBytes;
-          if (K::kCluster > 1 && shared) {
-            tma_load_2d_multicast(&tma_b, &full[s], b + rank * kHalfB, t0, c.col0 + rank * (K::kBlockN / 2),
-                                  static_cast<uint16_t>((1u << K::kCluster) - 1));
-          } else {
-            tma_load_2d(&tma_b, &full[s], b, t0, c.col0);
-            tma_load_2d(&tma_b, &full[s], b + kHalfB, t0, c.col0 + K::kBlockN / 2);
+      if constexpr (K::kWarpProducer) {
+        // Warp 0: every tile's k-blocks through the stage ring, the tile fields taken from lane 0
+        // (known warp-uniform to the compiler), one elected lane issuing.
+        auto uniform = [](int v) { return __shfl_sync(0xffffffffu, v, 0); };
+        const bool leader = cute::elect_one_sync();
+        uint32_t it = 0;
+        for (int P = cluster; K::kCluster * P < total; P += clusters) {
+          const KTile c = ktile<K>(K::kCluster * P + rank, p, mt, nt, s_end, s_blk, s_ne);
+          // Both CTAs of a cluster decode both slots, so they agree on every multicast.
+          const bool shared = uniform(
+              K::kCluster > 1 && ktile<K>(K::kCluster * P + peer, p, mt, nt, s_end, s_blk, s_ne).col0 == c.col0);
+          const int a0 = uniform(c.start - c.d), row0 = uniform(c.row0), col0 = uniform(c.col0);
+          const int boxes = uniform(c.boxes);
+          for (int j = 0; j < boxes; ++j, ++it) {
+            const int s = it % K::kStages;
+            const uint32_t ph = (it / K::kStages) & 1;
+            cutlass::arch::ClusterBarrier::wait(&empty[s], ph ^ 1);
+            if (leader) {
+              cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[s], K::kStageBytes);
+              const int t0 = a0 + j * K::kBlockK;
+              tma_load_2d(&tma_a, &full[s], smem_a + s * K::kABytes, t0, row0);
+              uint8_t* b = smem_b + s * K::kBBytes;
+              if (K::kCluster > 1 && shared) {
+                tma_load_2d_multicast(&tma_b, &full[s], b + rank * kHalfB, t0, col0 + rank * (K::kBlockN / 2),
+                                      static_cast<uint16_t>((1u << K::kCluster) - 1));
+              } else {
+                tma_load_2d(&tma_b, &full[s], b, t0, col0);
+                tma_load_2d(&tma_b, &full[s], b + kHalfB, t0, col0 + K::kBlockN / 2);
+              }
+            }
+            __syncwarp();
+          }
+        }
+      } else {
+        // TMA thread: every tile's k-blocks through the stage ring.
+        uint32_t it = 0;
+        for (int P = cluster; K::kCluster * P < total; P += clusters) {
+          const KTile c = ktile<K>(K::kCluster * P + rank, p, mt, nt, s_end, s_blk, s_ne);
+          // Both CTAs of a cluster decode both slots, so they agree on every multicast.
+          const bool shared =
+              K::kCluster > 1 && ktile<K>(K::kCluster * P + peer, p, mt, nt, s_end, s_blk, s_ne).col0 == c.col0;
+          for (int j = 0; j < c.boxes; ++j, ++it) {
+            const int s = it % K::kStages;
+            const uint32_t ph = (it / K::kStages) & 1;
+            cutlass::arch::ClusterBarrier::wait(&empty[s], ph ^ 1);
+            cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[s], K::kStageBytes);
+            const int t0 = c.start - c.d + j * K::kBlockK;
+            tma_load_2d(&tma_a, &full[s], smem_a + s * K::kABytes, t0, c.row0);
+            uint8_t* b = smem_b + s * K::kBBytes;
+            if (K::kCluster > 1 && shared) {
+              tma_load_2d_multicast(&tma_b, &full[s], b + rank * kHalfB, t0, c.col0 + rank * (K::kBlockN / 2),
+                                    static_cast<uint16_t>((1u << K::kCluster) - 1));
+            } else {
+              tma_load_2d(&tma_b, &full[s], b, t0, c.col0);
+              tma_load_2d(&tma_b, &full[s], b + kHalfB, t0, c.col0 + K::kBlockN / 2);
+            }
           }
         }
       }

@@ -85,6 +85,13 @@ inline int grouped_k_cluster(int64_t m, int groups) {
 // declines calls it cannot take (M % 16 != 0, unaligned operands), which then go to CUTLASS.
 inline bool grouped_k_prefer_own(int64_t k) { return k <= 1024; }
 
+// The warp producer in the K-grouped kernel (the forward kernel's v7d technique): forced only,
+// MXMOE_GEMM_PRODUCER=warp, until measured (docs/perf/gemm.md "Where issue 12 stands").
+inline bool grouped_k_warp_producer() {
+  const char* e = std::getenv("MXMOE_GEMM_PRODUCER");
+  return e && std::strcmp(e, "warp") == 0;
+}
+
 }  // namespace gemm
 }  // namespace cuda
 }  // namespace mxmoe
