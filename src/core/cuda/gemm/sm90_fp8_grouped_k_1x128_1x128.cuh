@@ -72,7 +72,7 @@ struct GroupedK {
   // Warp producer (the M-grouped kernel's v7d technique): all of warp 0 runs the TMA loop with the tile
   // fields broadcast from lane 0 and one elected lane issuing, so the TMA operands sit in uniform
   // registers instead of an ELECT / R2UR / BRA.U.ANY loop around each TMA of thread 0 alone. Forced
-  // only (MXMOE_GEMM_PRODUCER=warp) until measured against the thread producer and CUTLASS.
+  // only (MXMOE_GEMM_PRODUCER=warp): 0.95-1.04x the thread producer (docs/perf/gemm.md, step 6).
   static constexpr bool kWarpProducer = WarpProducer_;
   // CTAs per cluster: 2 = pairs of CTAs on neighbouring m-tiles (A rows) of one group and the same
   // n-tile share the B box, each loading half of it and multicasting it to both.
