@@ -6,6 +6,9 @@
 # of one forward launch per variant with the warp-stall sampling per SASS instruction (SourceCounters;
 # the per-instruction table as CSV: ncu-<variant>-sass.csv). Run from the repo root on the device
 # with a carried build: bash scripts/diag/gemm_v7_call.sh
+# (MXMOE_VARIANTS replaces the bench's variant list; MXMOE_NCU=0 skips Nsight. Step 7, BlockN 160 with the
+# warp producer: MXMOE_NCU=0 MXMOE_VARIANTS="own:MXMOE_GEMM_SM90=mxmoe,own160-warp:MXMOE_GEMM_SM90=mxmoe+
+# MXMOE_GEMM_BLOCK_N=160+MXMOE_GEMM_PRODUCER=warp" bash scripts/diag/gemm_v7_call.sh)
 set -uo pipefail
 export MXMOE_BUILD=$PWD/build-cuda MXMOE_LIBRARY=$PWD/build-cuda/src/core/libmxmoe.so
 export MXMOE_OPS_LIBRARY=$PWD/build-cuda/src/ops/libmxmoe_torch.so LD_LIBRARY_PATH=$PWD/build-cuda/src/core
@@ -21,7 +24,7 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=c
 smi=$!
 SECONDS=0
 timeout 280 python3 bench/bench_gemm.py --passes forward,dgrad --profile= \
-  --variants "cutlass:MXMOE_GEMM_SM90=cutlass,own:MXMOE_GEMM_SM90=mxmoe,own-warp:MXMOE_GEMM_SM90=mxmoe+MXMOE_GEMM_PRODUCER=warp,own-stage:MXMOE_GEMM_SM90=mxmoe+MXMOE_GEMM_EXTRA_STAGE=1,own-warp-stage:MXMOE_GEMM_SM90=mxmoe+MXMOE_GEMM_PRODUCER=warp+MXMOE_GEMM_EXTRA_STAGE=1" \
+  --variants "${MXMOE_VARIANTS:-cutlass:MXMOE_GEMM_SM90=cutlass,own:MXMOE_GEMM_SM90=mxmoe,own-warp:MXMOE_GEMM_SM90=mxmoe+MXMOE_GEMM_PRODUCER=warp,own-stage:MXMOE_GEMM_SM90=mxmoe+MXMOE_GEMM_EXTRA_STAGE=1,own-warp-stage:MXMOE_GEMM_SM90=mxmoe+MXMOE_GEMM_PRODUCER=warp+MXMOE_GEMM_EXTRA_STAGE=1}" \
   --json "$OUT/gemm-variants.json" --table /tmp/table-gemm-variants.txt > "$OUT/bench-gemm-variants.log" 2>&1
 echo "bench fwd/dgrad rc $? after ${SECONDS}s"
 kill $smi 2>/dev/null
@@ -30,6 +33,7 @@ awk -F', ' '{print $2}' /tmp/smi.csv | sort -n | awk '{a[NR]=$1} END {print "SM 
 
 # Nsight Compute after the bench, of the warp producer only (the default kernel's SASS is the v7c build's,
 # whose table is bench/results/ncu/0b12dc8-fwd-own128-sass-stalls.csv.gz).
+[[ ${MXMOE_NCU:-1} == 0 ]] && exit 0
 for v in "own-warp:MXMOE_GEMM_PRODUCER=warp"; do
   IFS=: read -r label env <<<"$v"
   SECONDS=0
