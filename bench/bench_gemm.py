@@ -297,8 +297,7 @@ def sm90_choice(pas, N, K, G, M, env=None):
     stage = {"1": True, "0": False}.get(env.get("MXMOE_GEMM_EXTRA_STAGE", ""), K >= 4096)
     warp = {"warp": True, "thread": False}.get(env.get("MXMOE_GEMM_PRODUCER", ""), K >= 4096)
     extra = " +1 stage" if bn == 128 and stage else ""
-    extra += " warp producer" if (bn == 128 and warp) or \
-        (bn == 160 and env.get("MXMOE_GEMM_PRODUCER", "") == "warp") else ""
+    extra += " warp producer" if bn == 128 and warp else ""
     return "mxmoe_sm90_grouped_m", f"128x{bn}x128 cluster {cl}{extra}"
 
 

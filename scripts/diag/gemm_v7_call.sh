@@ -6,9 +6,10 @@
 # of one forward launch per variant with the warp-stall sampling per SASS instruction (SourceCounters;
 # the per-instruction table as CSV: ncu-<variant>-sass.csv). Run from the repo root on the device
 # with a carried build: bash scripts/diag/gemm_v7_call.sh
-# (MXMOE_VARIANTS replaces the bench's variant list; MXMOE_NCU=0 skips Nsight. Step 7, BlockN 160 with the
+# (MXMOE_VARIANTS replaces the bench's variant list; MXMOE_NCU=0 skips Nsight; step 7 ran BlockN 160 with the
 # warp producer: MXMOE_NCU=0 MXMOE_VARIANTS="own:MXMOE_GEMM_SM90=mxmoe,own160-warp:MXMOE_GEMM_SM90=mxmoe+
-# MXMOE_GEMM_BLOCK_N=160+MXMOE_GEMM_PRODUCER=warp" bash scripts/diag/gemm_v7_call.sh)
+# MXMOE_GEMM_BLOCK_N=160+MXMOE_GEMM_PRODUCER=warp" bash scripts/diag/gemm_v7_call.sh at 78bb87c; those
+# instances were removed after it measured 0.78-0.89x, docs/perf/gemm.md step 7)
 set -uo pipefail
 export MXMOE_BUILD=$PWD/build-cuda MXMOE_LIBRARY=$PWD/build-cuda/src/core/libmxmoe.so
 export MXMOE_OPS_LIBRARY=$PWD/build-cuda/src/ops/libmxmoe_torch.so LD_LIBRARY_PATH=$PWD/build-cuda/src/core

@@ -433,14 +433,6 @@ TEST(CudaGemmTile128, SmallForwardAndWgrad) {  // the compute-sanitizer case
     env.set("MXMOE_GEMM_CLUSTER", "2");
     run_fwd_case({400, 352, 256, {130, 0, 200}, MXMOE_DTYPE_BF16, true}, 5, &unsupported);
   }
-  {
-    EnvGuard env;  // BlockN 160 with the warp producer (forced only)
-    env.set("MXMOE_GEMM_SM90", "mxmoe-only");
-    env.set("MXMOE_GEMM_BLOCK_N", "160");
-    env.set("MXMOE_GEMM_PRODUCER", "warp");
-    env.set("MXMOE_GEMM_CLUSTER", "2");
-    run_fwd_case({400, 352, 256, {130, 0, 200}, MXMOE_DTYPE_BF16, true}, 9, &unsupported);
-  }
   for (const char* producer : {"thread", "warp"}) {
     EnvGuard env;  // BlockN 128 with one more stage (the lean layout: scan storage in the epilogue buffer),
     env.set("MXMOE_GEMM_SM90", "mxmoe-only");  // with either producer
@@ -538,8 +530,7 @@ TEST(CudaGemmTile128, OwnSm90Kernel) {
     const char *block_n, *extra_stage, *producer;
   };
   const Tile tiles[] = {{"128", "0", "thread"}, {"160", "0", "thread"}, {"192", "0", "thread"},
-                        {"128", "1", "thread"}, {"128", "0", "warp"},   {"128", "1", "warp"},
-                        {"160", "0", "warp"}};
+                        {"128", "1", "thread"}, {"128", "0", "warp"},   {"128", "1", "warp"}};
   for (const char* cluster : {"2", "1"}) {
     for (const auto& [block_n, extra_stage, producer] : tiles) {
       EnvGuard env;

@@ -87,8 +87,7 @@ bool dispatch_n(const GroupedMRun& r) {
     case 192:
       return launch<sm90::GroupedM<192, stages<192, Out>(), Out, Cluster>>(r);
     case 160:
-      return grouped_m_wide_warp_producer() ? launch<sm90::GroupedM<160, stages<160, Out>(), Out, Cluster, false, true>>(r)
-                                            : launch<sm90::GroupedM<160, stages<160, Out>(), Out, Cluster>>(r);
+      return launch<sm90::GroupedM<160, stages<160, Out>(), Out, Cluster>>(r);
     default: {
       // One more stage in the lean layout where it fits (G <= ~240-370; else the usual stages), and / or
       // the warp producer (sm90_tile_heuristics.hpp).

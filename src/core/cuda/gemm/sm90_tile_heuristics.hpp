@@ -48,13 +48,6 @@ inline bool grouped_m_warp_producer(int64_t k) {
   return grouped_m_long_k(k);
 }
 
-// BlockN 160 (forced only) with the warp producer: only when forced too, MXMOE_GEMM_PRODUCER=warp
-// (measurement: DeepGEMM's width with the producer that lifted BlockN 128; docs/perf/gemm.md step 7).
-inline bool grouped_m_wide_warp_producer() {
-  const char* e = std::getenv("MXMOE_GEMM_PRODUCER");
-  return e && std::strcmp(e, "warp") == 0;
-}
-
 // CTAs per cluster of the M-grouped kernel: 2 (pairs share B tiles through TMA multicast) at
 // K >= 4096, where the multicast saves 3-7%; 1 below, where the pairs' lockstep costs more than it
 // saves (up to 20% at K 768; measured at ab170b6, docs/perf/gemm.md). MXMOE_GEMM_CLUSTER=1|2 forces.
