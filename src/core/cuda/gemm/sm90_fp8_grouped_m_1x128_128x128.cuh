@@ -8,8 +8,8 @@
 //
 // Structure (DeepGEMM's technique, our code): a persistent CTA per SM with three warpgroups.
 // Warpgroup 0 is the producer (one thread, or at K >= 4096 all of warp 0 with one elected lane, issues
-// the TMA loads of A and B tiles into a ring of shared-memory stages; 40 registers), warpgroups 1 and 2 each own 64 of the tile's 128 rows and
-// issue m64 x BlockN x k32 wgmmas from the staged tiles (232 registers). At BlockN 128 a math
+// the TMA loads of A and B tiles into a ring of shared-memory stages; 40 registers), warpgroups 1 and
+// 2 each own 64 of the tile's 128 rows and issue m64 x BlockN x k32 wgmmas from the staged tiles (232 registers). At BlockN 128 a math
 // thread holds two in-flight fp32 sets and the promoted sum, so k-block i is promoted while the
 // wgmmas of k-block i + 1 run; at BlockN 160 / 192 (10% / 13% less shared-memory traffic per FLOP;
 // a tile straddles two weight-scale tiles, handled per 8-column chunk) one in-flight set, the two

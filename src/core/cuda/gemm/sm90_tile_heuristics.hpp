@@ -32,20 +32,23 @@ inline int grouped_m_block_n() {
 // warp|thread and MXMOE_GEMM_EXTRA_STAGE=1|0 force (measurements).
 inline bool grouped_m_long_k(int64_t k) { return k >= 4096; }
 
+// An on / off switch from the environment: 1 when `var` is `on`, 0 when it is `off`, -1 otherwise
+// (unset or another value: the heuristic decides).
+inline int env_switch(const char* var, const char* on, const char* off) {
+  const char* e = std::getenv(var);
+  if (!e) return -1;
+  if (std::strcmp(e, on) == 0) return 1;
+  return std::strcmp(e, off) == 0 ? 0 : -1;
+}
+
 inline bool grouped_m_extra_stage(int64_t k) {
-  if (const char* e = std::getenv("MXMOE_GEMM_EXTRA_STAGE")) {
-    if (std::strcmp(e, "1") == 0) return true;
-    if (std::strcmp(e, "0") == 0) return false;
-  }
-  return grouped_m_long_k(k);
+  const int forced = env_switch("MXMOE_GEMM_EXTRA_STAGE", "1", "0");
+  return forced >= 0 ? forced == 1 : grouped_m_long_k(k);
 }
 
 inline bool grouped_m_warp_producer(int64_t k) {
-  if (const char* e = std::getenv("MXMOE_GEMM_PRODUCER")) {
-    if (std::strcmp(e, "warp") == 0) return true;
-    if (std::strcmp(e, "thread") == 0) return false;
-  }
-  return grouped_m_long_k(k);
+  const int forced = env_switch("MXMOE_GEMM_PRODUCER", "warp", "thread");
+  return forced >= 0 ? forced == 1 : grouped_m_long_k(k);
 }
 
 // CTAs per cluster of the M-grouped kernel: 2 (pairs share B tiles through TMA multicast) at
@@ -88,10 +91,7 @@ inline bool grouped_k_prefer_own(int64_t k) { return k <= 1024; }
 // The warp producer in the K-grouped kernel (the forward kernel's v7d technique): forced only,
 // MXMOE_GEMM_PRODUCER=warp. It measured 0.95-1.04x the thread producer on every wgrad shape (1f11d4b,
 // docs/perf/gemm.md "Step 6 measured": the wgrad waits on its own wgmmas and on the helpers' scales).
-inline bool grouped_k_warp_producer() {
-  const char* e = std::getenv("MXMOE_GEMM_PRODUCER");
-  return e && std::strcmp(e, "warp") == 0;
-}
+inline bool grouped_k_warp_producer() { return env_switch("MXMOE_GEMM_PRODUCER", "warp", "thread") == 1; }
 
 }  // namespace gemm
 }  // namespace cuda
