@@ -25,13 +25,17 @@ fi
 PY=.venv/bin/python
 # transformers: the integration tests (tiny random-init Qwen3-MoE / Mixtral / OLMoE / DeepSeek-V3 /
 # gpt-oss configs) and `train --model hf-qwen3`; 5.17 is the release on the GPU machine.
-stamp=.venv/.mxmoe-deps-v2
+# torchtitan 0.3.0: the integration tests build its models (its MoE and model code import spmd_types,
+# tyro and triton; the trainer's data, checkpoint and logging dependencies are left out: --no-deps).
+# torchao 0.18: its wheel carries the TorchTitan reference MoE the GPU tests convert.
+stamp=.venv/.mxmoe-deps-v3
 if [[ ! -f $stamp ]]; then
-  echo "setup: installing Python dependencies (torch 2.13 CPU, transformers, build and test tools)"
+  echo "setup: installing Python dependencies (torch 2.13 CPU, transformers, torchtitan, build and test tools)"
   $PY -m pip install -q --upgrade pip >/dev/null
   $PY -m pip install -q "torch==2.13.0" "scikit-build-core>=0.10" "cmake>=3.24" ninja pytest numpy matplotlib tqdm \
-    "nvidia-cutlass==4.2.0.0" "transformers==5.17.0"
-  rm -f .venv/.mxmoe-deps-v1
+    "nvidia-cutlass==4.2.0.0" "transformers==5.17.0" "tyro==1.0.17" "triton==3.9.0"
+  $PY -m pip install -q --no-deps "torchtitan==0.3.0" "spmd_types==0.2.3" "torchao==0.18.0"
+  rm -f .venv/.mxmoe-deps-v1 .venv/.mxmoe-deps-v2
   touch $stamp
 fi
 # The Python package: CPU build of libmxmoe (the CUDA kernels are compiled by the C++ build in

@@ -7,9 +7,14 @@ expert weights), the best of three mechanisms:
                 forward becomes mxmoe's registered experts implementation (mxmoe/integrations/
                 transformers.py), the whole fused expert layer on the module's own parameters.
                 (For the whole model in one line, without convert: ``experts_implementation="mxmoe"``.)
-  torchtitan    GroupedExperts-shaped weights (3D w1, w2, w3) inside TorchTitan's MoE, or the demo
-                model's MoE: the MoE's routed part runs on the fused layer (mxmoe/integrations/
-                torchtitan.py); router, load-balancing counts and shared experts as before.
+  torchtitan    the experts of a TorchTitan MoE (torchtitan 0.3's RoutedExperts, torchao's reference MoE,
+                the router-counting variant; recognised by structure, mxmoe/integrations/torchtitan.py):
+                the routed part runs on the fused layer; routing, expert bias, load-balancing counts
+                and shared experts exactly as the model does them. A TorchTitan-shaped MoE that fits
+                no known variant is an error, not a guess.
+  demo          the demo model's MoE (its experts_fn hook).
+  seam          a TorchTitan GroupedExperts whose dispatcher mxmoe does not know (DeepEP, HybridEP, ...)
+                or outside a MoE: its ``_grouped_mm`` method runs on mxmoe.grouped_mm.
   redirect      anything else whose forward calls ``torch._grouped_mm`` (or ``F.grouped_mm``) on a
                 3D weight: a copy of the module's forward function whose globals see an mxmoe
                 ``torch._grouped_mm`` (2D A, 3D B, offs given -> mxmoe.grouped_mm; other calls go to
@@ -83,6 +88,28 @@ def _redirected_forward(module: nn.Module, recipe: str, backend: str):
 _REDIRECTED: dict = {}  # (forward's code, recipe, backend) -> its redirected copy (or None)
 
 
+def _globals_reaching_grouped_mm(code) -> set:
+    """Global names the code reads `_grouped_mm` / `grouped_mm` from (``torch._grouped_mm(...)``,
+    ``F.grouped_mm(...)``), in it or its nested functions: only such a forward is redirected, so a
+    forward that merely uses torch while its GEMMs run elsewhere (a method it calls) is not reported
+    as converted."""
+    import dis
+
+    names, last_global = set(), None
+    for ins in dis.get_instructions(code):
+        if ins.opname == "LOAD_GLOBAL":
+            last_global = ins.argval
+            continue
+        if ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and last_global is not None \
+                and ins.argval in ("_grouped_mm", "grouped_mm"):
+            names.add(last_global)
+        last_global = None
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _globals_reaching_grouped_mm(const)
+    return names
+
+
 def _redirected_function(f, recipe: str, backend: str):
     mm = _redirecting_grouped_mm(recipe, backend)
     # The copy's globals are a registered module of their own (a snapshot of f's module globals):
@@ -91,8 +118,9 @@ def _redirected_function(f, recipe: str, backend: str):
     globs = home.__dict__
     globs.update({k: v for k, v in f.__globals__.items() if k not in ("__name__", "__spec__", "__loader__")})
     changed = False
+    reached = _globals_reaching_grouped_mm(f.__code__)
     for name, value in f.__globals__.items():
-        if name not in f.__code__.co_names:
+        if name not in reached:
             continue
         if value is torch:
             globs[name] = _module_with(torch, "_grouped_mm", mm)
@@ -116,7 +144,7 @@ class _Conversion:
     """What convert() changed on one selected module, so that unconvert() can undo it."""
 
     def __init__(self, mechanism: str, target: nn.Module, attrs: dict, recipe: str):
-        self.mechanism = mechanism  # "transformers" | "torchtitan" | "demo" | "redirect"
+        self.mechanism = mechanism  # "transformers" | "torchtitan" | "demo" | "seam" | "redirect"
         self.target = target  # the module whose attributes changed (the experts or their MoE)
         self.attrs = attrs  # attribute -> previous value (_MISSING: there was none)
         self.recipe = recipe
@@ -145,7 +173,7 @@ def _set(target: nn.Module, values: dict) -> dict:
     return old
 
 
-def _convert_one(module: nn.Module, parent: Optional[nn.Module], recipe: str, backend: str) -> _Conversion:
+def _convert_one(module: nn.Module, parent: Optional[nn.Module], fqn: str, recipe: str, backend: str) -> _Conversion:
     from .integrations import torchtitan as tt
     from .integrations import transformers as hf
 
@@ -154,19 +182,40 @@ def _convert_one(module: nn.Module, parent: Optional[nn.Module], recipe: str, ba
         attrs = {"forward": types.MethodType(hf.experts_forward, module), "_mxmoe_recipe": recipe,
                  "_mxmoe_backend": backend}
         return _Conversion("transformers", module, _set(module, attrs), recipe)
-    if parent is not None and getattr(parent, "experts", None) is module and tt.grouped_experts_weights(module):
-        if hasattr(parent, "experts_fn"):  # the demo model's hook
-            fn = tt.demo_experts_fn(recipe, backend)
-            return _Conversion("demo", parent, _set(parent, {"experts_fn": fn}), recipe)
-        if tt.is_torchtitan_moe(parent):
-            attrs = {"forward": types.MethodType(tt.moe_forward, parent), "_mxmoe_recipe": recipe,
-                     "_mxmoe_backend": backend}
-            return _Conversion("torchtitan", parent, _set(parent, attrs), recipe)
+    try:
+        spec = tt.experts_spec(module)
+    except ValueError as e:
+        raise ValueError(f"mxmoe.convert: module '{fqn}': {e}") from None
+    if spec is not None:
+        if tt.is_routed_experts(parent, module):  # torchtitan 0.3.x: RoutedExperts(token_dispatcher, inner_experts)
+            if tt.known_dispatcher(parent.token_dispatcher):
+                attrs = {"forward": types.MethodType(tt.routed_experts_forward, parent), "_mxmoe_recipe": recipe,
+                         "_mxmoe_backend": backend}
+                return _Conversion("torchtitan", parent, _set(parent, attrs), recipe)
+            # Another dispatcher (DeepEP, HybridEP, ...): it stays; the experts' GEMMs run on mxmoe.
+            return _Conversion("seam", module, _set(module, {"_grouped_mm": tt.grouped_mm_seam(recipe, backend)}),
+                               recipe)
+        if parent is not None and getattr(parent, "experts", None) is module:
+            if hasattr(parent, "experts_fn"):  # the demo model's hook
+                fn = tt.demo_experts_fn(recipe, backend)
+                return _Conversion("demo", parent, _set(parent, {"experts_fn": fn}), recipe)
+            if tt.is_torchtitan_moe(parent):
+                parent_fqn = fqn.rpartition(".")[0] or "<root>"
+                try:
+                    variant = tt.moe_variant(parent)
+                except ValueError as e:
+                    raise ValueError(f"mxmoe.convert: module '{parent_fqn}': {e}") from None
+                attrs = {"forward": types.MethodType(tt.moe_forward, parent), "_mxmoe_recipe": recipe,
+                         "_mxmoe_backend": backend, "_mxmoe_variant": variant}
+                return _Conversion("torchtitan", parent, _set(parent, attrs), recipe)
+        if hasattr(type(module), "_grouped_mm"):  # a GroupedExperts outside a known MoE: its GEMM seam
+            return _Conversion("seam", module, _set(module, {"_grouped_mm": tt.grouped_mm_seam(recipe, backend)}),
+                               recipe)
     fwd = _redirected_forward(module, recipe, backend)
     if fwd is None:
-        raise ValueError(f"mxmoe.convert: module {type(module).__name__} owns 3D weights but is neither a transformers "
-                         "experts module, nor TorchTitan-shaped (w1, w2, w3), nor calls torch._grouped_mm from its "
-                         "forward; pass filter_fn to leave it out")
+        raise ValueError(f"mxmoe.convert: module '{fqn}' ({type(module).__name__}) owns 3D weights but is neither a "
+                         "transformers experts module, nor a TorchTitan MoE's experts, nor calls torch._grouped_mm "
+                         "(or F.grouped_mm) from its forward; pass filter_fn to leave it out")
     return _Conversion("redirect", module, _set(module, {"forward": fwd}), recipe)
 
 
@@ -206,7 +255,7 @@ def convert(
         old = module.__dict__.get(_ATTR)
         if old is not None:
             old.remove()
-        conv = _convert_one(module, parents.get(id(module)), recipe_name, backend)
+        conv = _convert_one(module, parents.get(id(module)), fqn, recipe_name, backend)
         object.__setattr__(module, _ATTR, conv)
     return model
 
@@ -226,7 +275,7 @@ def is_converted(module: nn.Module) -> bool:
 
 
 def conversion_mechanism(module: nn.Module) -> Optional[str]:
-    """How convert() switched this module over ("transformers", "torchtitan", "demo", "redirect"), or None."""
+    """How convert() switched this module over ("transformers", "torchtitan", "demo", "seam", "redirect"), or None."""
     conv = module.__dict__.get(_ATTR)
     return None if conv is None else conv.mechanism
 

@@ -200,53 +200,65 @@ def _gather_src(x, perm, k, row_scale=None):
 class _FusedMX(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, topk_idx, topk_w, w13, w2, b13, b2, mode: int, act: Swiglu, layout: int, phases,
-                w_up=None):
+                w_up=None, score_before: bool = False):
         # w_up: given, w13 is the gate half and w_up the up half (E, I, H) each.
+        # score_before: the weights scale the dispatched rows (quantized from the fp32 product) and the
+        # combine sums unweighted; the weights' grad then comes from x and the dispatched rows' grad.
         k, E = topk_idx.shape[1], w13.shape[0]
         offs, perm, inv = phases.routing(topk_idx, E)
         need_w13, need_w2 = ctx.needs_input_grad[3] or ctx.needs_input_grad[11], ctx.needs_input_grad[4]
         w13_f, w13_b = phases.weights(w13 if w_up is None else (w13, w_up), mode)
         w2_f, w2_b = phases.weights(w2, mode)
-        # GEMM1 on the dispatched rows of x (gathered and quantized in one pass).
-        h, x_q, x_s = phases.forward(_gather_src(x, perm, k), w13_f, offs, b13, mode, need_w13)
+        # GEMM1 on the dispatched rows of x (gathered, scaled when score_before, quantized in one pass).
+        rs = topk_w.float().contiguous() if score_before else None
+        h, x_q, x_s = phases.forward(_gather_src(x, perm, k, rs), w13_f, offs, b13, mode, need_w13)
         # GEMM2 on act(h), computed by its quantizer.
         swiglu_src = (SWIGLU, h, None, None, None, *_act_args(act, layout))
         o, y_q, y_s = phases.forward(swiglu_src, w2_f, offs, b2, mode, need_w2)
-        out = ops.moe_combine(o, inv, topk_w, x.dtype)
-        ctx.save_for_backward(h, o, x_q, x_s, y_q, y_s, *w13_b, *w2_b, offs, perm, inv, topk_w)
-        ctx.cfg = (k, mode, act, layout, x.dtype, w13.dtype, w2.dtype, _dtype(b13), _dtype(b2), phases, len(w13_b))
+        out = ops.moe_combine(o, inv, None if score_before else topk_w, x.dtype)
+        # The weights' grad reads o (weights after the experts) or x (weights before them).
+        ctx.save_for_backward(h, x if score_before else o, x_q, x_s, y_q, y_s, *w13_b, *w2_b, offs, perm, inv,
+                              topk_w)
+        ctx.cfg = (k, mode, act, layout, x.dtype, w13.dtype, w2.dtype, _dtype(b13), _dtype(b2), phases, len(w13_b),
+                   score_before)
         ctx.up_rows = None if w_up is None else w_up.shape[1]
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        k, mode, act, layout, x_dtype, w13_dtype, w2_dtype, b13, b2, phases, nb = ctx.cfg
-        h, o, x_q, x_s, y_q, y_s, *rest = ctx.saved_tensors
+        k, mode, act, layout, x_dtype, w13_dtype, w2_dtype, b13, b2, phases, nb, score_before = ctx.cfg
+        h, o_or_x, x_q, x_s, y_q, y_s, *rest = ctx.saved_tensors
         w13_b, w2_b, (offs, perm, inv, topk_w) = rest[:nb], rest[nb:2 * nb], rest[2 * nb:]
         need_x, _, need_tw, need_w13, need_w2, need_b13, need_b2 = ctx.needs_input_grad[:7]
         need_w13 = need_w13 or ctx.needs_input_grad[11]
         dout = dout.contiguous()
         rs = topk_w.float().contiguous()
-        d_tw = ops.moe_combine_weight_grad(dout, o, inv).to(topk_w.dtype) if need_tw else None
-        need_h = need_x or need_w13 or need_b13
+        rs_after = None if score_before else rs  # the weights' factor on dO (weights after the experts)
+        d_tw = None
+        if need_tw and not score_before:
+            d_tw = ops.moe_combine_weight_grad(dout, o_or_x, inv).to(topk_w.dtype)
+        need_dxs = need_x or (need_tw and score_before)  # the dispatched rows' grad
+        need_h = need_dxs or need_w13 or need_b13
         dx = dw13 = dw2 = db13 = db2 = None
         if need_h or need_w2:
             # dO = w * gather(dout), quantized as read: dY = dO @ w2 (dgrad) and dW2 = dO^T act(h) (wgrad).
-            d_y, dw2 = phases.backward(_gather_src(dout, perm, k, rs), w2_b, y_q if need_w2 else None,
+            d_y, dw2 = phases.backward(_gather_src(dout, perm, k, rs_after), w2_b, y_q if need_w2 else None,
                                        y_s if need_w2 else None, offs, mode, need_h, need_w2, w2_dtype)
         if need_b2:
-            db2 = _bias_grad(ops.moe_gather(dout, perm, k, rs, F32), offs, b2)
+            db2 = _bias_grad(ops.moe_gather(dout, perm, k, rs_after, F32), offs, b2)
         if need_h:
             # dH = act'(h, dY), quantized as read: dXs = dH @ w13 and dW13 = dH^T dispatch(x).
             dswiglu_src = (SWIGLU_BACKWARD, h, d_y, None, None, *_act_args(act, layout))
             dxs, dw13 = phases.backward(dswiglu_src, w13_b, x_q if need_w13 else None, x_s if need_w13 else None,
-                                        offs, mode, need_x, need_w13, w13_dtype)
+                                        offs, mode, need_dxs, need_w13, w13_dtype)
             if need_b13:
                 db13 = _bias_grad(ops.swiglu_backward(d_y, h, layout, act.alpha, act.limit, act.up_offset), offs, b13)
-            if need_x:
-                dx = ops.moe_combine(dxs, inv, None, x_dtype)
+            if need_tw and score_before:  # d w[t, j] = <x[t], dXs[inv[t, j]]>
+                d_tw = ops.moe_combine_weight_grad(o_or_x, dxs, inv).to(topk_w.dtype)
+            if need_x:  # dx[t] = sum_j w[t, j] dXs[inv[t, j]] when the weights scaled the rows
+                dx = ops.moe_combine(dxs, inv, rs if score_before else None, x_dtype)
         dw13, dw_up = _split_grad(dw13 if need_w13 else None, ctx.up_rows)
-        return (dx, None, d_tw, dw13, dw2 if need_w2 else None, db13, db2, None, None, None, None, dw_up)
+        return (dx, None, d_tw, dw13, dw2 if need_w2 else None, db13, db2, None, None, None, None, dw_up, None)
 
 
 # ---- bf16: the same fused data flow, unquantized --------------------------------------------------
@@ -259,32 +271,37 @@ def _mm(a: Tensor, b: Tensor, offs: Tensor) -> Tensor:
 
 class _Bf16(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, topk_idx, topk_w, w13, w2, b13, b2, mode: int, act: Swiglu, layout: int, w_up=None):
+    def forward(ctx, x, topk_idx, topk_w, w13, w2, b13, b2, mode: int, act: Swiglu, layout: int, w_up=None,
+                score_before: bool = False):
         k, E = topk_idx.shape[1], w13.shape[0]
         offs, perm, inv = ops.moe_routing(topk_idx, E)
         w13b, w2b = _cast(w13 if w_up is None else weight_cache.joined((w13, w_up)), BF16), _cast(w2, BF16)
-        xs = ops.moe_gather(x, perm, k, None, BF16)
+        # score_before: the rows scaled in fp32 and rounded once to bf16 (TorchTitan's order).
+        xs = ops.moe_gather(x, perm, k, topk_w.float().contiguous() if score_before else None, BF16)
         h = _add_bias(_mm(xs, w13b.transpose(-2, -1), offs), b13, offs)
         y = ops.swiglu(h, layout, act.alpha, act.limit, act.up_offset)
         o = _add_bias(_mm(y, w2b.transpose(-2, -1), offs), b2, offs)
-        out = ops.moe_combine(o, inv, topk_w, x.dtype)
-        ctx.save_for_backward(xs, h, y, o, w13b, w2b, offs, perm, inv, topk_w)
-        ctx.cfg = (k, act, layout, x.dtype, w13.dtype, w2.dtype, _dtype(b13), _dtype(b2))
+        out = ops.moe_combine(o, inv, None if score_before else topk_w, x.dtype)
+        ctx.save_for_backward(xs, h, y, x if score_before else o, w13b, w2b, offs, perm, inv, topk_w)
+        ctx.cfg = (k, act, layout, x.dtype, w13.dtype, w2.dtype, _dtype(b13), _dtype(b2), score_before)
         ctx.up_rows = None if w_up is None else w_up.shape[1]
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        xs, h, y, o, w13b, w2b, offs, perm, inv, topk_w = ctx.saved_tensors
-        k, act, layout, x_dtype, w13_dtype, w2_dtype, b13, b2 = ctx.cfg
+        xs, h, y, o_or_x, w13b, w2b, offs, perm, inv, topk_w = ctx.saved_tensors
+        k, act, layout, x_dtype, w13_dtype, w2_dtype, b13, b2, score_before = ctx.cfg
         need_x, _, need_tw, need_w13, need_w2, need_b13, need_b2 = ctx.needs_input_grad[:7]
         need_w13 = need_w13 or ctx.needs_input_grad[10]
         dout = dout.contiguous()
         rs = topk_w.float().contiguous()
-        d_tw = ops.moe_combine_weight_grad(dout, o, inv).to(topk_w.dtype) if need_tw else None
-        need_h = need_x or need_w13 or need_b13
+        d_tw = None
+        if need_tw and not score_before:
+            d_tw = ops.moe_combine_weight_grad(dout, o_or_x, inv).to(topk_w.dtype)
+        need_dxs = need_x or (need_tw and score_before)
+        need_h = need_dxs or need_w13 or need_b13
         dx = dw13 = dw2 = db13 = db2 = None
-        d_o = ops.moe_gather(dout, perm, k, rs, BF16)
+        d_o = ops.moe_gather(dout, perm, k, None if score_before else rs, BF16)
         if need_w2:
             dw2 = _cast(_mm(d_o.t(), y, offs), w2_dtype)
         if need_b2:
@@ -296,10 +313,14 @@ class _Bf16(torch.autograd.Function):
                 dw13 = _cast(_mm(dh.t(), xs, offs), w13_dtype)
             if need_b13:
                 db13 = _bias_grad(dh, offs, b13)
-            if need_x:
-                dx = ops.moe_combine(_mm(dh, w13b, offs), inv, None, x_dtype)
+            if need_dxs:
+                dxs = _mm(dh, w13b, offs)
+                if need_tw and score_before:  # d w[t, j] = <x[t], dXs[inv[t, j]]>
+                    d_tw = ops.moe_combine_weight_grad(o_or_x, dxs, inv).to(topk_w.dtype)
+                if need_x:
+                    dx = ops.moe_combine(dxs, inv, rs if score_before else None, x_dtype)
         dw13, dw_up = _split_grad(dw13, ctx.up_rows)
-        return (dx, None, d_tw, dw13, dw2, db13, db2, None, None, None, dw_up)
+        return (dx, None, d_tw, dw13, dw2, db13, db2, None, None, None, dw_up, None)
 
 
 # ---- composed: mxmoe.grouped_mm between differentiable gather / SwiGLU / combine --------------------
@@ -489,6 +510,7 @@ def moe_experts(
     bias2: Optional[Tensor] = None,
     backend: str = "auto",
     grouped_mm_backend: str = "auto",
+    score_before: bool = False,
 ) -> Tensor:
     """The MoE experts of one layer, fused: out[t] = sum_j w[t, j] * expert_{idx[t, j]}(x[t]).
 
@@ -509,11 +531,19 @@ def moe_experts(
       backend: 'auto' (the fused path where one exists, else 'composed'), 'fused' (raise instead of
         composing) or 'composed' (mxmoe.grouped_mm between differentiable gather / SwiGLU / combine).
       grouped_mm_backend: the composed path's mxmoe.grouped_mm backend ('auto', 'sm90', 'reference', ...).
+      score_before: apply the weights to the dispatched rows instead of the expert outputs (TorchTitan's
+        score_before_experts): out[t] = sum_j expert_{idx[t, j]}(w[t, j] * x[t]). The product is formed in
+        fp32; the bf16 layer rounds it to bf16 as TorchTitan does, the MX layers quantize it directly.
     Returns (T, H) in x's dtype. Differentiable in x, topk_weights, w13, w2 and the biases.
     H and I must be multiples of 32.
     """
     weights = (*(w13 if isinstance(w13, (tuple, list)) else (w13,)), w2, bias13, bias2)
+    if not isinstance(score_before, bool):
+        raise ValueError(f"score_before: expected a bool, got {type(score_before).__name__}")
     if any(is_dtensor(t) for t in weights):  # tensor parallel (mxmoe/distributed/tensor_parallel.py)
+        if score_before:
+            raise NotImplementedError("score_before=True with DTensor (tensor-parallel) expert weights is not "
+                                      "supported; apply the weights after the experts")
         from .distributed.tensor_parallel import moe_experts_tensor_parallel
 
         return moe_experts_tensor_parallel(x, topk_idx, topk_weights, w13, w2, bias13=bias13, bias2=bias2,
@@ -533,8 +563,8 @@ def moe_experts(
             w13, w_up = w13
     if path == "composed":
         return _composed(x, topk_idx.contiguous(), topk_weights.contiguous(), w13, w2, bias13, bias2, recipe,
-                         grouped_mm_backend, act, lay)
+                         grouped_mm_backend, act, lay, score_before=score_before)
     args = (x.contiguous(), topk_idx.contiguous(), topk_weights.contiguous(), w13, w2, bias13, bias2)
     if path == "bf16":
-        return _Bf16.apply(*args, 0, act, lay, w_up)
-    return _FusedMX.apply(*args, get_recipe(recipe).mode, act, lay, _PHASES[path], w_up)
+        return _Bf16.apply(*args, 0, act, lay, w_up, score_before)
+    return _FusedMX.apply(*args, get_recipe(recipe).mode, act, lay, _PHASES[path], w_up, score_before)

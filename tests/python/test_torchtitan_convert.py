@@ -116,10 +116,7 @@ def test_torchtitan_moe_runs_on_the_fused_layer(score_before, monkeypatch):
     assert mxmoe.conversion_mechanism(model.moe.experts) == "torchtitan"
     assert dict(model.named_parameters()) == params and model.state_dict().keys() == ref.state_dict().keys()
     y, y_ref = model(x), ref(x)
-    if score_before:  # composed: two mxmoe.grouped_mm calls
-        assert calls == [("grouped_mm", "mxfp8_rceil_tile128")] * 2
-    else:
-        assert calls == [("fused", "mxfp8_rceil_tile128")]
+    assert calls == [("fused", "mxfp8_rceil_tile128")]  # score_before_experts too: no composed fallback
     assert sqnr(y, y_ref) > 25 and not torch.equal(y, y_ref)
     assert torch.equal(model.moe.router.tokens_per_expert, ref.moe.router.tokens_per_expert)
     F.mse_loss(y, target).backward()
@@ -131,6 +128,90 @@ def test_torchtitan_moe_runs_on_the_fused_layer(score_before, monkeypatch):
     assert mxmoe.conversion_mechanism(model.moe.experts) is None and "forward" not in model.moe.__dict__
     with torch.no_grad():
         assert torch.equal(model(x), ref(x))
+
+
+class BiasRouter(nn.Module):
+    """The reference variant's router (torchao's reference_moe.py, written from its interface):
+    forward(x, expert_bias) picks the top-k of score + bias, gates with the unbiased score, and returns
+    the counts for the MoE to accumulate."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = nn.Linear(DIM, E, bias=False)
+        self.top_k = K
+
+    def forward(self, x, expert_bias=None):
+        scores = torch.sigmoid(self.gate(x).float())
+        choice = scores if expert_bias is None else scores + expert_bias
+        _, ids = torch.topk(choice, K, dim=-1, sorted=False)
+        top = scores.gather(1, ids)
+        return top, ids, torch.histc(ids.view(-1).float(), bins=E, min=0, max=E)
+
+
+class ReferenceMoE(MoE):
+    """The reference variant: the MoE holds expert_bias and tokens_per_expert, a reorderer sorts."""
+
+    def __init__(self, score_before_experts):
+        super().__init__(score_before_experts)
+        self.router = BiasRouter()
+        self.reorderer = nn.Identity()
+        self.register_buffer("expert_bias", torch.linspace(-0.3, 0.3, E))
+        self.register_buffer("tokens_per_expert", torch.zeros(E), persistent=False)
+
+    def forward(self, x):
+        bs, slen, dim = x.shape
+        x = x.view(-1, dim)
+        top, ids, counts = self.router(x, self.expert_bias)
+        with torch.no_grad():
+            self.tokens_per_expert.add_(counts)
+        order = torch.argsort(ids.view(-1), stable=True)
+        routed = x[order // K]
+        if self.score_before_experts:
+            routed = (routed.float() * top.view(-1)[order].reshape(-1, 1)).to(x.dtype)
+        out_r = self.experts(routed, counts.to(torch.int64))
+        unsorted = torch.zeros_like(out_r)
+        unsorted[order] = out_r
+        unsorted = unsorted.view(-1, K, dim)
+        if self.score_before_experts:
+            out_e = unsorted.sum(1)
+        else:
+            out_e = torch.bmm(top.reshape(-1, 1, K), unsorted.float()).to(x.dtype).squeeze(1)
+        return (self.shared_experts(x) + out_e).reshape(bs, slen, dim)
+
+
+@pytest.mark.parametrize("score_before", [False, True])
+def test_reference_variant_keeps_the_expert_bias_and_the_counts(score_before, monkeypatch):
+    """A non-zero expert bias changes the routing: the converted MoE must route with it (the bug was a
+    3 dB output) and count on the MoE's buffer, bitwise as the original."""
+    torch.manual_seed(0)
+    model = Model(score_before)
+    model.moe = ReferenceMoE(score_before)
+    ref = copy.deepcopy(model)
+    calls = []
+    real = tt.moe_experts
+    monkeypatch.setattr(tt, "moe_experts", lambda *a, **k: calls.append(k["score_before"]) or real(*a, **k))
+    mxmoe.convert(model, recipe="mxfp8_rceil_tile128")
+    assert model.moe.__dict__["_mxmoe_variant"] == "reference"
+    x = torch.randn(2, T // 2, DIM)
+    y, y_ref = model(x), ref(x)
+    assert calls == [score_before]
+    assert sqnr(y, y_ref) > 25 and not torch.equal(y, y_ref)
+    assert torch.equal(model.moe.tokens_per_expert, ref.moe.tokens_per_expert)
+    assert ref.moe.tokens_per_expert.sum() == T * K
+    unbiased = torch.topk(torch.sigmoid(ref.moe.router.gate(x.view(-1, DIM))), K)[1].sort(-1)[0]
+    biased = ref.moe.router(x.view(-1, DIM), ref.moe.expert_bias)[1].sort(-1)[0]
+    assert not torch.equal(unbiased, biased)  # the bias matters on these inputs
+    F.mse_loss(y, torch.zeros_like(y)).backward()
+    F.mse_loss(y_ref, torch.zeros_like(y)).backward()
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert p.grad is not None and sqnr(p.grad, q.grad) > 17, (n, sqnr(p.grad, q.grad))
+
+
+def test_router_taking_a_bias_without_moe_counts_is_refused():
+    moe = ReferenceMoE(True)
+    del moe._buffers["tokens_per_expert"]
+    with pytest.raises(ValueError, match=r"module '0': mxmoe: ReferenceMoE is TorchTitan-shaped .* no variant"):
+        mxmoe.convert(nn.Sequential(moe))
 
 
 def test_pair_weights_are_cached_once_per_step():
@@ -176,7 +257,7 @@ def test_module_that_fits_no_mechanism_is_named():
         def forward(self, x):
             return x
 
-    with pytest.raises(ValueError, match="Opaque owns 3D weights"):
+    with pytest.raises(ValueError, match=r"module .0. \(Opaque\) owns 3D weights"):
         mxmoe.convert(nn.Sequential(Opaque()))
 
 

@@ -237,7 +237,8 @@ class MXGatheredWeight(Tensor):
 
 
 def _expert_weights(model: nn.Module):
-    """(fqn prefix, module, {attr: weight}, recipe, pair) for every module whose experts run on mxmoe."""
+    """(fqn prefix, module, {attr: weight}, recipe, pair) for every module whose experts run on mxmoe;
+    pair: the names of a (gate, up) pair joined for the GEMM, else ()."""
     from ..conversion import conversion_mechanism, conversion_recipe
     from ..integrations import torchtitan as tt
     from ..integrations import transformers as hf
@@ -245,16 +246,17 @@ def _expert_weights(model: nn.Module):
 
     for fqn, m in model.named_modules():
         if isinstance(m, MoEExperts):
-            yield fqn, m, {"w13": m.w13, "w2": m.w2}, m.recipe, False
+            yield fqn, m, {"w13": m.w13, "w2": m.w2}, m.recipe, ()
         elif hf.is_transformers_experts(m) and (conversion_mechanism(m) == "transformers" or getattr(
                 getattr(m, "config", None), "_experts_implementation", None) == "mxmoe"):
             if getattr(m, "is_transposed", False):
-                yield fqn, m, {}, "transposed experts (gpt-oss): the layer reads views of them", False
+                yield fqn, m, {}, "transposed experts (gpt-oss): the layer reads views of them", ()
                 continue
-            yield fqn, m, {"gate_up_proj": m.gate_up_proj, "down_proj": m.down_proj}, hf._module_recipe(m), False
-        elif conversion_mechanism(m) in ("demo", "torchtitan"):  # the record sits on the experts module
-            w1, w2, w3 = tt.grouped_experts_weights(m)
-            yield fqn, m, {"w1": w1, "w3": w3, "w2": w2}, conversion_recipe(m), True
+            yield fqn, m, {"gate_up_proj": m.gate_up_proj, "down_proj": m.down_proj}, hf._module_recipe(m), ()
+        elif conversion_mechanism(m) in ("demo", "torchtitan", "seam"):  # the record sits on the experts module
+            spec = tt.experts_spec(m)
+            weights = {n: w for n, w in spec.weights(m).items() if w.dim() == 3}  # biases keep their dtype
+            yield fqn, m, weights, conversion_recipe(m), spec.pair
 
 
 def _plain(v):
@@ -304,8 +306,8 @@ def enable_mx_all_gather(model: nn.Module, *, world_size: Optional[int] = None) 
             elif w.shape[0] % world_size:
                 reason = (f"{w.shape[0]} experts do not split evenly over {world_size} ranks (FSDP2 would pad the "
                           "last shard)")
-            elif pair and name in ("w1", "w3") and w.shape[1] % TILE:
-                reason = f"w1/w3 with I={w.shape[1]} (not a multiple of 128) are joined across a tile boundary"
+            elif name in pair and w.shape[1] % TILE:
+                reason = f"{'/'.join(pair)} with I={w.shape[1]} (not a multiple of 128) are joined across a tile boundary"
             if reason is None:
                 p = nn.Parameter(MXShardWeight(w.detach(), get_recipe(recipe).mode), requires_grad=w.requires_grad)
                 setattr(module, name, p)
