@@ -1,5 +1,9 @@
 """Markdown tables for BENCHMARKS.md from the device run's JSON rows.
 
+    python3 bench/tables.py benchmarks [RESULTS_DIR] [--out BENCHMARKS.md]
+        (the whole BENCHMARKS.md from the latest result files in bench/results/: one section per
+        benchmark, each file headed by the commit, date, GPU and command recorded in it;
+        tests/python/test_docs.py checks that BENCHMARKS.md equals this output)
     python3 bench/tables.py host bench/results/host.json
     python3 bench/tables.py e2e bench/results/e2e.json [more e2e.json ...]
     python3 bench/tables.py moe bench/results/moe_layer.json
@@ -11,12 +15,18 @@
 from __future__ import annotations
 
 import json
+import math
+import os
 import sys
 
 
+_PAD = " "  # the space around table cells; BENCHMARKS.md drops it (same rendering, a smaller file)
+
+
 def _md(header, rows):
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    sep, edge = f"{_PAD}|{_PAD}", f"|{_PAD}"
+    out = [edge + sep.join(header) + edge[::-1], "|" + "---|" * len(header)]
+    out += [edge + sep.join(str(c) for c in r) + edge[::-1] for r in rows]
     return "\n".join(out)
 
 
@@ -44,24 +54,32 @@ def host(path: str) -> str:
 def e2e(paths) -> str:
     rows = []
     for path in paths:
-        d = json.load(open(path))
-        for r in d["rows"]:
-            rows.append([r["A_shape"], r["B_shape"], r["recipe"], r["mode"], r.get("micro_batches", 1),
-                         f"{r['bf16_e2e_us']:.0f}", f"{r['scaled_e2e_us']:.0f}", f"{r['scaled_e2e_speedup']:.3f}x",
-                         f"{r['bf16_fwd_us']:.0f}", f"{r['scaled_fwd_us']:.0f}", f"{r['scaled_fwd_speedup']:.3f}x",
-                         f"{r['peak_mem_ratio']:.2f}x"])
-    head = ["A_shape", "B_shape", "recipe", "mode", "micro-batches", "bf16_e2e_us", "scaled_e2e_us", "e2e speedup",
-            "bf16_fwd_us", "scaled_fwd_us", "fwd speedup", "peak mem vs bf16"]
-    return _md(head, rows)
+        rows += json.load(open(path))["rows"]
+    return _e2e_rows(rows)
+
+
+def _e2e_rows(rows) -> str:
+    """python -m mxmoe bench's rows; the torchao columns when the run measured torchao beside mxmoe."""
+    ao = any(r.get("torchao_e2e_us") for r in rows)
+    g = lambda r, k, fmt: fmt.format(r[k]) if r.get(k) is not None else "-"  # noqa: E731
+    body = [[r["A_shape"], r["B_shape"], r["recipe"], r["mode"], r.get("micro_batches", 1),
+             g(r, "bf16_e2e_us", "{:.0f}"), g(r, "scaled_e2e_us", "{:.0f}"), g(r, "scaled_e2e_speedup", "{:.3f}x")] +
+            ([g(r, "torchao_e2e_us", "{:.0f}"), g(r, "scaled_vs_torchao_e2e", "{:.2f}x")] if ao else []) +
+            [g(r, "scaled_fwd_speedup", "{:.3f}x"), g(r, "peak_mem_ratio", "{:.2f}x")] for r in rows]
+    head = (["A_shape", "B_shape", "recipe", "mode", "micro-batches", "bf16_e2e_us", "scaled_e2e_us", "e2e speedup"] +
+            (["torchao fp8 rowwise e2e us", "mxmoe vs torchao"] if ao else []) +
+            ["fwd speedup", "peak mem vs bf16"])
+    return _md(head, body)
 
 
 def _x(v) -> str:
     return f"{v:.2f}x" if v else "-"
 
 
-def moe(path: str) -> str:
+def moe(path: str, full: bool = True) -> str:
     """bench/bench_moe.py's moe_layer.json: a summary (each impl's fwd+bwd ratio vs transformers' bf16
-    grouped_mm experts, eager with graph in brackets), every row, and the per-kernel breakdowns."""
+    grouped_mm experts, eager with graph in brackets), every row, and the per-kernel breakdowns.
+    full=False (BENCHMARKS.md): the summary, the rows that failed, and the breakdowns as one table."""
     d = json.load(open(path))
     rows = d["rows"]
     hf = d.get("transformers") or {}
@@ -106,6 +124,20 @@ def moe(path: str) -> str:
                 "re-quantized every step), except 'tile128 cached W' (eager): micro-batches 2..N of a "
                 "gradient-accumulation step, weights' FP8 forms from the weight cache. Peak: the step's peak "
                 "allocation over transformers'.\n")
+    if not full:
+        failed = [f"{r['config']} T={r['tokens']} {r['impl']} {r['mode']}: {(r.get('error') or '')[:80]}"
+                  for r in rows if r.get("error")]
+        if failed:
+            text.append("Failed rows: " + "; ".join(failed) + "\n")
+        bds = [b for b in d.get("breakdown", []) if not b.get("error")]
+        cats = list(dict.fromkeys(c for b in bds for c in b["categories_us"]))
+        if bds:
+            text.append("Kernel time of one eager fwd+bwd (us, torch.profiler):\n")
+            text.append(_md(["config", "tokens", "impl", "total"] + cats,
+                            [[b["config"], b["tokens"], b["impl"], f"{b['total_us']:.0f}"] +
+                             [f"{b['categories_us'][c]:.0f}" if c in b["categories_us"] else "-" for c in cats]
+                             for b in bds]))
+        return "\n".join(text)
     full = []
     for r in rows:
         f = lambda k, fmt="{:.0f}": fmt.format(r[k]) if r.get(k) is not None else "-"
@@ -144,20 +176,28 @@ def quantize(path: str) -> str:
     return "\n\n".join(out)
 
 
+def _kernel(r) -> str:
+    """The kernel a GEMM row ran and its configuration (the 128x128x128 tile is every kernel's)."""
+    tile = (r.get("tile") or "").replace("128x128x128", "").strip()
+    return f"{r.get('kernel') or '-'}" + (f" ({tile})" if tile else "")
+
+
 def gemm(path: str) -> str:
     rows = json.load(open(path))
     f = lambda v, spec: format(v, spec) if v is not None else "n/a"  # noqa: E731
     dg = any(r.get("deepgemm_us") for r in rows)  # the DeepGEMM columns when that run measured it
-    body = [[r["pass"], r["shape"], r["M"], r["N"], r["K"], f"{r['G']}{'*' if r.get('groups') else ''}",
-             f(r["mxmoe_us"], ".0f"), f(r["mxmoe_tflops"], ".0f"), f(r["bf16_us"], ".0f"), f(r["fp8_rowwise_us"], ".0f"),
-             f(r["fp8_rowwise_tflops"], ".0f")] +
+    kern = any(r.get("kernel") for r in rows)  # which kernel ran each row, when the run recorded it
+    body = [[r["pass"], r["shape"], r["M"], r["N"], r["K"], f"{r['G']}{'*' if r.get('groups') else ''}"] +
+            ([_kernel(r)] if kern else []) +
+            [f(r["mxmoe_us"], ".0f"), f(r["mxmoe_tflops"], ".0f"), f(r["bf16_us"], ".0f"), f(r["fp8_rowwise_us"], ".0f")] +
             ([f(r.get("deepgemm_us"), ".0f"),
               f"{f(r['deepgemm_us'] / r['mxmoe_us'] if r.get('deepgemm_us') and r['mxmoe_us'] else None, '.2f')}x"]
              if dg else []) +
             [f"{f(r['ratio_vs_bf16'], '.2f')}x",
              f"{f(r['bf16_us'] / r['fp8_rowwise_us'] if r['bf16_us'] and r['fp8_rowwise_us'] else None, '.2f')}x"]
             for r in rows]
-    return _md(["pass", "shape", "M", "N", "K", "G", "mxmoe us", "TFLOP/s", "bf16 us", "fp8 rowwise us", "TFLOP/s"] +
+    return _md(["pass", "shape", "M", "N", "K", "G"] + (["kernel"] if kern else []) +
+               ["mxmoe us", "TFLOP/s", "bf16 us", "fp8 rowwise us"] +
                (["DeepGEMM us", "mxmoe vs DeepGEMM"] if dg else []) + ["mxmoe vs bf16", "fp8 rowwise vs bf16"],
                body) + "\n(* jagged: random group sizes, some empty)"
 
@@ -190,10 +230,253 @@ def tile128_ab(main_path: str, off_path: str) -> str:
     return _md(["request", "shape", "tile128 pass kernel us (copy)", "general kernels us (copy)", "speedup"], body)
 
 
+# ---- BENCHMARKS.md: every benchmark's latest rows --------------------------------------------------
+
+NOT_RECORDED = "not recorded"
+
+
+def _load(path: str):
+    return json.load(open(path))
+
+
+def _rows_of(doc):
+    if isinstance(doc, list):
+        return [r for r in doc if isinstance(r, dict)]
+    if isinstance(doc, dict) and isinstance(doc.get("rows"), list):
+        return [r for r in doc["rows"] if isinstance(r, dict)]
+    return []
+
+
+def _distinct(values) -> str:
+    seen = list(dict.fromkeys(str(v) for v in values if v not in (None, "")))
+    return ", ".join(seen) if seen else NOT_RECORDED
+
+
+def file_meta(doc, rows=None) -> dict:
+    """commit, date, GPU, torch and command of one result file: its "meta" object, else its top-level
+    keys, else the values its rows carry (several distinct values are listed); "not recorded" where the
+    file has none."""
+    top = doc.get("meta") if isinstance(doc, dict) and isinstance(doc.get("meta"), dict) else doc
+    top = top if isinstance(top, dict) else {}
+    rows = _rows_of(doc) if rows is None else rows
+    out = {}
+    for field, keys in (("commit", ("commit",)), ("date", ("date",)), ("GPU", ("gpu", "device")),
+                        ("torch", ("torch",)), ("command", ("command",))):
+        val = _distinct(r.get(k) for r in rows for k in keys)  # the rows' own values first
+        if val == NOT_RECORDED:
+            val = next((top[k] for k in keys if top.get(k) not in (None, "")), NOT_RECORDED)
+        out[field] = str(val)
+    return out
+
+
+def _cell(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, float):
+        if v != v:  # NaN
+            return "-"
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+    if isinstance(v, (list, dict)):
+        v = json.dumps(v, separators=(",", ":"))
+        v = v if len(v) <= 60 else v[:57] + "..."
+    return str(v).replace("|", "/").replace("\n", " ")
+
+
+def _table_of(rows) -> str:
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    return _md(keys, [[_cell(r.get(k)) for k in keys] for r in rows])
+
+
+def generic(doc) -> str:
+    """Any result file: each list of row objects as a table (grouped by a "bench" key where rows have
+    one), other top-level values as a list. Unknown keys are shown as they are."""
+    if isinstance(doc, list):
+        doc = {"rows": doc}
+    if not isinstance(doc, dict):
+        return _cell(doc)
+    out, scalars = [], []
+    for key, val in doc.items():
+        if key == "meta":
+            continue
+        if isinstance(val, list) and val and all(isinstance(r, dict) for r in val):
+            groups = {}
+            for r in val:
+                groups.setdefault(r.get("bench"), []).append(r)
+            for name, rs in groups.items():
+                label = key if name is None else f"{key}, {name}"
+                out.append(f"{label}:\n\n" + _table_of(rs))
+        else:
+            scalars.append(f"- {key}: {_cell(val)}")
+    return "\n\n".join(out + (["\n".join(scalars)] if scalars else []))
+
+
+def models(path: str) -> str:
+    """bench/bench_models.py's JSON: the per-recipe summary and each profile's GPU time per step."""
+    d = _load(path)
+    m = d.get("model") or {}
+    text = []
+    if m:
+        text.append(f"Model: transformers Qwen3-MoE, dim {m.get('dim')}, {m.get('n_layers')} layers, "
+                    f"{m.get('num_experts')} experts top-{m.get('top_k')} of width {m.get('moe_hidden')}, "
+                    f"{d.get('params_b', 0):.2f}B parameters, {d.get('tokens_per_step')} tokens a step; " +
+                    (f"{d.get('steps')} eager steps x seeds {d.get('seeds')}; " if d.get("steps") else
+                     "compiled runs only (one per recipe); ") +
+                    f"transformers {d.get('transformers', NOT_RECORDED)}.\n")
+    g = lambda v, fmt: fmt.format(v) if isinstance(v, (int, float)) and v == v else "-"  # noqa: E731
+    body = []
+    for recipe, sm in (d.get("summary") or {}).items():
+        body.append([recipe, g(sm.get("eval_mean"), "{:.4f}") + (
+            f" [{g(sm.get('eval_min'), '{:.4f}')}, {g(sm.get('eval_max'), '{:.4f}')}]" if sm.get("seeds") else ""),
+            g(100 * sm["rel_eval_vs_bf16"] if "rel_eval_vs_bf16" in sm else None, "{:+.2f}%"),
+            g(sm.get("tokens_per_s_eager"), "{:,.0f}"), g(sm.get("speedup_eager"), "{:.2f}x"),
+            g(sm.get("tokens_per_s_compiled"), "{:,.0f}"), g(sm.get("speedup_compiled"), "{:.2f}x"),
+            g(sm.get("peak_mem_gib"), "{:.2f}"), g(sm.get("peak_mem_vs_bf16"), "{:.2f}x")])
+    text.append(_md(["recipe", "held-out loss, mean [min, max]", "vs bf16", "tokens/s eager", "x bf16",
+                     "tokens/s compiled", "x bf16", "peak GiB", "x bf16"], body))
+    profs = d.get("profiles") or {}
+    if profs:
+        kinds = list(dict.fromkeys(k for p in profs.values() for k in (p.get("per_step_us_by_kind") or {})))
+        body = [[k] + [g((p.get("per_step_us_by_kind") or {}).get(k, math.nan) / 1000, "{:.1f}")
+                       for p in profs.values()] for k in kinds]
+        body.append(["total GPU"] + [g(sum((p.get("per_step_us_by_kind") or {}).values()) / 1000, "{:.1f}")
+                                     for p in profs.values()])
+        text.append("\nGPU time per training step (ms, torch.profiler):\n\n" +
+                    _md(["kind"] + list(profs), body))
+    return "\n".join(text)
+
+
+def _e2e_latest(paths) -> dict:
+    """Each e2e row key (shapes, recipe, mode, micro-batches) kept from the newest file that has it."""
+    best = {}
+    for path in paths:
+        for r in _rows_of(_load(path)):
+            key = (r["A_shape"], r["B_shape"], r["recipe"], r["mode"], str(r.get("micro_batches", 1)))
+            if key not in best or str(r.get("date", "")) > str(best[key][1].get("date", "")):
+                best[key] = (path, r)
+    return {path: [r for p, r in best.values() if p == path] for path in paths}
+
+
+# (anchor title, device step, what it measures, [(file, renderer)]). Renderers take the path;
+# "e2e" files are rendered together (newest row per key). Files no section names get a generic
+# section of their own, so a new benchmark shows up before it has a renderer.
+SECTIONS = [
+    ("Real models", "50-models",
+     "A transformers Qwen3-MoE trained with transformers' bf16 `grouped_mm` experts and with "
+     "`experts_implementation=\"mxmoe\"` (bench/bench_models.py): held-out loss over seeds, tokens/s eager "
+     "and compiled, peak memory, and a per-kernel profile.",
+     [("models.json", models), ("models-compiled.json", models)]),
+    ("TorchTitan", "55-torchtitan",
+     "torchao's reference MoE and TorchTitan's Trainer on its debug MoE model, bf16 against "
+     "`mxmoe.convert` / `MXMoEConverter` (bench/bench_torchtitan.py).",
+     [("torchtitan.json", None)]),
+    ("MoE layer", "45-moe",
+     "fwd+bwd of one MoE layer's experts (dispatch, SwiGLU experts, combine; grads of x, routing weights, "
+     "weights) for the benchmark's MoE configs, against transformers' bf16 `grouped_mm` experts on the "
+     "same weights (bench/bench_moe.py).",
+     [("moe_layer.json", "moe"), ("moe_layer-qwen3.json", "moe")]),
+    ("End to end", "40-e2e",
+     "One `mxmoe.grouped_mm` forward+backward against bf16 `torch._grouped_mm` (`python -m mxmoe bench`); "
+     "each row from the newest run that measured it.",
+     [("e2e-tile128.json", "e2e"), ("e2e.json", "e2e")]),
+    ("GEMMs", "30-gemm",
+     "The tile128 FP8 grouped GEMMs on Hopper, every pass and shape, against bf16 `torch._grouped_mm` "
+     "and torch's fp8 rowwise grouped GEMM (bench/bench_gemm.py).",
+     [("gemm.json", gemm)]),
+    ("Quantization", "20-quantize",
+     "The CUDA quantization kernels: time in us and, in brackets, the fraction of a device copy's "
+     "bandwidth over the same bytes (bench/quantize_bench.cu).",
+     [("quantize.json", quantize), ("quantize-tile128-off.json", "tile128_ab")]),
+    ("Host time", "25-host",
+     "Host enqueue time of one grouped_mm forward+backward against bf16 `torch._grouped_mm`'s, and "
+     "device time eager vs replayed as a CUDA graph (bench/bench_host.py).",
+     [("host.json", host)]),
+    ("Distributed", "60-distributed",
+     "What one rank pays to send its tile128 expert weights through FSDP2 as MX tiles "
+     "(bench/bench_distributed.py).",
+     [("distributed.json", None)]),
+]
+
+_PREAMBLE = """# mxmoe benchmarks
+
+Generated by `python3 bench/tables.py benchmarks --out BENCHMARKS.md` from the latest result files in
+`bench/results/` (do not edit by hand: tests/python/test_docs.py checks it). Each result file is headed by
+the commit, date, GPU and command recorded in it ("not recorded" where the file has none). Method:
+medians of CUDA-event timings, inputs larger than L2, ratios against the named baseline measured in the
+same run; > 1 is faster. Earlier measurements are in git history. What the numbers mean for each part of
+the library: docs/design/."""
+
+
+def _file_block(path: str, body: str, rows=None) -> str:
+    m = file_meta(_load(path), rows)
+    cmd = m["command"] if m["command"] == NOT_RECORDED else f"`{m['command']}`"
+    head = (f"**`bench/results/{os.path.basename(path)}`**: commit {m['commit']}, date {m['date']}, "
+            f"GPU {m['GPU']}, torch {m['torch']}; command {cmd}")
+    return head + "\n\n" + body
+
+
+def benchmarks(results: str = None) -> str:
+    """The whole BENCHMARKS.md from the result files in `results` (default: bench/results/)."""
+    global _PAD
+    pad, _PAD = _PAD, ""
+    try:
+        return _benchmarks(results)
+    finally:
+        _PAD = pad
+
+
+def _benchmarks(results):
+    results = results or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+    present = sorted(f for f in os.listdir(results) if f.endswith(".json"))
+    named = {f for *_, files in SECTIONS for f, _ in files}
+    out = [_PREAMBLE]
+    sections = list(SECTIONS) + [(f"Other results: {f[:-5]}", None, "A result file without a dedicated "
+                                  "renderer, shown as recorded.", [(f, None)]) for f in present if f not in named]
+    for title, step, what, files in sections:
+        files = [(f, r) for f, r in files if f in present]
+        if not files:
+            continue
+        paths = [os.path.join(results, f) for f, _ in files]
+        again = f" Regenerate: `bash scripts/device_run.sh {step}`." if step else ""
+        blocks = [f"## {title}\n\n{what}{again}"]
+        latest = _e2e_latest([p for p, (_, r) in zip(paths, files) if r == "e2e"])
+        for path, (_, render) in zip(paths, files):
+            if render == "e2e":
+                body = _e2e_rows(latest[path]) if latest[path] else "(every row superseded by a newer file)"
+            elif render == "moe":
+                body = moe(path, full=False)
+            elif render == "tile128_ab":
+                main = os.path.join(results, "quantize.json")
+                body = ("The tile128 passes' kernel against the general kernels on the same requests "
+                        "(`MXMOE_QUANT_TILE128=0`), same run:\n\n" + tile128_ab(main, path))
+            elif render is None:
+                body = generic(_load(path))
+            else:
+                body = render(path)
+            blocks.append(_file_block(path, body, latest.get(path)))
+        out.append("\n\n".join(blocks))
+    return "\n\n".join(out) + "\n"
+
+
 if __name__ == "__main__":
     kind, *files = sys.argv[1:]
-    one = {"host": host, "moe": moe, "quantize": quantize, "gemm": gemm, "gemm_kernels": gemm_kernels}
-    if kind == "tile128_ab":
+    one = {"host": host, "moe": moe, "quantize": quantize, "gemm": gemm, "gemm_kernels": gemm_kernels,
+           "models": models}
+    if kind == "benchmarks":
+        out = None
+        if "--out" in files:
+            i = files.index("--out")
+            out, files = files[i + 1], files[:i] + files[i + 2:]
+        text = benchmarks(files[0] if files else None)
+        if out:
+            with open(out, "w") as fh:
+                fh.write(text)
+        else:
+            sys.stdout.write(text)
+    elif kind == "tile128_ab":
         print(tile128_ab(*files))
+    elif kind == "generic":
+        print(generic(_load(files[0])))
     else:
         print(one[kind](files[0]) if kind in one else e2e(files))
