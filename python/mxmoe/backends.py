@@ -12,7 +12,7 @@ branches inside. A backend is a small object with those three methods, registere
   sm100      (sm100.py) core quantizers writing blocked scales + MXFP8 torch._scaled_grouped_mm.
   auto       reference on CPU; on CUDA sm90 on Hopper, sm100 on Blackwell (compute capability 10.x),
              emulated elsewhere. sm100 is gated by compute capability, also when asked for by name
-             (DESIGN.md: MXFP8 _scaled_grouped_mm corrupts the CUDA context on sm90).
+             (docs/design/overview.md: MXFP8 _scaled_grouped_mm corrupts the CUDA context on sm90).
 
 Both current backends share the quantization steps of the recipe (recipes.py) and differ only in the
 two GEMM primitives, so they derive from ``QuantizeThenMM``. Everything numeric is the core's; the

@@ -1,7 +1,7 @@
-"""`python -m mxmoe bench`: end-to-end MXFP8 grouped GEMM vs bf16 on the GPU (BENCH.md method).
+"""`python -m mxmoe bench`: end-to-end MXFP8 grouped GEMM vs bf16 on the GPU (method: docs/development.md, "Benchmarks").
 
 Prints the seeds' table (A_shape, B_shape, recipe, bf16_e2e_us, scaled_e2e_us, scaled_e2e_speedup,
-bf16_fwd_us, scaled_fwd_us, scaled_fwd_speedup; e2e = forward + backward) for the BENCH.md shapes and
+bf16_fwd_us, scaled_fwd_us, scaled_fwd_speedup; e2e = forward + backward) for the benchmark shapes and
 the chosen recipes, eager, torch.compile'd and replayed as a CUDA graph (the ratio without host
 overhead), with the step's peak memory next to bf16's, and a
 single MoE layer (router + experts) forward+backward. Every ratio is against bf16
@@ -50,7 +50,7 @@ class Row:
     scaled_peak_mib: float
     peak_mem_ratio: float
     micro_batches: int = 1  # fwd+bwd per weight update; the e2e times are per fwd+bwd
-    # torchao's fp8 rowwise grouped mm (BENCH.md's peer), same inputs and mode, when torchao is
+    # torchao's fp8 rowwise grouped mm (the drop-in's peer), same inputs and mode, when torchao is
     # importable and the groups are 16-row multiples (it does not pad them here); else None
     torchao_e2e_us: Optional[float] = None
     torchao_fwd_us: Optional[float] = None
@@ -81,7 +81,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run bench/bench_host.py instead (host enqueue time, eager vs graph) with the ARGS that "
                    "follow (see --host --help)")
     p.add_argument("--moe", nargs=argparse.REMAINDER, default=None, metavar="ARGS",
-                   help="run bench/bench_moe.py instead (the BENCH.md MoE layer configs: transformers' bf16 "
+                   help="run bench/bench_moe.py instead (the MoE layer configs: transformers' bf16 "
                    "grouped_mm experts vs mxmoe.moe_experts, fwd+bwd, eager and graph) with the ARGS that "
                    "follow (see --moe --help)")
 
@@ -122,7 +122,7 @@ def _time_us(fn: Callable[[], None], reps: int) -> float:
 def _peak_mib(fn: Callable[[], None]) -> float:
     """Peak memory allocated during one call, above what was allocated before it. Dead objects of the
     rows before (a CUDA graph and its private pool, stale weight-cache entries) are freed first: freed
-    during the call, they made the peak fall below the base (peaks of 0 MiB at 94d4594)."""
+    during the call, they made the peak fall below the base (peaks of 0 MiB were recorded)."""
     import mxmoe
 
     gc.collect()
@@ -184,7 +184,7 @@ def touch_weights(*weights: torch.Tensor) -> None:
 
 
 def _torchao_rowwise():
-    """torchao's differentiable fp8 rowwise grouped mm (BENCH.md "Baselines"), or None without torchao."""
+    """torchao's differentiable fp8 rowwise grouped mm (the drop-in's peer), or None without torchao."""
     try:
         from torchao.prototype.moe_training.fp8_grouped_mm import _to_fp8_rowwise_then_scaled_grouped_mm
     except Exception:  # torchao is a benchmark peer, not a dependency
@@ -390,7 +390,7 @@ def main(args) -> int:
     if args.moe is not None:
         return _script_main("bench_moe", args.moe)
     if not torch.cuda.is_available():
-        print("mxmoe bench needs a CUDA device (BENCH.md: benchmarks run on the GPU machine)")
+        print("mxmoe bench needs a CUDA device (benchmarks run on the GPU machine)")
         return 2
     env = _env()
     print(f"device {env['device']}, torch {torch.__version__}, commit {env['commit']}, {env['date']}")

@@ -1,6 +1,6 @@
 """mxmoe.grouped_mm: a differentiable MXFP8 drop-in for ``torch._grouped_mm(A, B_t, offs=offs)``.
 
-The autograd function computes three grouped GEMMs (MX_SPEC.md "Orientations"), each through the
+The autograd function computes three grouped GEMMs (docs/design/mx-format.md, "Contract"), each through the
 chosen backend (backends.py) with the recipe's quantization (recipes.py):
   forward  Y  = A W_g^T per token group                (A, W along K)
   dgrad    dA = dY W_g per group                       (dY along N, W along N)

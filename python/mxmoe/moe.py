@@ -2,7 +2,7 @@
 
     out = mxmoe.moe_experts(x, topk_idx, topk_weights, w13, w2, recipe=..., activation=..., layout=...)
 
-Data flow (DESIGN.md, "The fused expert layer"; N = T*k rows in expert order, a static bound, so
+Data flow (docs/design/moe-layer.md; N = T*k rows in expert order, a static bound, so
 nothing waits on the host):
   routing   moe_routing(topk_idx, E): offs (E,) expert end rows, perm (N,) sorted row -> entry t*k+j,
             inv (T, k) entry -> row. Ids outside [0, E) are dropped: their rows sit after offs[-1],

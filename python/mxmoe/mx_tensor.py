@@ -2,7 +2,7 @@
 
 MXTensor is a plain container (deliberately not a torch.Tensor subclass: no __torch_dispatch__, no
 autograd through it; it is what a caller hands to mxmoe.grouped_mm as a pre-quantized operand or
-inspects in tests). All numerics are the core's (MX_SPEC.md); nothing here computes a scale.
+inspects in tests). All numerics are the core's (docs/design/mx-format.md); nothing here computes a scale.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Training recipes: which MX blocks each operand of each grouped GEMM is quantized with.
 
-Notation (MX_SPEC.md, "Orientations"): A activations (M, K), W expert weights (G, N, K) (the user
+Notation (docs/design/mx-format.md): A activations (M, K), W expert weights (G, N, K) (the user
 passes B_t = W.transpose(-2, -1)), dY output grad (M, N), offs int32 cumulative group ends.
 
 | recipe                     | forward A / W            | dgrad dY / W             | wgrad dY, A (along M, per group) |

@@ -4,7 +4,7 @@ Blackwell has block-scaled MMA, so every recipe runs as a real MX GEMM: the core
 writes e4m3 data and the E8M0 scales directly in the blocked layout the tensor cores read, and
 ``torch._scaled_grouped_mm`` (float8_e4m3fn data, float8_e8m0fnu scales) computes forward, dgrad and
 wgrad. The tile128 recipe takes the same path: its 1x128 / 128x128 encodings are valid MXFP8 tensors
-(one byte per 32 elements, the coarse block's byte repeated, MX_SPEC.md), so no special case is needed.
+(one byte per 32 elements, the coarse block's byte repeated, docs/design/mx-format.md), so no special case is needed.
 
 torch._scaled_grouped_mm conventions for MXFP8 (CUDA: MSLK/FBGEMM mx8mx8bf16_grouped_mm or cuBLASLt;
 checks in aten/src/ATen/native/cuda/GroupedBlas.cpp and torch/_meta_registrations.py):
@@ -22,7 +22,7 @@ checks in aten/src/ATen/native/cuda/GroupedBlas.cpp and torch/_meta_registration
     (their output is left unwritten).
 
 MXFP8 _scaled_grouped_mm must never run on sm90: it does not raise there, it corrupts the CUDA
-context (DESIGN.md). backends.resolve_backend therefore routes to this backend only after
+context (docs/design/overview.md, "What runs"). backends.resolve_backend therefore routes to this backend only after
 ``require_sm100_device`` has checked the compute capability.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The Hopper (sm90) backend: the fast path on the H200.
 
-Hopper has FP8 tensor cores but no block-scaled MMA (DESIGN.md, "Hopper GEMM: where the ceilings
-are"), so the two recipe families take different routes:
+Hopper has FP8 tensor cores but no block-scaled MMA (docs/design/gemm-sm90.md), so the two recipe
+families take different routes:
 
   exact recipes (mxfp8_rceil, mxfp8_floor, mxfp8_rceil_wgrad_with_hp): each operand goes through the
       fused MX round trip (quantize to MXFP8 and dequantize to bf16 in one pass; exact in bf16) and the

@@ -68,7 +68,7 @@ class TrainConfig:
     backend: str = "auto"
     device: str = "auto"
     eval_batches: int = 8
-    tolerance: float = 0.02  # MX_SPEC.md: MXFP8 training loss within 1-2% of bf16
+    tolerance: float = 0.02  # MXFP8 training loss within 1-2% of bf16 (docs/design/mx-format.md)
     model: str = "demo"  # "demo" | "hf-qwen3"
     kv_heads: int = 0  # hf-qwen3: key/value heads (0: heads // 4)
     compile: bool = False  # torch.compile the model (both runs)

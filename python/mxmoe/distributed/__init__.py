@@ -1,4 +1,4 @@
-"""mxmoe on torch.distributed (DESIGN.md, "Scale-out"): no runtime of its own.
+"""mxmoe on torch.distributed (docs/design/distributed.md): no runtime of its own.
 
   fsdp.py             FSDP2's all-gather of expert weights as tile128 FP8 codes + E8M0 tile scales
                       (enable_mx_all_gather before fully_shard)

@@ -34,6 +34,17 @@ import torch
 from torch import Tensor, nn
 
 from ..moe import ACTIVATIONS, Swiglu, is_dtensor, layer_backend_kwargs, moe_experts
+from ..recipes import get_recipe
+
+CONVERTER_BACKENDS = ("auto", "fused", "composed")
+
+
+def check_recipe_backend(recipe: Optional[str], backend: str) -> None:
+    """The converters' recipe (None: the bf16 fused layer) and backend, or a ValueError naming them."""
+    if recipe is not None:
+        get_recipe(recipe)
+    if backend not in CONVERTER_BACKENDS:
+        raise ValueError(f"backend: expected one of {', '.join(map(repr, CONVERTER_BACKENDS))}, got {backend!r}")
 
 
 # ---- the experts modules --------------------------------------------------------------------------

@@ -1,4 +1,13 @@
-"""A TorchTitan (0.3.x) model converter that puts every MoE's routed experts on mxmoe's fused layer.
+"""TorchTitan model converters that put every MoE's routed experts on mxmoe's fused layer.
+
+One name, ``MXMoEConverter``, in the convention of the installed torchtitan release:
+
+torchtitan 0.2.x: a ``ModelConverter`` registered as ``"mxmoe"`` (recipe mxfp8_rceil_tile128) and
+``"mxmoe.<recipe>"`` (any mxmoe recipe); list it in ``model.converters`` of the job config. It runs
+``mxmoe.convert`` on the built model (the reference MoE variant: ``router(x, expert_bias)``, counts on
+the MoE, ``score_before_experts`` on the fused path).
+
+torchtitan 0.3.x (below):
 
 TorchTitan's converters rewrite the model *config* before the model is built; list this one in a
 model registry's ``converters=[...]``::
@@ -17,92 +26,45 @@ nothing is converted halfway. Importing this module imports torchtitan.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import importlib.util
 from typing import Optional
 
-from torchtitan.components.quantization import QuantizationConverter
-from torchtitan.models.common.moe import GroupedExperts, RoutedExperts
-from torchtitan.models.common.token_dispatcher import AllToAllTokenDispatcher, LocalTokenDispatcher
-from torchtitan.models.gpt_oss.moe import GptOssGroupedExperts
+from ..recipes import RECIPES
+from .torchtitan import check_recipe_backend
 
-from ..recipes import get_recipe
-from . import torchtitan as tt
+if importlib.util.find_spec("torchtitan.protocols.model_converter") is not None:  # torchtitan 0.2.x
+    from torchtitan.protocols.model_converter import register_model_converter
 
-__all__ = ["MXMoEConverter", "MXMoERoutedExperts"]
+    __all__ = ["MXMoEConverter"]
 
-_EXPERTS_CONFIGS = (GroupedExperts.Config, GptOssGroupedExperts.Config)
-# The "standard" all-to-all dispatcher is the models' default; at EP=1 (no ep mesh) it dispatches locally.
-_DISPATCHER_CONFIGS = (LocalTokenDispatcher.Config, AllToAllTokenDispatcher.Config)
-_BACKENDS = ("auto", "fused", "composed")
+    class MXMoEConverter:
+        """TorchTitan 0.2's ModelConverter: the MoEs' routed experts on mxmoe's fused layer."""
 
-
-def _check(recipe: Optional[str], backend: str) -> None:
-    if recipe is not None:
-        get_recipe(recipe)  # ValueError naming the recipes
-    if backend not in _BACKENDS:
-        raise ValueError(f"backend: expected one of {', '.join(map(repr, _BACKENDS))}, got {backend!r}")
-
-
-class MXMoERoutedExperts(RoutedExperts):
-    """TorchTitan's RoutedExperts with dispatch, experts and combine in mxmoe's fused layer."""
-
-    @dataclass(kw_only=True, slots=True)
-    class Config(RoutedExperts.Config):
         recipe: Optional[str] = "mxfp8_rceil_tile128"
-        """mxmoe recipe of the expert GEMMs; None runs the same fused layer in bf16."""
         backend: str = "auto"
-        """'auto' (fused where the hardware has it), 'fused' (raise instead of composing) or 'composed'."""
 
-    def __init__(self, config: Config):
-        _check(config.recipe, config.backend)
-        super().__init__(config)
-        if not tt.known_dispatcher(self.token_dispatcher):
-            raise ValueError(f"token_dispatcher: expected TorchTitan's LocalTokenDispatcher or AllToAllTokenDispatcher, "
-                             f"got {type(self.token_dispatcher).__name__}")
-        tt.experts_spec(self.inner_experts)  # raises for experts whose computation mxmoe does not know
-        self.recipe = None if config.recipe is None else get_recipe(config.recipe).name
-        self.backend = config.backend
+        def __init__(self, job_config, parallel_dims):
+            check_recipe_backend(self.recipe, self.backend)
+            if getattr(parallel_dims, "ep_enabled", False):
+                raise NotImplementedError("mxmoe: MXMoEConverter fuses dispatch and combine at EP=1 only; "
+                                          "parallelism.expert_parallel_degree > 1 is not supported")
 
-    def forward(self, x_BLD, topk_scores_BLK, topk_expert_ids_BLK, num_local_tokens_per_expert_E):
-        return tt.routed_forward(self, x_BLD, topk_scores_BLK, topk_expert_ids_BLK, self.recipe, self.backend)
+        def convert(self, model):
+            from ..conversion import convert, conversion_mechanism
 
+            convert(model, recipe=self.recipe, backend=self.backend)
+            if not any(conversion_mechanism(m) == "torchtitan" for m in model.modules()):
+                raise ValueError("mxmoe: MXMoEConverter found no TorchTitan MoE in the model: nothing to convert")
 
-class MXMoEConverter(QuantizationConverter):
-    """Routed experts of every MoE on mxmoe's fused expert layer (module docstring)."""
+        def post_optimizer_hook(self, model):
+            pass
 
-    @dataclass(kw_only=True, slots=True)
-    class Config(QuantizationConverter.Config):
-        recipe: Optional[str] = "mxfp8_rceil_tile128"
-        """mxmoe recipe: 'mxfp8_rceil_tile128' (FP8 GEMMs on Hopper), 'mxfp8_rceil', 'mxfp8_floor',
-        'mxfp8_rceil_wgrad_with_hp', or None for mxmoe's bf16 fused layer."""
-        backend: str = "auto"
-        """'auto', 'fused' or 'composed' (mxmoe.moe_experts' backend)."""
+    register_model_converter(MXMoEConverter, "mxmoe")
+    for _name in RECIPES:
+        register_model_converter(type(f"MXMoEConverter_{_name}", (MXMoEConverter,), {"recipe": _name}),
+                                 f"mxmoe.{_name}")
+else:  # torchtitan 0.3.x
+    from ._torchtitan_v03 import MXMoEConverter, MXMoERoutedExperts  # noqa: F401
 
-    def __init__(self, config: Config):
-        _check(config.recipe, config.backend)
-        self.config = config
+    __all__ = ["MXMoEConverter", "MXMoERoutedExperts"]
 
-    def convert(self, model_config):
-        converted = 0
-        for fqn, cfg, parent, attr in list(model_config.traverse(RoutedExperts.Config)):
-            where = fqn or "<root>"
-            if type(cfg.token_dispatcher) not in _DISPATCHER_CONFIGS:
-                raise ValueError(f"mxmoe: {where}.token_dispatcher is a {type(cfg.token_dispatcher).__qualname__}: "
-                                 "MXMoEConverter fuses dispatch and combine for the local or the standard all-to-all "
-                                 "dispatcher (comm_backend 'standard') at EP=1 only")
-            if type(cfg.inner_experts) not in _EXPERTS_CONFIGS:
-                raise ValueError(f"mxmoe: {where}.inner_experts is a {type(cfg.inner_experts).__qualname__}: expected "
-                                 "GroupedExperts.Config or GptOssGroupedExperts.Config (another converter applied "
-                                 "first?)")
-            kept = {f.name: getattr(cfg, f.name) for f in fields(RoutedExperts.Config) if f.init}
-            new = MXMoERoutedExperts.Config(**kept, recipe=self.config.recipe, backend=self.config.backend)
-            if parent is None:
-                model_config = new
-            elif isinstance(parent, list):
-                parent[attr] = new
-            else:
-                setattr(parent, attr, new)
-            converted += 1
-        if converted == 0:
-            raise ValueError("mxmoe: MXMoEConverter found no RoutedExperts in the model config: nothing to convert")
-        return model_config
