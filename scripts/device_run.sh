@@ -32,6 +32,11 @@ export MXMOE_LIBRARY="$MXMOE_BUILD/src/core/libmxmoe.so"
 export MXMOE_OPS_LIBRARY="$MXMOE_BUILD/src/ops/libmxmoe_torch.so"
 export LD_LIBRARY_PATH="$MXMOE_BUILD/src/core:${LD_LIBRARY_PATH:-}"
 export PYTHONPATH="$PWD/python:${PYTHONPATH:-}"
+# Python packages the GPU machine lacks (torchtitan, torchao, ...) travel as wheels in .whl (carried).
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
 export PYTHONUNBUFFERED=1
 
 { nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader

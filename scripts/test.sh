@@ -9,6 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 jobs=$(nproc)
+# The integration tests skip without their packages (the GPU machine's torch is too old for torchtitan
+# 0.3); here setup.sh installed them, so a broken install must fail, not skip.
+.venv/bin/python -c "import torchtitan.models.common.moe, transformers, importlib.metadata as m; m.distribution('torchao')"
 
 echo "== C++ build and tests"
 # MXMOE_PYTHON: torch (op layer) and nvidia-cutlass (tile128 GEMMs) come from .venv; with nvcc

@@ -69,7 +69,7 @@ def _run(inp, dout, **kw):
     return out.detach(), {n: leaves[n].grad for n in GRAD_NAMES if leaves.get(n) is not None}
 
 
-def _reference(inp, dout, act=Swiglu(), layout="concatenated"):
+def _reference(inp, dout, act=Swiglu(), layout="concatenated", score_before=False):
     """fp32 plain-torch composition: per expert, the tokens routed to it (ids outside [0, E) dropped)."""
     leaves = {n: (None if t is None else t.detach().float().cpu()) for n, t in inp.items()}
     leaves["topk_idx"] = inp["topk_idx"].cpu()
@@ -85,13 +85,14 @@ def _reference(inp, dout, act=Swiglu(), layout="concatenated"):
         t_i, j_i = (idx == e).nonzero(as_tuple=True)
         if t_i.numel() == 0:
             continue
-        h = x[t_i] @ w13[e].t() + (0 if b13 is None else b13[e])
+        xe = x[t_i] * tw[t_i, j_i, None] if score_before else x[t_i]
+        h = xe @ w13[e].t() + (0 if b13 is None else b13[e])
         g, u = (h[:, 0::2], h[:, 1::2]) if layout == "interleaved" else (h[:, :I], h[:, I:])
         if math.isfinite(act.limit):
             g, u = g.clamp(max=act.limit), u.clamp(-act.limit, act.limit)
         y = g * torch.sigmoid(act.alpha * g) * (u + act.up_offset)
         o = y @ w2[e].t() + (0 if b2 is None else b2[e])
-        out = out.index_add(0, t_i, o * tw[t_i, j_i, None])
+        out = out.index_add(0, t_i, o if score_before else o * tw[t_i, j_i, None])
     out.backward(dout.float().cpu())
     return out.detach(), {n: leaves[n].grad for n in GRAD_NAMES if leaves.get(n) is not None}
 
@@ -131,6 +132,21 @@ def test_bf16_equals_fp32_up_to_bf16_rounding(device):
     assert sqnr(out.float().cpu(), ref_out) >= 38
     for n, g in grads.items():
         assert sqnr(g.float().cpu(), ref_grads[n]) >= 35, n
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe,backend", [(TILE, "auto"), (EXACT, "fused"), (TILE, "composed"), (None, "auto")])
+def test_score_before_experts(device, recipe, backend):
+    """score_before=True (TorchTitan's score_before_experts): sum_j expert(w * x) on the fused paths too,
+    every grad (topk_weights' included) against the fp32 composition."""
+    inp, dout = _inputs(device, bias=True, k=3)
+    out, grads = _run(inp, dout, recipe=recipe, backend=backend, score_before=True)
+    ref_out, ref_grads = _reference(inp, dout, score_before=True)
+    _assert_bars(out, grads, ref_out, ref_grads, BARS[recipe] if recipe else (38, 35, 35))
+    # a different function from the weights-after layer on these inputs
+    assert sqnr(_reference(inp, dout)[0], ref_out) < 15
+    with pytest.raises(ValueError, match="score_before: expected a bool"):
+        mxmoe.moe_experts(**inp, recipe=recipe, score_before=1)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -275,3 +275,72 @@ def test_cuda_torchtitan_moe_fused():
     y_ref.float().square().mean().backward()
     for (n, p), q in zip(model.named_parameters(), ref.parameters()):
         assert sqnr(p.grad.float(), q.grad.float()) > 15, n
+
+
+# ---- the packages' own reference-variant MoE (GPU: its router counts with a CUDA-only histc) ------------
+
+
+def _torchao_reference_moe():
+    """torchao 0.18's copy of TorchTitan's MoE (test/prototype/moe_training/reference_moe.py in its wheel)."""
+    import importlib.metadata
+    import importlib.util
+    import sys
+
+    path = importlib.metadata.distribution("torchao").locate_file("test/prototype/moe_training/reference_moe.py")
+    spec = importlib.util.spec_from_file_location("torchao_reference_moe", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _torchtitan_v02_moe():
+    """torchtitan 0.2's MoE (the released package the GPU machine's torch runs)."""
+    return pytest.importorskip("torchtitan.models.moe.moe", reason="torchtitan 0.2 not installed")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the reference routers count with a CUDA-only histc")
+@pytest.mark.parametrize("source", ["torchao", "torchtitan 0.2"])
+@pytest.mark.parametrize("score_before", [True, False])
+def test_reference_moe_from_the_packages(source, score_before, monkeypatch):
+    """torchao's test_training.py setup at a small size: the package's MoE, bf16 on the GPU, a non-zero
+    expert bias, converted with mxmoe.convert: torchao's SQNR bars, counts bitwise."""
+    mod = _torchao_reference_moe() if source == "torchao" else _torchtitan_v02_moe()
+    args = mod.MoEArgs(num_experts=8, num_shared_experts=1, score_func="sigmoid", top_k=2,
+                       score_before_experts=score_before, load_balance_coeff=1e-3)
+    torch.manual_seed(0)
+    ref = mod.MoE(args, dim=256, hidden_dim=512).to(device="cuda", dtype=torch.bfloat16)
+    ref.init_weights(0.05, torch.device("cuda"))
+    with torch.no_grad():
+        ref.expert_bias.copy_(torch.linspace(-0.1, 0.1, 8, device="cuda"))
+    model = copy.deepcopy(ref)
+    recipe = "mxfp8_rceil_tile128"
+    mxmoe.convert(model, recipe=recipe)
+    assert mxmoe.conversion_mechanism(model.experts) == "torchtitan"
+    assert model.__dict__["_mxmoe_variant"] == "reference"
+    calls = []
+    real = tt.moe_experts
+    monkeypatch.setattr(tt, "moe_experts", lambda *a, **k: calls.append((k["recipe"], k["score_before"]))
+                        or real(*a, **k))
+    x = torch.randn(4, 512, 256, dtype=torch.bfloat16, device="cuda")
+    xm, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y, y_ref = model(xm), ref(xr)
+    assert calls == [(recipe, score_before)]
+    assert sqnr(y.float(), y_ref.float()) >= 23 and not torch.equal(y, y_ref)  # torchao's bars: 23 / 27 / 21
+    assert torch.equal(model.tokens_per_expert, ref.tokens_per_expert)
+    assert ref.tokens_per_expert.sum() == 4 * 512 * 2
+    target = torch.randn_like(x)
+    F.mse_loss(y, target).backward()
+    F.mse_loss(y_ref, target).backward()
+    assert sqnr(xm.grad.float(), xr.grad.float()) >= 27
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert sqnr(p.grad.float(), q.grad.float()) >= 21, (n, sqnr(p.grad.float(), q.grad.float()))
+
+
+def test_unrecognised_torchao_reference_moe_is_an_error():
+    mod = _torchao_reference_moe()  # built only (its router's histc runs on CUDA alone)
+    moe = mod.MoE(mod.MoEArgs(num_experts=4, top_k=1), dim=64, hidden_dim=64)
+    del moe._buffers["tokens_per_expert"]  # counts kept somewhere mxmoe does not know
+    with pytest.raises(ValueError, match=r"mxmoe.convert: module '<root>': mxmoe: MoE is TorchTitan-shaped .* no variant"):
+        mxmoe.convert(moe)
