@@ -5,7 +5,8 @@
          test size: dim 5120, hidden 8192, 8 routed experts + 1 shared, top-1 sigmoid router,
          score_before_experts=True (and False), a non-zero expert bias, 8 x 2048 tokens, and the same
          model without its shared expert (bf16 in both, as many FLOPs as the routed experts at
-         top-1, so it bounds the whole model's ratio). The bf16 model against
+         top-1, so it bounds the whole model's ratio), and with it converted too (shared_experts=True: "+shared"
+         rows). The bf16 model against
          the same model after mxmoe.convert(recipe=...), eager and torch.compile'd: fwd+bwd ms
          (weights written before every step, so the FP8 weight forms are rebuilt each step),
          SQNR of the output / input grad / parameter grads (torchao's bars: 23 / 27 / 21 dB),
@@ -114,6 +115,8 @@ def bench_layer(args) -> dict:
         models = {"bf16": base}
         for r in args.recipes:
             models[r] = mxmoe.convert(copy.deepcopy(base), recipe=r)
+            if n_shared:  # the shared expert on the fused layer too (opt-in: shared_experts=True)
+                models[r + "+shared"] = mxmoe.convert(copy.deepcopy(base), recipe=r, shared_experts=True)
         # correctness against the bf16 model, eager, one step
         outs = {}
         for name, m in models.items():

@@ -144,7 +144,7 @@ class _Conversion:
     """What convert() changed on one selected module, so that unconvert() can undo it."""
 
     def __init__(self, mechanism: str, target: nn.Module, attrs: dict, recipe: str):
-        self.mechanism = mechanism  # "transformers" | "torchtitan" | "demo" | "seam" | "redirect"
+        self.mechanism = mechanism  # "transformers" | "torchtitan" | "demo" | "seam" | "redirect" | "dense"
         self.target = target  # the module whose attributes changed (the experts or their MoE)
         self.attrs = attrs  # attribute -> previous value (_MISSING: there was none)
         self.recipe = recipe
@@ -224,6 +224,7 @@ def convert(
     recipe: str = "mxfp8_rceil",
     filter_fn: Optional[Callable[[nn.Module, str], bool]] = None,
     backend: str = "auto",
+    shared_experts: bool = False,
 ) -> nn.Module:
     """Switch the model's MoE experts over to mxmoe (the mechanism per module: the module docstring).
 
@@ -234,6 +235,9 @@ def convert(
         directly own a 3D parameter (the expert weights).
       backend: 'auto', or an mxmoe.grouped_mm backend ('reference', 'emulated', 'sm90', ...): the
         redirected calls use it, and the fused layer then runs composed on it.
+      shared_experts: also run the shared experts of every converted TorchTitan MoE (TorchTitan's dense
+        SwiGLU FeedForward, module ``shared_experts``) on the fused layer, as one expert with every token
+        routed to it (mechanism "dense"). Off by default: the shared experts stay as the model has them.
     Raises ValueError naming the module when a selected module fits no mechanism, or when its experts
     are not a computation the fused layer implements (transformers experts without a SwiGLU gate).
     """
@@ -251,13 +255,52 @@ def convert(
         for child in m.children():
             parents.setdefault(id(child), m)
     selected = [(fqn, m) for fqn, m in model.named_modules() if filter_fn(m, fqn)]
+    if not isinstance(shared_experts, bool):
+        raise ValueError(f"shared_experts: expected a bool, got {type(shared_experts).__name__}")
     for fqn, module in selected:
         old = module.__dict__.get(_ATTR)
         if old is not None:
             old.remove()
         conv = _convert_one(module, parents.get(id(module)), fqn, recipe_name, backend)
         object.__setattr__(module, _ATTR, conv)
+    for fqn, module in model.named_modules():  # a shared FeedForward converted earlier: undone or redone
+        conv = module.__dict__.get(_ATTR)
+        if conv is not None and conv.mechanism == "dense":
+            conv.remove()
+            module.__dict__.pop(_ATTR, None)
+    if shared_experts:
+        _convert_shared_experts(model, recipe_name, backend)
     return model
+
+
+def _convert_shared_experts(model: nn.Module, recipe: str, backend: str) -> None:
+    from .integrations import torchtitan as tt
+
+    names = {id(m): fqn or "<root>" for fqn, m in model.named_modules()}
+    moes = {}
+    for m in model.modules():
+        conv = m.__dict__.get(_ATTR)
+        if conv is not None and conv.mechanism == "torchtitan":
+            # the record's target: the MoE (reference variants) or its RoutedExperts (torchtitan 0.3)
+            moe = conv.target if hasattr(conv.target, "router") else parent_of(model, conv.target)
+            moes[id(moe)] = (moe, names[id(moe)])
+    if not moes:
+        raise ValueError("shared_experts=True: the model has no TorchTitan MoE that convert() switched over")
+    for moe, where in moes.values():
+        shared = getattr(moe, "shared_experts", None)
+        if shared is None:
+            continue
+        tt.check_dense_ffn(shared, f"module '{where}'.shared_experts")
+        attrs = {"forward": types.MethodType(tt.dense_ffn_forward, shared), "_mxmoe_recipe": recipe,
+                 "_mxmoe_backend": backend}
+        object.__setattr__(shared, _ATTR, _Conversion("dense", shared, _set(shared, attrs), recipe))
+
+
+def parent_of(model: nn.Module, child: nn.Module) -> Optional[nn.Module]:
+    for m in model.modules():
+        if any(c is child for c in m.children()):
+            return m
+    return None
 
 
 def unconvert(model: nn.Module) -> nn.Module:
@@ -275,7 +318,7 @@ def is_converted(module: nn.Module) -> bool:
 
 
 def conversion_mechanism(module: nn.Module) -> Optional[str]:
-    """How convert() switched this module over ("transformers", "torchtitan", "demo", "seam", "redirect"), or None."""
+    """How convert() switched this module over ("transformers", "torchtitan", "demo", "seam", "redirect", "dense"), or None."""
     conv = module.__dict__.get(_ATTR)
     return None if conv is None else conv.mechanism
 

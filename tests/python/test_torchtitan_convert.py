@@ -207,6 +207,13 @@ def test_reference_variant_keeps_the_expert_bias_and_the_counts(score_before, mo
         assert p.grad is not None and sqnr(p.grad, q.grad) > 17, (n, sqnr(p.grad, q.grad))
 
 
+def test_shared_experts_that_are_not_a_feed_forward_are_named():
+    with pytest.raises(ValueError, match=r"module 'moe'.shared_experts \(SharedExpert\) is not TorchTitan's FeedForward"):
+        mxmoe.convert(Model(True), shared_experts=True)
+    with pytest.raises(ValueError, match="shared_experts: expected a bool"):
+        mxmoe.convert(Model(True), shared_experts="yes")
+
+
 def test_router_taking_a_bias_without_moe_counts_is_refused():
     moe = ReferenceMoE(True)
     del moe._buffers["tokens_per_expert"]
@@ -302,8 +309,8 @@ def _torchtitan_v02_moe():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the reference routers count with a CUDA-only histc")
 @pytest.mark.parametrize("source", ["torchao", "torchtitan 0.2"])
-@pytest.mark.parametrize("score_before", [True, False])
-def test_reference_moe_from_the_packages(source, score_before, monkeypatch):
+@pytest.mark.parametrize("score_before,shared", [(True, False), (False, False), (True, True)])
+def test_reference_moe_from_the_packages(source, score_before, shared, monkeypatch):
     """torchao's test_training.py setup at a small size: the package's MoE, bf16 on the GPU, a non-zero
     expert bias, converted with mxmoe.convert: torchao's SQNR bars, counts bitwise."""
     mod = _torchao_reference_moe() if source == "torchao" else _torchtitan_v02_moe()
@@ -316,9 +323,10 @@ def test_reference_moe_from_the_packages(source, score_before, monkeypatch):
         ref.expert_bias.copy_(torch.linspace(-0.1, 0.1, 8, device="cuda"))
     model = copy.deepcopy(ref)
     recipe = "mxfp8_rceil_tile128"
-    mxmoe.convert(model, recipe=recipe)
+    mxmoe.convert(model, recipe=recipe, shared_experts=shared)
     assert mxmoe.conversion_mechanism(model.experts) == "torchtitan"
     assert model.__dict__["_mxmoe_variant"] == "reference"
+    assert mxmoe.conversion_mechanism(model.shared_experts) == ("dense" if shared else None)
     calls = []
     real = tt.moe_experts
     monkeypatch.setattr(tt, "moe_experts", lambda *a, **k: calls.append((k["recipe"], k["score_before"]))
@@ -326,7 +334,7 @@ def test_reference_moe_from_the_packages(source, score_before, monkeypatch):
     x = torch.randn(4, 512, 256, dtype=torch.bfloat16, device="cuda")
     xm, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
     y, y_ref = model(xm), ref(xr)
-    assert calls == [(recipe, score_before)]
+    assert calls == [(recipe, score_before)] + [(recipe, False)] * shared
     assert sqnr(y.float(), y_ref.float()) >= 23 and not torch.equal(y, y_ref)  # torchao's bars: 23 / 27 / 21
     assert torch.equal(model.tokens_per_expert, ref.tokens_per_expert)
     assert ref.tokens_per_expert.sum() == 4 * 512 * 2

@@ -21,9 +21,10 @@ from mx_testutils import sqnr
 
 pytest.importorskip("torchtitan.models.common.moe", reason="torchtitan 0.3 (needs torch >= 2.12)",
                     exc_type=ImportError)
-from mxmoe.integrations.torchtitan_converter import MXMoEConverter, MXMoERoutedExperts  # noqa: E402
+from mxmoe.integrations.torchtitan_converter import MXMoEConverter, MXMoEFeedForward, MXMoERoutedExperts  # noqa: E402,E501
 from torchtitan.components.optimizer.optimizer import register_moe_load_balancing_hook  # noqa: E402
 from torchtitan.models.common.attention import FlexAttention  # noqa: E402
+from torchtitan.models.common.feed_forward import FeedForward  # noqa: E402
 from torchtitan.models.common.moe import GroupedExperts, MoE  # noqa: E402
 from torchtitan.models.common.token_dispatcher import AllToAllTokenDispatcher  # noqa: E402
 from torchtitan.models.deepseek_v3 import model_registry as deepseek_v3  # noqa: E402
@@ -247,3 +248,34 @@ def test_experts_with_a_replaced_gemm_are_refused():
     experts = Quantized(GroupedExperts.Config(dim=64, hidden_dim=64, num_experts=2))
     with pytest.raises(ValueError, match=r"module '<root>'|Quantized overrides GroupedExperts._grouped_mm"):
         mxmoe.convert(experts)
+
+
+def test_shared_experts_on_the_fused_layer(monkeypatch):
+    """shared_experts=True (converter Config and mxmoe.convert): DeepSeek-V3's shared FeedForward runs as
+    one expert on the fused layer; the model still matches bf16 at the bars."""
+    ref = _build(deepseek_v3, "debugmodel", None)
+    model = _build(deepseek_v3, "debugmodel", [MXMoEConverter.Config(recipe=MX, shared_experts=True)])
+    shared = [m for m in model.modules() if isinstance(m, MXMoEFeedForward)]
+    assert shared and len(shared) == len(_moes(model)) and all(m.shared_experts is not None for m in _moes(ref))
+    model.load_state_dict(ref.state_dict())
+    _set_bias(ref, 6), _set_bias(model, 6)
+    calls = []
+    real = tt.moe_experts
+    monkeypatch.setattr(tt, "moe_experts", lambda *a, **k: calls.append(k["recipe"]) or real(*a, **k))
+    tokens = torch.randint(0, 2048, (2, SEQ))
+    y, y_ref = _step(model, tokens, tokens), _step(ref, tokens, tokens)
+    assert calls == [MX] * (2 * len(shared))  # routed + shared per MoE
+    _compare(y, y_ref, model, ref, BARS[MX], "shared experts (converter)")
+    # mxmoe.convert on the unconverted model does the same (mechanism "dense")
+    conv = _build(deepseek_v3, "debugmodel", None)
+    conv.load_state_dict(ref.state_dict())
+    _set_bias(conv, 6)
+    mxmoe.convert(conv, recipe=MX, shared_experts=True)
+    dense = [m for m in conv.modules() if isinstance(m, FeedForward) and mxmoe.conversion_mechanism(m) == "dense"]
+    assert len(dense) == len(shared)
+    with torch.no_grad():
+        assert torch.equal(_logits(conv, tokens), _logits(model, tokens))  # the same computation
+        mxmoe.convert(conv, recipe=MX)  # again without: the shared experts are TorchTitan's again
+        assert not any(mxmoe.conversion_mechanism(m) == "dense" for m in conv.modules())
+        mxmoe.unconvert(conv)
+        assert torch.equal(_logits(conv, tokens), _logits(ref, tokens))

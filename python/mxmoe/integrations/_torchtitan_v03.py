@@ -6,7 +6,8 @@ from dataclasses import dataclass, fields
 from typing import Optional
 
 from torchtitan.components.quantization import QuantizationConverter
-from torchtitan.models.common.moe import GroupedExperts, RoutedExperts
+from torchtitan.models.common.feed_forward import FeedForward
+from torchtitan.models.common.moe import GroupedExperts, MoE, RoutedExperts
 from torchtitan.models.common.token_dispatcher import AllToAllTokenDispatcher, LocalTokenDispatcher
 
 from ..recipes import get_recipe
@@ -47,6 +48,25 @@ class MXMoERoutedExperts(RoutedExperts):
         return tt.routed_forward(self, x_BLD, topk_scores_BLK, topk_expert_ids_BLK, self.recipe, self.backend)
 
 
+class MXMoEFeedForward(FeedForward):
+    """TorchTitan's FeedForward (a MoE's shared experts) on mxmoe's fused layer as one expert."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(FeedForward.Config):
+        recipe: Optional[str] = "mxfp8_rceil_tile128"
+        backend: str = "auto"
+
+    def __init__(self, config: Config):
+        _check(config.recipe, config.backend)
+        super().__init__(config)
+        tt.check_dense_ffn(self, "shared_experts", own_forward=False)
+        self.recipe = None if config.recipe is None else get_recipe(config.recipe).name
+        self.backend = config.backend
+
+    def forward(self, x):
+        return tt.dense_ffn(self, x, self.recipe, self.backend)
+
+
 class MXMoEConverter(QuantizationConverter):
     """Routed experts of every MoE on mxmoe's fused expert layer (module docstring)."""
 
@@ -57,6 +77,9 @@ class MXMoEConverter(QuantizationConverter):
         'mxfp8_rceil_wgrad_with_hp', or None for mxmoe's bf16 fused layer."""
         backend: str = "auto"
         """'auto', 'fused' or 'composed' (mxmoe.moe_experts' backend)."""
+        shared_experts: bool = False
+        """Also run each MoE's shared experts (TorchTitan's FeedForward) on the fused layer, as one expert
+        with every token routed to it. Off: they stay TorchTitan's bf16 FeedForward."""
 
     def __init__(self, config: Config):
         _check(config.recipe, config.backend)
@@ -85,4 +108,15 @@ class MXMoEConverter(QuantizationConverter):
             converted += 1
         if converted == 0:
             raise ValueError("mxmoe: MXMoEConverter found no RoutedExperts in the model config: nothing to convert")
+        if self.config.shared_experts:
+            for fqn, moe_cfg, _, _ in list(model_config.traverse(MoE.Config)):
+                shared = moe_cfg.shared_experts
+                if shared is None:
+                    continue
+                if type(shared) not in (FeedForward.Config, MXMoEFeedForward.Config):
+                    raise ValueError(f"mxmoe: {fqn}.shared_experts is a {type(shared).__qualname__}: expected "
+                                     "FeedForward.Config (shared_experts=True runs TorchTitan's SwiGLU FeedForward)")
+                kept = {f.name: getattr(shared, f.name) for f in fields(FeedForward.Config) if f.init}
+                moe_cfg.shared_experts = MXMoEFeedForward.Config(**kept, recipe=self.config.recipe,
+                                                                 backend=self.config.backend)
         return model_config

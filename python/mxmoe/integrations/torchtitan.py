@@ -215,6 +215,40 @@ def grouped_mm_seam(recipe, backend):
     return _grouped_mm
 
 
+# ---- shared experts (opt-in): TorchTitan's dense SwiGLU FeedForward on the fused layer -----------------
+
+
+def check_dense_ffn(m: nn.Module, where: str, own_forward: bool = True) -> None:
+    """Raise unless ``m`` is TorchTitan's FeedForward: w2(silu(w1(x)) * w3(x)), bias-free Linear layers
+    (own_forward: its forward is FeedForward's own)."""
+    lin = [getattr(m, n, None) for n in ("w1", "w2", "w3")]
+    ok = all(isinstance(x, nn.Linear) and x.bias is None for x in lin)
+    if ok:
+        (F1, D), (D2, F2), (F3, D3) = (tuple(x.weight.shape) for x in lin)
+        ok = F1 == F2 == F3 and D == D2 == D3
+    if not ok or (own_forward and _method_owner(type(m), "forward") != "FeedForward.forward"):
+        raise ValueError(f"mxmoe: {where} ({type(m).__name__}) is not TorchTitan's FeedForward (bias-free w1, w2, w3 "
+                         "and forward w2(silu(w1 x) * w3 x)): its shared experts cannot run on the fused layer")
+
+
+def dense_ffn(m: nn.Module, x: Tensor, recipe, backend) -> Tensor:
+    """FeedForward ``m`` on x (..., D) as the fused layer with one expert and every token routed to it."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    T = x2.shape[0]
+    ids = torch.zeros(T, 1, dtype=torch.int32, device=x.device)
+    ones = torch.ones(T, 1, dtype=torch.float32, device=x.device)
+    w1, w2, w3 = (_local(getattr(m, n).weight, f"{type(m).__name__}.{n}.weight") for n in ("w1", "w2", "w3"))
+    out = moe_experts(x2, ids, ones, (w1.unsqueeze(0), w3.unsqueeze(0)), w2.unsqueeze(0), recipe=recipe,
+                      **layer_backend_kwargs(backend))
+    return out.reshape(shape)
+
+
+def dense_ffn_forward(self: nn.Module, x: Tensor) -> Tensor:
+    """The instance forward mxmoe.convert(shared_experts=True) installs on a shared FeedForward."""
+    return dense_ffn(self, x, self.__dict__["_mxmoe_recipe"], self.__dict__.get("_mxmoe_backend", "auto"))
+
+
 # ---- the reference and router-counting variants: the MoE's forward --------------------------------
 
 

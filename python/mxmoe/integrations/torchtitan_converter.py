@@ -3,7 +3,8 @@
 One name, ``MXMoEConverter``, in the convention of the installed torchtitan release:
 
 torchtitan 0.2.x: a ``ModelConverter`` registered as ``"mxmoe"`` (recipe mxfp8_rceil_tile128) and
-``"mxmoe.<recipe>"`` (any mxmoe recipe); list it in ``model.converters`` of the job config. It runs
+``"mxmoe.<recipe>"`` (any mxmoe recipe), each also as ``"<name>.shared"`` (the shared experts on the
+fused layer too); list it in ``model.converters`` of the job config. It runs
 ``mxmoe.convert`` on the built model (the reference MoE variant: ``router(x, expert_bias)``, counts on
 the MoE, ``score_before_experts`` on the fused path).
 
@@ -42,6 +43,7 @@ if importlib.util.find_spec("torchtitan.protocols.model_converter") is not None:
 
         recipe: Optional[str] = "mxfp8_rceil_tile128"
         backend: str = "auto"
+        shared_experts: bool = False
 
         def __init__(self, job_config, parallel_dims):
             check_recipe_backend(self.recipe, self.backend)
@@ -52,7 +54,7 @@ if importlib.util.find_spec("torchtitan.protocols.model_converter") is not None:
         def convert(self, model):
             from ..conversion import convert, conversion_mechanism
 
-            convert(model, recipe=self.recipe, backend=self.backend)
+            convert(model, recipe=self.recipe, backend=self.backend, shared_experts=self.shared_experts)
             if not any(conversion_mechanism(m) == "torchtitan" for m in model.modules()):
                 raise ValueError("mxmoe: MXMoEConverter found no TorchTitan MoE in the model: nothing to convert")
 
@@ -60,11 +62,15 @@ if importlib.util.find_spec("torchtitan.protocols.model_converter") is not None:
             pass
 
     register_model_converter(MXMoEConverter, "mxmoe")
+    register_model_converter(type("MXMoEConverter_shared", (MXMoEConverter,), {"shared_experts": True}),
+                             "mxmoe.shared")
     for _name in RECIPES:
-        register_model_converter(type(f"MXMoEConverter_{_name}", (MXMoEConverter,), {"recipe": _name}),
-                                 f"mxmoe.{_name}")
+        for _shared in (False, True):
+            register_model_converter(
+                type(f"MXMoEConverter_{_name}", (MXMoEConverter,), {"recipe": _name, "shared_experts": _shared}),
+                f"mxmoe.{_name}" + (".shared" if _shared else ""))
 else:  # torchtitan 0.3.x
-    from ._torchtitan_v03 import MXMoEConverter, MXMoERoutedExperts  # noqa: F401
+    from ._torchtitan_v03 import MXMoEConverter, MXMoEFeedForward, MXMoERoutedExperts  # noqa: F401
 
-    __all__ = ["MXMoEConverter", "MXMoERoutedExperts"]
+    __all__ = ["MXMoEConverter", "MXMoEFeedForward", "MXMoERoutedExperts"]
 
