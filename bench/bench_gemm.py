@@ -274,13 +274,13 @@ def sweep_scheduler(mx, label):
 
 
 def wgrad_prefers_own(M, N, K, G):
-    """grouped_k_prefer_own of src/core/cuda/gemm/sm90_tile_heuristics.hpp: the own kernel at K <= 1024."""
+    """grouped_k_prefer_own of src/core/cuda/gemm/sm90/sm90_tile_heuristics.hpp: the own kernel at K <= 1024."""
     return K <= 1024
 
 
 def sm90_choice(pas, N, K, G, M, env=None):
     """(kernel, tile) the library picks for a tile128 call under `env` (default: os.environ), mirroring
-    src/core/cuda/gemm/sm90_tile_heuristics.hpp (MXMOE_GEMM_SM90 / _CLUSTER / _BLOCK_N and the auto rule)."""
+    src/core/cuda/gemm/sm90/sm90_tile_heuristics.hpp (MXMOE_GEMM_SM90 / _CLUSTER / _BLOCK_N and the auto rule)."""
     env = os.environ if env is None else {**os.environ, **env}
     cutlass = ("cutlass_coop_fp8_blockwise", "128x128x128 cluster 1x2")
     mode = env.get("MXMOE_GEMM_SM90", "") or "auto"

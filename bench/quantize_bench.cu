@@ -404,7 +404,7 @@ void quantize_cases(Runner& R, const std::string& tag, int64_t M, int64_t K, int
          }});
 }
 
-// The tile128 recipe's activation pass (quantize/tile128/tile128_bf16.cu): rowwise 1x128 (q, scale_c) and
+// The tile128 recipe's activation pass (cuda/quantize/tile128_bf16.cu): rowwise 1x128 (q, scale_c) and
 // columnwise 128x1 per group (qt, scale_r) from one read. align16: group starts rounded to multiples of
 // 16, the fused MoE layer's layout (moe.py align_routing); otherwise jagged at any row.
 void tile128_cases(Runner& R, const std::string& tag, int64_t M, int64_t K, int G, bool jagged, bool align16) {

@@ -253,7 +253,7 @@ mxmoe_status mxmoe_quantize(const mxmoe_tensor* x_, const mxmoe_tensor* offs_,
   a.offs = optional(offs_);
   a.cfg = cfg;
   a.stream = stream;
-  a.n_r = along_r ? (offs_ != nullptr ? ceil_div(R, kBlock) + groups : R / kBlock) : 0;
+  a.n_r = along_r ? (offs_ != nullptr ? cdiv(R, kBlock) + groups : R / kBlock) : 0;
   struct Out {
     mxmoe_tensor* t;
     const char* name;
@@ -305,7 +305,7 @@ mxmoe_status mxmoe_dequantize(const mxmoe_tensor* q_, const mxmoe_tensor* scale_
     const mxmoe_tensor& offs = require(offs_, "offs");
     check_offs_view(offs, q);
     if (q.ndim != 2) fail("offs: expected a 2D q for groups, got q with shape ", shape_str(q));
-    n = ceil_div(blocked_len, kBlock) + offs.shape[0];
+    n = cdiv(blocked_len, kBlock) + offs.shape[0];
   } else {
     if (blocked_len % kBlock != 0)
       fail("q: expected the blocked dim (", axis == 1 ? "last" : "-2", ") to be a multiple of 32, got ", blocked_len);

@@ -83,7 +83,7 @@ void fused_body(const mxmoe_tensor& x, const FusedSource& src, const std::vector
   a.mode = cfg.mode;
   a.tile128 = tile;
   a.stream = stream;
-  a.n_r = offs_ != nullptr ? ceil_div(R, kBlock) + G : R / kBlock;
+  a.n_r = offs_ != nullptr ? cdiv(R, kBlock) + G : R / kBlock;
 
   std::vector<Named> outs;
   auto side = [&](const mxmoe_fused_side* s, bool is_row, FusedSide& d) {

@@ -1,7 +1,7 @@
 // C API of the tile128 grouped GEMMs (include/mxmoe/mxmoe.h, "Hopper FP8 grouped GEMMs"):
 // validation once, then dispatch: host tensors -> the exact CPU reference (cpu::grouped_mm,
 // cpu::grouped_mm_kgroups; coarse-block operands are valid MX operands), CUDA tensors -> the Hopper
-// FP8 kernels (cuda/gemm_tile128.cu). Nothing is written before validation passes.
+// FP8 kernels (cuda/gemm/gemm_tile128.cu). Nothing is written before validation passes.
 #include <cstdint>
 #include <limits>
 

@@ -118,7 +118,7 @@ void grouped_mm_kgroups(const GroupedMMKArgs& args);
 namespace cuda {
 void zero_rows_past_groups(const mxmoe_tensor& x, const mxmoe_tensor& offs, void* stream);
 void clamp_offsets(const mxmoe_tensor& offs, int64_t m, const mxmoe_tensor& out, void* stream);
-// tile128 recipe (coarse-block MX operands) on Hopper FP8 tensor cores (cuda/gemm_tile128.cu).
+// tile128 recipe (coarse-block MX operands) on Hopper FP8 tensor cores (cuda/gemm/gemm_tile128.cu).
 // Workspace: bytes of device memory the call needs (independent of offs and of the output dtype);
 // throws UNSUPPORTED where the build or the device cannot run them.
 int64_t grouped_mm_tile128_workspace_size(int64_t m, int64_t n, int64_t k, int64_t g, int32_t device);
@@ -136,7 +136,7 @@ void grouped_mm_kgroups(const GroupedMMKArgs& args);
 void check_offsets(const mxmoe_tensor& offs, int64_t m, void* stream);
 void quantize_fused(const FusedArgs& args);
 
-// Stream capture (cuda/graph_if.cu). capture_id: the id of the capture `stream` records, 0 if none.
+// Stream capture (cuda/common/graph_if.cu). capture_id: the id of the capture `stream` records, 0 if none.
 // IfCapture records work under a conditional graph node on a device int32 flag: the constructor
 // adds "set the node's condition from *flag" and the IF node to `stream`'s capture and starts
 // capturing the node's body on a side stream (body()); finish() adds "*flag = 0" to the body and
@@ -164,7 +164,7 @@ class IfCapture {
 }  // namespace cuda
 #endif
 
-// ---- MoE kernel family (api_moe.cpp validates; cpu/moe.cpp, cuda/moe.cu) ------------------------
+// ---- MoE kernel family (api_moe.cpp validates; cpu/moe.cpp, cuda/moe/moe.cu) -------------------
 // Views as the C API validated them: index tensors int32 (topk_idx int32 or int64), everything
 // contiguous and on one device.
 struct MoeRoutingArgs {

@@ -507,7 +507,7 @@ TEST(CudaGemmTile128, DgradShapes) {
   g_data = Data::kFullRange;
 }
 
-// The own sm_90a M-grouped kernel (src/core/cuda/gemm/) forced through MXMOE_GEMM_SM90: the same
+// The own sm_90a M-grouped kernel (src/core/cuda/gemm/sm90/) forced through MXMOE_GEMM_SM90: the same
 // forward and dgrad cases, with "mxmoe-only" so a call the kernel does not take fails instead of
 // falling back to CUTLASS, at both cluster sizes (B multicast on / off) and both tile widths.
 TEST(CudaGemmTile128, OwnSm90Kernel) {

@@ -674,7 +674,7 @@ TEST(CudaQuantize, FusedWarpTile) {
   }
 }
 
-// The combinations the tile128 pass kernel takes (quantize/tile128/tile128_bf16.cu: bf16 in, compact scales,
+// The combinations the tile128 pass kernel takes (cuda/quantize/tile128_bf16.cu: bf16 in, compact scales,
 // rowwise 1x128 codes + columnwise 128x1 transposed codes, or the 128x128 tile in both orientations):
 // the tile128 recipe's activation and weight passes. Groups jagged / empty / 16-aligned / many, rows
 // past the last group, partial panels and column tiles (C = 64, 96, 160, 416), batches, specials,

@@ -1,5 +1,5 @@
 // Scalar math of the MoE kernel family shared by the CPU reference (cpu/moe.cpp), the CUDA kernels
-// (cuda/moe.cu) and the fused quantizers that compute SwiGLU on the fly (cuda/quantize.cu): one
+// (cuda/moe/moe.cu) and the fused quantizers that compute SwiGLU on the fly (cuda/quantize/quantize.cu): one
 // definition, so every backend evaluates the same fp32 operations in the same order.
 //
 //  - SwiGLU (mxmoe_swiglu): every multiply/add/divide is a separately rounded IEEE fp32 operation

@@ -175,7 +175,7 @@ Groups groups_from_offsets(const mxmoe_tensor& offs, int64_t m) {
     g.start[i] = prev;
     g.end[i] = e;
     g.block_start[i] = blocks;
-    blocks += ceil_div(e - prev, kBlock);
+    blocks += cdiv(e - prev, kBlock);
     prev = e;
   }
   return g;

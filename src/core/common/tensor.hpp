@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/int_math.hpp"
 #include "mxmoe/mxmoe.h"
 
 namespace mxmoe {
@@ -53,8 +54,5 @@ struct Groups {
 Groups groups_from_offsets(const mxmoe_tensor& offs, int64_t m);
 // Validates offs (1-D int32, host) and raises with the first offending index (checked mode).
 void check_offsets_host(const mxmoe_tensor& offs, int64_t m);
-
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
 }  // namespace mxmoe

@@ -84,7 +84,7 @@ inline int64_t panel_index(int64_t l, int64_t c, int64_t len) {
 template <typename Store>
 void gemm(const float* x, const float* yt, int64_t rows, int64_t cols, int64_t len, Store store) {
   const int64_t cols_p = round_up(cols, kNR);
-  const int64_t mt = ceil_div(rows, kMC), nt = ceil_div(cols, kNC);
+  const int64_t mt = cdiv(rows, kMC), nt = cdiv(cols, kNC);
   // Enough work per thread to pay for starting it (~100k multiply-adds).
   const int64_t task_work = std::max<int64_t>(1, std::min(rows, kMC) * std::min(cols_p, kNC) * len);
   parallel_for(mt * nt, std::max<int64_t>(1, (1 << 17) / task_work), [&](int64_t lo, int64_t hi) {
@@ -150,7 +150,7 @@ void dequant_transposed(const MxView& v, int64_t cols, int64_t len, float* dst) 
   const float* lut = e4m3_table();
   const int64_t cols_p = round_up(cols, kNR);
   if (cols == 0 || len == 0) return;  // an empty operand: nothing to transpose
-  parallel_for(ceil_div(len, kBlock), std::max<int64_t>(1, (1 << 16) / (kBlock * cols_p)),
+  parallel_for(cdiv(len, kBlock), std::max<int64_t>(1, (1 << 16) / (kBlock * cols_p)),
                [&](int64_t lo, int64_t hi) {
                  float tile[kBlock][32];
                  float sv[32];

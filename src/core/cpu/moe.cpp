@@ -1,4 +1,4 @@
-// The MoE kernel family on the CPU: the exact reference of the CUDA kernels (cuda/moe.cu), bit for
+// The MoE kernel family on the CPU: the exact reference of the CUDA kernels (cuda/moe/moe.cu), bit for
 // bit (SwiGLU up to expf, see common/moe_activation.hpp). Every output element is computed by one
 // thread in a fixed order, so results do not depend on the thread count. The project compiles C++
 // with -ffp-contract=off: a * b + c below is two roundings, as __fmul_rn / __fadd_rn on the device.
@@ -165,7 +165,7 @@ void moe_group_sum(const MoeGroupSumArgs& a) {
   const Groups groups = groups_from_offsets(a.offs, M);
   auto* out = static_cast<float*>(a.out.data);
   constexpr int64_t kCols = 64;  // columns per task
-  const int64_t col_tasks = ceil_div(C, kCols);
+  const int64_t col_tasks = cdiv(C, kCols);
   with_input(a.x, [&](auto x) {
     parallel_for(G * col_tasks, 1, [&](int64_t w0, int64_t w1) {
       std::vector<float> lane(static_cast<size_t>(kSumLanes * kCols));

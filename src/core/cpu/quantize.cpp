@@ -71,7 +71,7 @@ Plan make_plan(const QuantizeArgs& a) {
     const int64_t start = groups.start[g], end = groups.end[g];
     for (int64_t r0 = start; r0 < end; r0 += block_r)
       plan.panels.push_back({r0, std::min(end, r0 + block_r), groups.block_start[g] + (r0 - start) / kBlock, true});
-    plan.scale_r_used = groups.block_start[g] + ceil_div(end - start, kBlock);
+    plan.scale_r_used = groups.block_start[g] + cdiv(end - start, kBlock);
     covered = end;
   }
   for (int64_t r0 = covered; r0 < R; r0 += kTile) plan.panels.push_back({r0, std::min(R, r0 + kTile), -1, false});
@@ -224,7 +224,7 @@ class TileQuantizer {
     const mxmoe_tensor& sc = a_.scale_c.t;
     const int64_t js = sc.strides[2];
     uint8_t* dst = at<uint8_t>(sc, b * sc.strides[0] + r * sc.strides[1]);
-    for (int64_t j = c0 / kBlock; j < ceil_div(c1, kBlock); ++j) dst[j * js] = byte;
+    for (int64_t j = c0 / kBlock; j < cdiv(c1, kBlock); ++j) dst[j * js] = byte;
   }
 
   // scale_r[b, c, run0 + i] = byte of column c for every 32-run i of the panel (a partial last
@@ -233,7 +233,7 @@ class TileQuantizer {
     if (!a_.scale_r.present) return;
     const mxmoe_tensor& sr = a_.scale_r.t;
     const int64_t cs = sr.strides[1], is = sr.strides[2];
-    const int64_t runs = ceil_div(p.r1 - p.r0, kBlock);
+    const int64_t runs = cdiv(p.r1 - p.r0, kBlock);
     uint8_t* base = at<uint8_t>(sr, b * sr.strides[0] + p.run0 * is);
     for (int64_t c = c0; c < c1; ++c)
       for (int64_t i = 0; i < runs; ++i) base[c * cs + i * is] = col_byte[c - c0];
@@ -247,7 +247,7 @@ template <typename In>
 void quantize_typed(const QuantizeArgs& a, const Plan& plan) {
   const int64_t B = a.x.shape[0], C = a.x.shape[2];
   const int64_t panels = static_cast<int64_t>(plan.panels.size());
-  const int64_t col_tiles = ceil_div(C, kTile);
+  const int64_t col_tiles = cdiv(C, kTile);
   const TileQuantizer tiles(a, plan);
   parallel_for(B * panels * col_tiles, 4, [&](int64_t lo, int64_t hi) {
     std::unique_ptr<Scratch> scratch(new Scratch);

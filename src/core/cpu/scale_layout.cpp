@@ -24,7 +24,7 @@ struct Segment {
   int64_t rs, cs;  // scale tensor strides (elements)
   int64_t rows, cols;
   int64_t dst;     // byte offset in the blocked buffer
-  int64_t bands() const { return ceil_div(rows, 128); }
+  int64_t bands() const { return cdiv(rows, 128); }
   int64_t band_bytes() const { return round_up(cols, 4) * 128; }
   int64_t bytes() const { return bands() * band_bytes(); }
 };
@@ -61,7 +61,7 @@ Plan make_plan(const BlockedArgs& a) {
       // matrix at start_col_g * Hp, start_col_g = sum_{h<g} ceil(cols_h/4)*4.
       const Groups g = groups_from_offsets(a.offs.t, a.m_tokens);
       for (int64_t i = 0; i < g.count(); ++i)
-        add(g.block_start[i] * s.strides[2], H, ceil_div(g.end[i] - g.start[i], kBlock));
+        add(g.block_start[i] * s.strides[2], H, cdiv(g.end[i] - g.start[i], kBlock));
       break;
     }
     default: break;  // invalid codes fall through to the caller's rejection

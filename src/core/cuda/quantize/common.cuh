@@ -1,4 +1,4 @@
-// Shared device helpers of the CUDA quantization kernels (cuda/quantize/*/ and quantize.cu): error checks, the hardware
+// Shared device helpers of the CUDA quantization kernels (cuda/quantize/, cuda/scale_layout/): error checks, the hardware
 // e4m3 conversions (bit-exact with mx_format.hpp's codecs, checked exhaustively by
 // bench/quantize_bench.cu and by the GPU tests on targeted patterns), block scans of `offs` that
 // reproduce groups_from_offsets() on the device, and byte-range helpers.
@@ -10,13 +10,14 @@
 #include <cstdint>
 
 #include "common/error.hpp"
+#include "common/int_math.hpp"
 #include "mxmoe/mx_format.hpp"
 #include "mxmoe/mxmoe.h"
 
 namespace mxmoe {
 struct DequantizeArgs;
 namespace cuda {
-// dequantize's fast path along R (quantize/warp/quant_warp.cu, used by quantize/dequant/quant_dequant.cu); false where it
+// dequantize's fast path along R (quant_warp.cu, used by quant_dequant.cu); false where it
 // does not apply.
 bool dequantize_along_r_warp(const DequantizeArgs& args);
 
@@ -46,7 +47,6 @@ class DeviceGuard {
 };
 
 MXMOE_HD bool aligned(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) % n) == 0; }
-inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // ---- device side ---------------------------------------------------------------------------------
 #if defined(__CUDACC__)

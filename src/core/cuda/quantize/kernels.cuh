@@ -1,4 +1,4 @@
-// Internal to the CUDA quantizers (quantize.cu and the kernel families in quantize/*/): the request
+// Internal to the CUDA quantizers (quantize.cu and the kernel families quant_*.cu): the request
 // parameters every family shares, the family launchers quantize.cu dispatches to, and the device
 // helpers more than one family uses (element access, code / value stores, the slab resolver).
 //
@@ -7,14 +7,14 @@
 //   slab/  quant_slab_kernel   32-row slabs: blockings whose blocks span at most 32 rows
 //   warp/  quant_warp_kernel   columnwise 32x1 (+ rowwise 1x32) warp tiles; dequant_warp_kernel
 //   rows/  quant_rows_kernel   rowwise-only streaming
-// (the tile128 recipe's passes have their own kernel, quantize/tile128/tile128_bf16.cu.)
+// (the tile128 recipe's passes have their own kernel, tile128_bf16.cu.)
 #pragma once
 
 #include <algorithm>
 #include <cstdlib>
 
 #include "common/moe_activation.hpp"
-#include "cuda/launch_cache.cuh"
+#include "cuda/common/launch_cache.cuh"
 #include "cuda/quantize/common.cuh"
 #include "cuda/quantize/source.cuh"
 #include "ops.hpp"

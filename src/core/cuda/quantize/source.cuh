@@ -1,6 +1,6 @@
 // Computed inputs of mxmoe_quantize_fused_source on the device: the values the CPU reference
 // materializes (cpu/fused.cpp), bit for bit. Shared by the quantize kernels that read a computed
-// input (the tile kernel, quantize/tile/, and quantize/tile128/tile128_bf16.cu).
+// input (the tile kernel, quant_tile.cu, and tile128_bf16.cu).
 #pragma once
 
 #include <cuda_runtime.h>

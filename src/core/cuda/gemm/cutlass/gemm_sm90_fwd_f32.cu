@@ -1,4 +1,4 @@
 // tile128 grouped GEMM, forward/dgrad (groups along M), f32 output. See gemm_sm90_tile128_impl.cuh.
-#include "cuda/gemm_sm90_tile128_impl.cuh"
+#include "cuda/gemm/cutlass/gemm_sm90_tile128_impl.cuh"
 
 MXMOE_TILE128_FWD(f32, float)

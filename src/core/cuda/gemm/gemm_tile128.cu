@@ -1,4 +1,4 @@
-// tile128 grouped GEMMs on Hopper: the work around the CUTLASS kernels (gemm_sm90_*.cu).
+// tile128 grouped GEMMs on Hopper: the work around the CUTLASS kernels (cutlass/gemm_sm90_*.cu).
 //
 // One call = three stream-ordered launches; nothing syncs the host, nothing is allocated (all
 // scratch lives in the caller's workspace), so a call can be captured in a CUDA graph.
@@ -12,7 +12,7 @@
 //                          token is not 16-byte aligned (TMA needs 16-byte aligned group bases and
 //                          row strides); forward and dgrad never stage
 //        zero fill         forward: rows past the last group; wgrad: outputs of empty groups
-//   3. the CUTLASS grouped GEMM (gemm_sm90_*.cu; one cudaLaunchKernelExC, kernel attributes set
+//   3. the CUTLASS grouped GEMM (cutlass/gemm_sm90_*.cu; one cudaLaunchKernelExC, kernel attributes set
 //      once per device)
 //
 // Workspace layout (each piece 256-byte aligned; sizes from static bounds, never from offs):
@@ -27,9 +27,10 @@
 #include <vector>
 
 #include "common/error.hpp"
-#include "cuda/gemm/sm90_grouped_k.hpp"
-#include "cuda/gemm/sm90_grouped_m.hpp"
-#include "cuda/gemm_tile128.cuh"
+#include "common/int_math.hpp"
+#include "cuda/gemm/sm90/sm90_grouped_k.hpp"
+#include "cuda/gemm/sm90/sm90_grouped_m.hpp"
+#include "cuda/gemm/gemm_tile128.cuh"
 #include "mxmoe/mx_format.hpp"
 #include "ops.hpp"
 
@@ -55,12 +56,10 @@ using tile128::GroupInfo;
 using tile128::kTile;
 
 constexpr int64_t kAlign = 256;
-int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
-int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Staging stride: group g lands at column round_up(start, 16) + 16 g, so every group starts
 // 16-byte aligned and groups never overlap; the last one ends before M + 16 G + 16.
-int64_t staging_ld(int64_t m, int64_t g) { return align_up(m + 16 * g + 16, 16); }
+int64_t staging_ld(int64_t m, int64_t g) { return round_up(m + 16 * g + 16, 16); }
 
 struct DeviceProps {
   int sm_count = 0;
@@ -135,7 +134,7 @@ struct Carver {
   template <typename T>
   T* take(int64_t count) {
     const int64_t at = off;
-    off += align_up(count * static_cast<int64_t>(sizeof(T)), kAlign);
+    off += round_up(count * static_cast<int64_t>(sizeof(T)), kAlign);
     return base ? reinterpret_cast<T*>(base + at) : nullptr;
   }
   int64_t bytes() const { return off + kAlign; }  // + slack for the base alignment
@@ -456,7 +455,7 @@ void grouped_mm_tile128(const GroupedMMArgs& a, void* workspace, int64_t workspa
   const bool bias = a.bias.present;
   const bool bias_bf16 = bias && a.bias.t.dtype == MXMOE_DTYPE_BF16;
 #if defined(MXMOE_HAVE_CUTLASS)
-  // The own sm_90a kernel (cuda/gemm/): one launch, E8M0 scales read in the mainloop, group table
+  // The own sm_90a kernel (sm90/): one launch, E8M0 scales read in the mainloop, group table
   // built on the device. By default it runs where it measured faster than the CUTLASS path below
   // (fine-grained experts, M >= 64K rows); MXMOE_GEMM_SM90 forces either.
   const gemm::Sm90Kernel choice = gemm::sm90_kernel_choice();
@@ -566,7 +565,7 @@ void grouped_mm_tile128_kgroups(const GroupedMMKArgs& a, void* workspace, int64_
   const auto* A = static_cast<const uint8_t*>(a.a.data);
   const auto* B = static_cast<const uint8_t*>(a.b.data);
 #if defined(MXMOE_HAVE_CUTLASS)
-  // The own sm_90a K-grouped kernel (cuda/gemm/): one launch, no staging, E8M0 scales read in the
+  // The own sm_90a K-grouped kernel (sm90/): one launch, no staging, E8M0 scales read in the
   // kernel, group tables built on the device; MXMOE_GEMM_SM90 picks it or CUTLASS as for the forward.
   const gemm::Sm90Kernel choice = gemm::sm90_kernel_choice();
   if (choice == gemm::Sm90Kernel::kOwn || choice == gemm::Sm90Kernel::kOwnOnly ||

@@ -1,4 +1,4 @@
-// The tile128 recipe's quantize passes on bf16 input, one read of x each (quantize/tile128/tile128_bf16.cu):
+// The tile128 recipe's quantize passes on bf16 input, one read of x each (tile128_bf16.cu):
 //   activations: rowwise 1x128 (codes + compact scales, x's orientation) and columnwise 128x1 per
 //                token group (transposed codes + compact scales), from x or a computed input;
 //   weights:     one 128x128 quantization (tile = true) serving both orientations (codes, their

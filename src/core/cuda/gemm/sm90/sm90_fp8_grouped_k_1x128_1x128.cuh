@@ -43,7 +43,7 @@
 #include "cute/arch/mma_sm90_gmma.hpp"
 #include "cutlass/arch/barrier.h"
 #include "cutlass/arch/reg_reconfig.h"
-#include "cuda/gemm/sm90_fp8_common.cuh"
+#include "cuda/gemm/sm90/sm90_fp8_common.cuh"
 
 namespace mxmoe {
 namespace cuda {

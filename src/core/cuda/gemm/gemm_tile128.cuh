@@ -1,6 +1,6 @@
 // Interface between the tile128 GEMM dispatch (gemm_tile128.cu: workspace carving, group info,
 // scale conversion, staging and zero-fill kernels; built for every CUDA arch) and the CUTLASS
-// SM90 kernels (gemm_sm90_*.cu: sm_90a only, built when CUTLASS headers are found). Plain types
+// SM90 kernels (cutlass/gemm_sm90_*.cu: sm_90a only, built when CUTLASS headers are found). Plain types
 // only, so the dispatch TU never includes CUTLASS.
 #pragma once
 

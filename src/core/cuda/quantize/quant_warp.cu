@@ -294,7 +294,7 @@ __global__ void __launch_bounds__(NW, MINB) quant_warp_kernel(const __grid_const
 
 // ---- dequantize along R (32x1 blocks, compact scales, bf16 out): warp tiles ------------------------
 // The exact recipe's backward dequantizes W along N and A along M per token group (sm90.py). The
-// 128x128-tile dequant kernel (quantize/dequant/quant_dequant.cu) reads 16 scattered scale bytes per thread and, with
+// 128x128-tile dequant kernel (quant_dequant.cu) reads 16 scattered scale bytes per thread and, with
 // groups, scans offs in every CTA: 0.2-0.4 of copy in the e2e profile. Here, as in the warp-tile
 // quantizer: persistent CTAs scan offs once; a warp owns a 32-row slab x 128 columns; lane
 // (rh, cq) holds rows 16 rh .. +15 of columns 8 cq .. +7 (8-byte code loads, 16-byte bf16 stores)

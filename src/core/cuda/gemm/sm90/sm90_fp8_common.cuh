@@ -14,14 +14,14 @@
 // The N = 160 wgmma shapes (BlockN 160) are in CuTe's extended set, which mma_sm90_gmma.hpp includes
 // only under CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED; included directly, for this folder's kernels alone.
 #include "cute/arch/mma_sm90_gmma_ext.hpp"
-#include "cuda/fast_div.cuh"
+#include "cuda/common/fast_div.cuh"
 
 namespace mxmoe {
 namespace cuda {
 namespace gemm {
 namespace sm90 {
 
-// Tile decode divisions: cuda/fast_div.cuh (FastDiv, make_fast_div, fast_div).
+// Tile decode divisions: cuda/common/fast_div.cuh (FastDiv, make_fast_div, fast_div).
 using cuda::FastDiv;
 using cuda::fast_div;
 using cuda::make_fast_div;

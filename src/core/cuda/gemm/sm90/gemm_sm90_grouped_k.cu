@@ -6,10 +6,10 @@
 #include <algorithm>
 
 #include "common/error.hpp"
-#include "cuda/gemm/sm90_fp8_grouped_k_1x128_1x128.cuh"
-#include "cuda/gemm/sm90_grouped_k.hpp"
-#include "cuda/gemm/sm90_host.hpp"
-#include "cuda/gemm/sm90_tile_heuristics.hpp"
+#include "cuda/gemm/sm90/sm90_fp8_grouped_k_1x128_1x128.cuh"
+#include "cuda/gemm/sm90/sm90_grouped_k.hpp"
+#include "cuda/gemm/sm90/sm90_host.hpp"
+#include "cuda/gemm/sm90/sm90_tile_heuristics.hpp"
 
 namespace mxmoe {
 namespace cuda {

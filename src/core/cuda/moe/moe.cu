@@ -20,9 +20,10 @@
 #include <type_traits>
 
 #include "common/error.hpp"
+#include "common/int_math.hpp"
 #include "common/moe_activation.hpp"
 #include "common/tensor.hpp"
-#include "launch_cache.cuh"
+#include "cuda/common/launch_cache.cuh"
 #include "mxmoe/mx_format.hpp"
 #include "ops.hpp"
 
@@ -55,7 +56,6 @@ class DeviceScope {
   int prev_ = -1;
 };
 
-__host__ __device__ inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
@@ -163,7 +163,6 @@ size_t sort_temp_bytes(int64_t n, int64_t num_experts) {
 }
 
 constexpr int64_t kAlign = 256;
-int64_t round_up_a(int64_t v) { return cdiv(v, kAlign) * kAlign; }
 
 template <class Id>
 __global__ void routing_keys_kernel(const Id* __restrict__ ids, int64_t n, int64_t num_experts, uint32_t* keys,
@@ -453,7 +452,7 @@ __global__ void swiglu_backward_kernel(const TD* __restrict__ dy, const TH* __re
 int64_t moe_routing_workspace_size(int64_t n, int64_t num_experts, int32_t device) {
   if (n == 0) return 0;
   DeviceScope scope(device);
-  return kAlign + 3 * round_up_a(4 * n) + static_cast<int64_t>(sort_temp_bytes(n, num_experts));
+  return kAlign + 3 * round_up(4 * n, kAlign) + static_cast<int64_t>(sort_temp_bytes(n, num_experts));
 }
 
 void moe_routing(const MoeRoutingArgs& a) {
@@ -470,15 +469,15 @@ void moe_routing(const MoeRoutingArgs& a) {
   }
   // Workspace: [keys | values | sorted keys | CUB temp storage], each 256-byte aligned.
   size_t temp = sort_temp_bytes(n, E);
-  const int64_t need = kAlign + 3 * round_up_a(4 * n) + static_cast<int64_t>(temp);
+  const int64_t need = kAlign + 3 * round_up(4 * n, kAlign) + static_cast<int64_t>(temp);
   if (a.workspace == nullptr || a.workspace_bytes < need)
     fail("workspace: expected at least ", need, " bytes, got ", a.workspace == nullptr ? 0 : a.workspace_bytes);
   char* base = static_cast<char*>(a.workspace);
   base += (kAlign - reinterpret_cast<uintptr_t>(base) % kAlign) % kAlign;
   auto* keys = reinterpret_cast<uint32_t*>(base);
-  auto* vals = reinterpret_cast<int32_t*>(base + round_up_a(4 * n));
-  auto* sorted = reinterpret_cast<uint32_t*>(base + 2 * round_up_a(4 * n));
-  void* temp_ptr = base + 3 * round_up_a(4 * n);
+  auto* vals = reinterpret_cast<int32_t*>(base + round_up(4 * n, kAlign));
+  auto* sorted = reinterpret_cast<uint32_t*>(base + 2 * round_up(4 * n, kAlign));
+  void* temp_ptr = base + 3 * round_up(4 * n, kAlign);
 
   const unsigned grid = grid_1d(n, dev);
   if (a.topk_idx.dtype == MXMOE_DTYPE_I64)

@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "common/error.hpp"
-#include "cuda/gemm/sm90_fp8_grouped_m_1x128_128x128.cuh"
-#include "cuda/gemm/sm90_grouped_m.hpp"
-#include "cuda/gemm/sm90_host.hpp"
-#include "cuda/gemm/sm90_tile_heuristics.hpp"
+#include "cuda/gemm/sm90/sm90_fp8_grouped_m_1x128_128x128.cuh"
+#include "cuda/gemm/sm90/sm90_grouped_m.hpp"
+#include "cuda/gemm/sm90/sm90_host.hpp"
+#include "cuda/gemm/sm90/sm90_tile_heuristics.hpp"
 
 namespace mxmoe {
 namespace cuda {

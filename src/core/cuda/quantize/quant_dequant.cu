@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "common/tensor.hpp"
-#include "cuda/launch_cache.cuh"
+#include "cuda/common/launch_cache.cuh"
 #include "cuda/quantize/common.cuh"
 #include "ops.hpp"
 
@@ -237,7 +237,7 @@ __global__ void __launch_bounds__(256, 4) dequant_rows_kernel(const __grid_const
 }  // namespace
 
 void dequantize(const DequantizeArgs& a) {
-  if (dequantize_along_r_warp(a)) return;  // along R, bf16 out: warp tiles (cuda/quantize/warp/)
+  if (dequantize_along_r_warp(a)) return;  // along R, bf16 out: warp tiles (quant_warp.cu)
   DqParams p{};
   p.q = static_cast<const uint8_t*>(a.q.data);
   p.scale = static_cast<const uint8_t*>(a.scale.data);

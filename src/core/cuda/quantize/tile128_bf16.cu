@@ -28,12 +28,12 @@
 // weights vs activations, so each instance carries only its own path. Tiles are decoded once each,
 // in increasing order (host magic divisors, a forward-only group cursor: v13). Design history and
 // measurements: docs/perf/quantize.md, versions 9-13.
-#include "cuda/quantize/tile128/tile128_bf16.cuh"
+#include "cuda/quantize/tile128_bf16.cuh"
 
 #include <algorithm>
 
-#include "cuda/fast_div.cuh"
-#include "cuda/launch_cache.cuh"
+#include "cuda/common/fast_div.cuh"
+#include "cuda/common/launch_cache.cuh"
 #include "cuda/quantize/common.cuh"
 #include "cuda/quantize/source.cuh"
 #include "mxmoe/mx_format.hpp"

@@ -1,5 +1,5 @@
 // Host helpers of the sm_90a GEMM launchers (sm90_host.hpp).
-#include "cuda/gemm/sm90_host.hpp"
+#include "cuda/gemm/sm90/sm90_host.hpp"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>

@@ -2,11 +2,11 @@
 // 3D per expert; mxmoe_quantize_fused: rowwise + columnwise sides from one read of x, MX round trip
 // to bf16/f32 in both orientations, scales straight into the blocked layout): the host side that
 // fills the request parameters and routes each request to the family that serves it best
-// (measured, docs/perf/quantize.md): the tile128 pass kernel (quantize/tile128/tile128_bf16.cu), the
-// rowwise streaming kernel (quantize/rows/), the warp-tile kernel (quantize/warp/), the slab kernel
-// (quantize/slab/) or the tile kernel (quantize/tile/), which takes every request.
+// (measured, docs/perf/quantize.md): the tile128 pass kernel (tile128_bf16.cu), the
+// rowwise streaming kernel (quant_rows.cu), the warp-tile kernel (quant_warp.cu), the slab kernel
+// (quant_slab.cu) or the tile kernel (quant_tile.cu), which takes every request.
 #include "cuda/quantize/kernels.cuh"
-#include "cuda/quantize/tile128/tile128_bf16.cuh"
+#include "cuda/quantize/tile128_bf16.cuh"
 
 namespace mxmoe {
 namespace cuda {
@@ -33,7 +33,7 @@ void fill_side(SideP& s, const OptTensor& q, const OptTensor& qt, const OptTenso
   s.sc_vec = s.scale == nullptr || (aligned(s.scale, 4) && (C / 32) % 4 == 0);
 }
 
-// The tile128 recipe's passes (quantize/tile128/tile128_bf16.cu): bf16 x (or a bf16 computed input), 16-byte
+// The tile128 recipe's passes (tile128_bf16.cu): bf16 x (or a bf16 computed input), 16-byte
 // aligned rows of C % 8 == 0 elements, at most kMaxTable groups, compact scales only; rowwise 1x128
 // codes and/or columnwise 128x1 transposed codes, or the 128x128 tile quantization (codes in either
 // orientation, both scale layouts). MXMOE_QUANT_TILE128=0 keeps them on the general kernels (A/B runs).

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "common/error.hpp"
-#include "cuda/gemm_tile128.cuh"
+#include "cuda/gemm/gemm_tile128.cuh"
 #include "mxmoe/mx_format.hpp"
 
 #include "cute/tensor.hpp"

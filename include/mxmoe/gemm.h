@@ -1,0 +1,119 @@
+/*
+ * mxmoe C API, grouped GEMMs: MX grouped GEMMs (exact reference numerics), the token-group
+ * utilities around them, and the Hopper FP8 grouped GEMMs of the tile128 recipe. Conventions in
+ * mxmoe/common.h.
+ */
+#ifndef MXMOE_GEMM_H_
+#define MXMOE_GEMM_H_
+
+#include "mxmoe/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Grouped GEMMs on MX operands (fp32 accumulation) -------------------------------------------
+ * Both operands are contracted along their last dim, scales along that dim (1 byte per 32).
+ *
+ * mxmoe_grouped_mm_mx: out[m, n] = sum_k A[m, k] * B[g(m), n, k]  (+ bias[g(m), n])
+ *   A (M, K) e4m3 + a_scale (M, K/32); B (G, N, K) e4m3 + b_scale (G, N, K/32)
+ *   offs (G,) groups of rows of A; rows past offs[G-1] are written as 0.
+ *   forward: A = x, B = W.   dgrad: A = dY, B = W quantized along N, viewed (G, K, N).
+ *   bias: optional (G, N) bf16/f32. out: (M, N) bf16 or f32.
+ *
+ * mxmoe_grouped_mm_mx_kgroups (wgrad): out[g, n, k] = sum_{m in group g} A[n, m] * B[k, m]
+ *   A (N, M) e4m3 + a_scale (N, cap); B (K, M) e4m3 + b_scale (K, cap), grouped compact scale layout
+ *   along M (cap = ceil(M/32) + G). out: (G, N, K) bf16 or f32; empty groups give zeros.
+ */
+MXMOE_API mxmoe_status mxmoe_grouped_mm_mx(const mxmoe_tensor* a, const mxmoe_tensor* a_scale,
+                                           const mxmoe_tensor* b, const mxmoe_tensor* b_scale,
+                                           const mxmoe_tensor* offs, const mxmoe_tensor* bias,
+                                           mxmoe_tensor* out, void* stream);
+
+MXMOE_API mxmoe_status mxmoe_grouped_mm_mx_kgroups(const mxmoe_tensor* a,
+                                                   const mxmoe_tensor* a_scale,
+                                                   const mxmoe_tensor* b,
+                                                   const mxmoe_tensor* b_scale,
+                                                   const mxmoe_tensor* offs, mxmoe_tensor* out,
+                                                   void* stream);
+
+/* Writes 0 into the rows of x (M, N) (bf16 or f32, contiguous) past the last group's end
+ * (clamped offs, as everywhere), touching only those rows: outputs of GEMMs that leave rows outside
+ * every group unwritten (e.g. torch._grouped_mm) get the core's "rows past offs[G-1] are 0". */
+MXMOE_API mxmoe_status mxmoe_zero_rows_past_groups(mxmoe_tensor* x, const mxmoe_tensor* offs,
+                                                   void* stream);
+
+/* out[i] = min(m, max(0, offs[0..i])): the clamped group ends every kernel uses, as a tensor for
+ * GEMMs that trust their offsets (torch._grouped_mm). offs and out: 1-D int32 (G), same device,
+ * out contiguous. Reads offs on its device (no host sync). */
+MXMOE_API mxmoe_status mxmoe_clamp_offsets(const mxmoe_tensor* offs, int64_t m, mxmoe_tensor* out,
+                                           void* stream);
+
+/* Checked mode for device-resident offsets: validates non-decreasing, >= 0 and <= m (syncs the
+ * stream when offs is on a device). */
+MXMOE_API mxmoe_status mxmoe_check_offsets(const mxmoe_tensor* offs, int64_t m, void* stream);
+
+/* ==== Hopper FP8 grouped GEMMs for the tile128 recipe ============================================
+ * The recipe mxfp8_rceil_tile128 (MX_SPEC.md, coarse-block MX encodings): activations and
+ * gradients in 1x128 blocks along each GEMM's reduction dim, weights in 128x128 tiles; scale
+ * tensors still hold one E8M0 byte per 32-element run (the coarse block's byte repeated). The GEMMs
+ * run on Hopper's FP8 tensor cores (CUTLASS SM90 blockwise-scaled grouped GEMM): e4m3 x e4m3
+ * products, each 128-long partial of the reduction scaled by the two operands' block scales and
+ * accumulated in fp32. The GPU reads the first byte of each coarse block (pass coarse-encoded
+ * scales; the CPU backend is the exact reference, cpu grouped_mm, which reads every byte).
+ *
+ * mxmoe_grouped_mm_tile128: out (M, N) = A (M, K) . B[g] (N, K)^T per row group (+ bias[g]),
+ *   arguments as mxmoe_grouped_mm_mx. A e4m3 (M, K) + a_scale (M, K/32) constant over each 1x128
+ *   block along K (the last block of a row partial); B e4m3 (G, N, K) + b_scale (G, N, K/32)
+ *   constant over each 128x128 tile (edge tiles partial). forward: A = x, B = W. dgrad: A = dY
+ *   (M, N_model) in 1x128 blocks along N_model, B = the transposed weight copy qt (G, K_model,
+ *   N_model) with its scale_r. bias: optional (G, N) bf16/f32. out: (M, N) bf16 or f32; rows past
+ *   offs[G-1] are written 0. K % 32 == 0.
+ * mxmoe_grouped_mm_tile128_kgroups (wgrad): out[g] (N, K) = A[:, group g] . B[:, group g]^T,
+ *   A = dY^T (N, M) e4m3 + a_scale (N, cap), B = x^T (K, M) e4m3 + b_scale (K, cap), grouped compact
+ *   scale layout along M (cap = ceil(M/32) + G): 1x128 blocks along tokens that start at each
+ *   group's first token, the last block of a group partial (no padding of groups is ever needed).
+ *   out: (G, N, K) bf16 or f32 (autograd views it as (G, K, N) by a transpose); empty groups give 0.
+ *
+ * Device requirements (CUDA tensors): a Hopper GPU (compute capability 9.0) and a build with CUTLASS,
+ * else MXMOE_ERR_UNSUPPORTED; contiguous A, B, scales, offs and out; 16-byte aligned A, B and out
+ * data; forward/dgrad N % 16 == 0; wgrad K % 16 == 0; M, N, K < 2^31. Host tensors run the exact
+ * CPU reference (workspace may then be NULL).
+ *
+ * workspace: device scratch of at least the *_workspace_size(...) bytes for the same (m, n, k, g)
+ *   and device (any 1-byte or wider dtype, contiguous, on the operands' device; its contents need
+ *   not be initialized and are garbage afterwards). The sizes depend only on the shapes, never on
+ *   offs, so callers allocate it up front (e.g. torch.empty) without a host sync:
+ *     forward/dgrad: about 4 * (M * K/128 + G * N) bytes of fp32 scales plus descriptors;
+ *     wgrad: fp32 scales plus a staging copy of both operands, (N + K) * (M + 16 G + 32) bytes:
+ *       TMA needs every group's first token column 16-byte aligned; groups starting elsewhere (or
+ *       all groups when M % 16 != 0) are copied there first, one extra read and write of those
+ *       groups' columns of A and B. Token groups at multiples of 16 rows are read in place.
+ * Size queries: m, n, k, g as the call's shapes (forward/dgrad: A (m, k), out (m, n), g experts;
+ * wgrad: m tokens, out (g, n, k)); device = the CUDA ordinal (-1: host, returns 0). They return -1
+ * on error (message in mxmoe_last_error(); UNSUPPORTED cases included).
+ * Calls launch on `stream`, never synchronize the host and allocate nothing: CUDA-graph safe.
+ */
+MXMOE_API int64_t mxmoe_grouped_mm_tile128_workspace_size(int64_t m, int64_t n, int64_t k, int64_t g,
+                                                          int32_t device);
+MXMOE_API int64_t mxmoe_grouped_mm_tile128_kgroups_workspace_size(int64_t m, int64_t n, int64_t k,
+                                                                  int64_t g, int32_t device);
+
+MXMOE_API mxmoe_status mxmoe_grouped_mm_tile128(const mxmoe_tensor* a, const mxmoe_tensor* a_scale,
+                                                const mxmoe_tensor* b, const mxmoe_tensor* b_scale,
+                                                const mxmoe_tensor* offs, const mxmoe_tensor* bias,
+                                                mxmoe_tensor* out, const mxmoe_tensor* workspace,
+                                                void* stream);
+
+MXMOE_API mxmoe_status mxmoe_grouped_mm_tile128_kgroups(const mxmoe_tensor* a,
+                                                        const mxmoe_tensor* a_scale,
+                                                        const mxmoe_tensor* b,
+                                                        const mxmoe_tensor* b_scale,
+                                                        const mxmoe_tensor* offs, mxmoe_tensor* out,
+                                                        const mxmoe_tensor* workspace, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MXMOE_GEMM_H_ */
