@@ -347,6 +347,45 @@ def models(path: str) -> str:
     return "\n".join(text)
 
 
+def torchtitan(path: str) -> str:
+    """bench/bench_torchtitan.py: the reference-MoE layer rows and the Trainer rows."""
+    d = _load(path)
+    f = lambda v, fmt: "-" if v is None else fmt.format(v)  # noqa: E731
+    layer = [r for r in d["rows"] if r.get("bench") == "layer"]
+    train = [r for r in d["rows"] if r.get("bench") == "train"]
+    text = []
+    if layer:
+        body = [[str(r["score_before_experts"]), str(r.get("shared_experts", 1)), r["mode"], r["impl"],
+                 f(r["ms"], "{:.2f}"), f(r["ratio_vs_bf16"], "{:.2f}x"), f(r["peak_gib"], "{:.1f}"),
+                 f(r.get("out_sqnr"), "{:.1f}"), f(r.get("input_grad_sqnr"), "{:.1f}"),
+                 f(r.get("min_param_grad_sqnr"), "{:.1f}"), str(r.get("counts_bitwise_equal", "-"))]
+                for r in layer]
+        text.append(f"torchao's reference MoE, {layer[0]['tokens']} tokens, dim {layer[0]['dim']}, hidden "
+                    f"{layer[0]['hidden']}, 8 experts top-1, non-zero expert bias; fwd+bwd, weights written "
+                    "before every step. SQNR (dB) against the bf16 model; torchao's bars 23 / 27 / 21.\n\n" +
+                    _md(["score before experts", "shared experts", "mode", "impl", "ms", "x bf16", "peak GiB",
+                         "SQNR out", "SQNR dx", "min SQNR dW", "counts bitwise"], body))
+    if train:
+        body = []
+        for r in train:
+            if "error" in r:
+                body.append([r.get("model", "-"), r["mode"], r["impl"], "failed: " + r["error"]] + ["-"] * 6)
+                continue
+            body.append([r["model"], r["mode"], r["impl"], f(r["tokens_per_s"], "{:,.0f}"),
+                         f(r.get("ratio_vs_bf16"), "{:.2f}x"), f(r["final_loss"], "{:.4f}"),
+                         f(100 * r["final_loss_vs_bf16"] if "final_loss_vs_bf16" in r else None, "{:+.2f}%"),
+                         f(r["peak_gib"], "{:.2f}"),
+                         f"{r['max_mean_load_first']:.2f} -> {r['max_mean_load_last']:.2f}",
+                         f"{r.get('converted', '-')}/{r.get('moe_layers', '-')}"])
+        steps = train[0].get("steps", "?")
+        text.append(f"TorchTitan's Trainer, {steps} steps of {train[0].get('tokens_per_step', '?')} tokens "
+                    "(synthetic language); final loss = mean of the last 10% of steps; expert load = max / mean "
+                    "tokens per expert, first -> last 10 steps.\n\n" +
+                    _md(["model", "mode", "impl", "tokens/s", "x bf16", "final loss", "vs bf16", "peak GiB",
+                         "expert load", "MoEs converted"], body))
+    return "\n\n".join(text)
+
+
 def _e2e_latest(paths) -> dict:
     """Each e2e row key (shapes, recipe, mode, micro-batches) kept from the newest file that has it."""
     best = {}
@@ -370,7 +409,7 @@ SECTIONS = [
     ("TorchTitan", "55-torchtitan",
      "torchao's reference MoE and TorchTitan's Trainer on its debug MoE model, bf16 against "
      "`mxmoe.convert` / `MXMoEConverter` (bench/bench_torchtitan.py).",
-     [("torchtitan.json", None)]),
+     [("torchtitan.json", torchtitan)]),
     ("MoE layer", "45-moe",
      "fwd+bwd of one MoE layer's experts (dispatch, SwiGLU experts, combine; grads of x, routing weights, "
      "weights) for the benchmark's MoE configs, against transformers' bf16 `grouped_mm` experts on the "

@@ -53,6 +53,11 @@ for step in "${steps[@]}"; do
   echo "=== $step"
   bash "$step" || { echo "FAILED: $step"; status=1; }
 done
+# BENCHMARKS.md regenerated from this run's result rows over the committed ones (bench/results): copy
+# the run's JSON files into bench/results and this file over BENCHMARKS.md to land them.
+results=$(mktemp -d) && cp bench/results/*.json "$results"/ 2>/dev/null
+cp "$OUT"/*.json "$results"/ 2>/dev/null
+python3 bench/tables.py benchmarks "$results" --out "$OUT/BENCHMARKS.md" >/dev/null 2>&1 || echo "BENCHMARKS.md: not regenerated"
 # Short tables last (each step writes $OUT/table-*.txt).
 for t in "$OUT"/table-*.txt; do [[ -f "$t" ]] && { echo; cat "$t"; }; done
 # The device tool brings back at most 8 files from $OUT (two folders deep): with more, everything

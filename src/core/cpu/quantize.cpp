@@ -1,4 +1,4 @@
-// MX quantize / dequantize on the CPU: the exact reference kernels (MX_SPEC.md), multithreaded.
+// MX quantize / dequantize on the CPU: the exact reference kernels (docs/design/mx-format.md), multithreaded.
 //
 // Quantize works on tiles of at most 128 rows ("panels") by 128 columns. Every scale block
 // (1x32, 1x128, 32x1, 128x1, 128x128) lies inside exactly one tile, because panels start at a

@@ -1,4 +1,4 @@
-// Blocked ("swizzled") scale layouts on the CPU, exactly MX_SPEC.md's formula:
+// Blocked ("swizzled") scale layouts on the CPU, exactly the formula of docs/design/mx-format.md:
 //   S[i][j] -> ((i/128) * (Wp/4) + j/4) * 512 + (i%32) * 16 + ((i%128)/32) * 4 + j%4
 // Every layout kind is a list of independent sub-matrices ("segments"), each blocked as a WHOLE
 // matrix at its own byte offset. Segments are laid out back to back from byte 0, so after them

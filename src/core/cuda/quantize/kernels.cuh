@@ -2,7 +2,7 @@
 // parameters every family shares, the family launchers quantize.cu dispatches to, and the device
 // helpers more than one family uses (element access, code / value stores, the slab resolver).
 //
-// Families (one folder each; docs/perf/quantize.md has their measurements):
+// Families (one file each; docs/design/quantize.md describes them):
 //   tile/  quant_tile_kernel   128-row panels x 128 columns, every blocking, both sides, 128x128
 //   slab/  quant_slab_kernel   32-row slabs: blockings whose blocks span at most 32 rows
 //   warp/  quant_warp_kernel   columnwise 32x1 (+ rowwise 1x32) warp tiles; dequant_warp_kernel

@@ -576,7 +576,7 @@ void launch_typed(Params& p, int device, cudaStream_t stream) {
     return cuda::occupancy(kernel, device, NT, stages * p.stage_bytes + p.tr_bytes + table_bytes);
   };
   // Default: direct register loads (stages = 0; measured faster than the cp.async pipeline, see
-  // docs/perf/quantize.md). MXMOE_QUANT_STAGES=2|3 selects the cp.async pipeline (measurements).
+  // docs/design/quantize.md). MXMOE_QUANT_STAGES=2|3 selects the cp.async pipeline (measurements).
   static const int forced = [] {
     const char* e = std::getenv("MXMOE_QUANT_STAGES");
     return e ? std::atoi(e) : 0;

@@ -7,7 +7,7 @@ namespace cuda {
 namespace {
 
 // ---- columnwise 32x1 (with or without 1x32 rowwise): the warp-tile kernel --------------------------
-// Version 6 (docs/perf/quantize.md). The slab kernel above is issue-bound: CTA-wide barriers, the
+// Version 6 (docs/design/quantize.md). The slab kernel above is issue-bound: CTA-wide barriers, the
 // scale bookkeeping in shared memory and a shared transpose cost ~40 instructions per element. Here
 // a warp owns a 32-row x 64-column tile outright: lane (rh = lane / 16, cq = lane % 16) holds rows
 // 16 rh .. +15, columns 4 cq .. +3 (16 x 8-byte loads, all issued first). A column's 32-row amax is
@@ -79,7 +79,7 @@ __device__ __forceinline__ void wt_store_segment(uint8_t* seg, int nbytes, int r
 }
 
 // MINB: CTAs per SM the register budget is cut for (2: 128 registers, 3: 85, 4: 64; the kernel is
-// latency-bound, docs/perf/quantize.md version 6).
+// latency-bound, docs/design/quantize.md).
 // 8-byte asynchronous copy global -> shared (src_bytes 0: zero-fill, nothing read).
 __device__ __forceinline__ void cp_async8(void* smem, const void* gmem, int src_bytes) {
   const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem));

@@ -2,7 +2,7 @@
 // 3D per expert; mxmoe_quantize_fused: rowwise + columnwise sides from one read of x, MX round trip
 // to bf16/f32 in both orientations, scales straight into the blocked layout): the host side that
 // fills the request parameters and routes each request to the family that serves it best
-// (measured, docs/perf/quantize.md): the tile128 pass kernel (tile128_bf16.cu), the
+// (measured, docs/design/quantize.md): the tile128 pass kernel (tile128_bf16.cu), the
 // rowwise streaming kernel (quant_rows.cu), the warp-tile kernel (quant_warp.cu), the slab kernel
 // (quant_slab.cu) or the tile kernel (quant_tile.cu), which takes every request.
 #include "cuda/quantize/kernels.cuh"
@@ -138,7 +138,7 @@ void launch(Params& p, const mxmoe_tensor& x, const OptTensor& offs, void* strea
     if (row_side && (sd.qt || sd.dqt)) return false;
     return (!sd.q || aligned(sd.q, 4)) && (!sd.dq || aligned(sd.dq, 8));
   };
-  // Default route (measured, docs/perf/quantize.md version 6): only requests whose column side is
+  // Default route (measured, docs/design/quantize.md): only requests whose column side is
   // round trips in x's orientation (the sm90 exact recipe's dY pass), where the warp-tile kernel
   // beat the slab kernel on every shape; codes and transposed outputs stay on the slab kernel
   // (equal or better there, 2x better with jagged groups). MXMOE_QUANT_WARP=2|3|4 sends every

@@ -1,6 +1,6 @@
 // The tile128 recipe's quantize passes on bf16 input (see tile128_bf16.cuh): rowwise 1x128 plus
 // columnwise 128x1 per token group (activations, x or a computed input), or one 128x128
-// quantization for both orientations (weights). Design and measurements: docs/perf/quantize.md
+// quantization for both orientations (weights). Design and measurements: docs/design/quantize.md
 // "Version 9".
 //
 // A persistent CTA of 256 threads walks 128-row panels x 128-column tiles (panels start at group
@@ -27,7 +27,7 @@
 // computed into registers one tile ahead. Templated on the input (x or a computed source) and on
 // weights vs activations, so each instance carries only its own path. Tiles are decoded once each,
 // in increasing order (host magic divisors, a forward-only group cursor: v13). Design history and
-// measurements: docs/perf/quantize.md, versions 9-13.
+// measurements: docs/design/quantize.md.
 #include "cuda/quantize/tile128_bf16.cuh"
 
 #include <algorithm>
@@ -633,7 +633,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
       const bool mine = n > 0 && 2 * cp < cols;
       // Transposed codes are staged through shared memory and written by whole warps, 128 contiguous
       // bytes per store instruction (v9d: 1.2-1.4x faster than 16-byte stores from each lane, which
-      // touch 32 rows per instruction; docs/perf/quantize.md).
+      // touch 32 rows per instruction; docs/design/quantize.md).
       const bool has_qt = A.qt != nullptr;  // uniform over the CTA
       // Where staged codes go: x itself (cp.async) has the next tile landing in the other buffer, so
       // this tile's, after a barrier; computed inputs have the other buffer free until the next tile.

@@ -1,4 +1,4 @@
-// CUDA blocked ("swizzled") scale layouts, MX_SPEC.md's formula
+// CUDA blocked ("swizzled") scale layouts, the formula of docs/design/mx-format.md
 //   S[i][j] -> ((i/128) * (Wp/4) + j/4) * 512 + (i%32) * 16 + ((i%128)/32) * 4 + j%4
 // for every layout kind (WHOLE, GROUPS_M, GROUPS_K, PER_EXPERT), both directions.
 //

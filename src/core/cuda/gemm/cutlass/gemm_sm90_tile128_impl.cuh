@@ -57,7 +57,7 @@ using namespace cute;
 
 // One grouped GEMM configuration. GranN: scale granularity along the output's N (128 for the
 // weight tiles of forward/dgrad, 1 for wgrad's per-row B scales). TileN: CTA tile along N (128; a
-// 128x192 wgrad tile was measured 20-30% slower: ptxas spills ~300 bytes, docs/perf/gemm.md).
+// 128x192 wgrad tile was measured 20-30% slower: ptxas spills ~300 bytes, docs/design/gemm-sm90.md).
 template <class ElementD_, int GranN, int TileN = 128>
 struct Config {
   using ElementA = cutlass::float_e4m3_t;
@@ -146,7 +146,7 @@ typename Cfg::Gemm::Arguments make_args(const Desc<Cfg>& d, int groups, int sm_c
   if (!for_launch) return args;
   cudaGetDevice(&args.hw_info.device_id);
   // Tile order of the persistent scheduler (tuning knobs, read per call; defaults measured in
-  // docs/perf/gemm.md): MXMOE_TILE128_RASTER = m (default) | n, MXMOE_TILE128_SWIZZLE = 1|2|4|8.
+  // docs/design/gemm-sm90.md): MXMOE_TILE128_RASTER = m (default) | n, MXMOE_TILE128_SWIZZLE = 1|2|4|8.
   using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
   const char* raster = std::getenv("MXMOE_TILE128_RASTER");
   args.scheduler.raster_order = (raster && raster[0] == 'n') ? Raster::AlongN : Raster::AlongM;

@@ -72,7 +72,7 @@ struct GroupedK {
   // Warp producer (the M-grouped kernel's v7d technique): all of warp 0 runs the TMA loop with the tile
   // fields broadcast from lane 0 and one elected lane issuing, so the TMA operands sit in uniform
   // registers instead of an ELECT / R2UR / BRA.U.ANY loop around each TMA of thread 0 alone. Forced
-  // only (MXMOE_GEMM_PRODUCER=warp): 0.95-1.04x the thread producer (docs/perf/gemm.md, step 6).
+  // only (MXMOE_GEMM_PRODUCER=warp): 0.95-1.04x the thread producer (docs/design/gemm-sm90.md).
   static constexpr bool kWarpProducer = WarpProducer_;
   // CTAs per cluster: 2 = pairs of CTAs on neighbouring m-tiles (A rows) of one group and the same
   // n-tile share the B box, each loading half of it and multicasting it to both.
@@ -172,7 +172,7 @@ __device__ __forceinline__ int col_scale_slot(int c) {
 // not matter to its sum, only that A and B agree, and both are patched alike. Rows r = first + stride q
 // of the 2 x 128 rows (A's, then B's). A full block (hi = 128) changes only chunk 0 of each row (when
 // d > 0): its loads are issued together, then merged and stored (the per-chunk loop of v1 bounded the
-// unaligned groups: the math waited on the helpers 45% of its samples, ncu at 87a77f6); the other
+// unaligned groups: the math waited on the helpers 45% of its samples, ncu); the other
 // chunks change only in a tile's last block.
 template <int kRowsPerThread>
 __device__ __forceinline__ void patch_rows(uint8_t* a_cur, const uint8_t* a_next, uint8_t* b_cur,

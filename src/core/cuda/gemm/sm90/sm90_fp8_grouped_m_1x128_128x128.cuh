@@ -20,7 +20,7 @@
 // epilogue (staged through shared memory, 16-byte row stores) writes the tile. Offsets are read on
 // the device (no host sync): every CTA scans offs into a shared table of group ends and m-tile
 // prefixes before its tile loop; a slot's tile is decoded from it without integer division
-// (multiply-high by a host-computed magic number). Measurements per version: docs/perf/gemm.md.
+// (multiply-high by a host-computed magic number). Measurements per version: docs/design/gemm-sm90.md.
 #pragma once
 
 #include <cuda.h>
@@ -73,14 +73,14 @@ struct GroupedM {
   // Lean: no static shared memory (CUB's scan storage lives in the epilogue buffer, free before the
   // first tile) and no alignment slack (the dynamic array is declared 1024-aligned instead): the
   // ~3.7 KB one more stage needs at BlockN 128 (the default at K >= 4096 with the warp producer:
-  // sm90_tile_heuristics.hpp; docs/perf/gemm.md "v7d measured").
+  // sm90_tile_heuristics.hpp; docs/design/gemm-sm90.md "Kernel choice").
   static constexpr bool kLean = Lean_;
   // Warp producer: all of warp 0 runs the producer loop, its coordinates broadcast from lane 0 (warp-
   // uniform for the compiler), and one lane chosen by elect.sync issues, so the TMA operands sit in
   // uniform registers as in CUTLASS's producer, instead of an ELECT / R2UR / BRA.U.ANY loop around each
   // TMA (thread 0 alone). The v7c warp-stall table has the single producer thread busy ~90% of the
-  // kernel on the large shapes; with this one tensor busy went 68% -> 80% there (docs/perf/gemm.md "v7d
-  // measured"). The default at K >= 4096; at K <= 1536 it measured 1-3% slower than the thread producer.
+  // kernel on the large shapes; with this one tensor busy went 68% -> 80% there (docs/design/gemm-sm90.md,
+  // "Kernel choice"). The default at K >= 4096; at K <= 1536 it measured 1-3% slower than the thread producer.
   static constexpr bool kWarpProducer = WarpProducer_;
   static_assert(kCluster == 1 || kCluster == 2, "cluster of 1 or 2 CTAs");
   static constexpr int kBlockM = 128, kBlockK = 128;
@@ -93,7 +93,7 @@ struct GroupedM {
   // Promotion of k-block i overlapped with the wgmmas of k-block i + 1 needs a second accumulator
   // set: 3 x 64 fp32 registers at BlockN 128 fit the 232 of a math thread, 3 x 96 at 192 do not.
   // (One set at BlockN 128, each k-block promoted after its own wgmmas as DeepGEMM does, measured
-  // 0.93-1.01x of the overlap at v7b: docs/perf/gemm.md.)
+  // 0.93-1.01x of the overlap at v7b: docs/design/gemm-sm90.md.)
   static constexpr bool kOverlap = kBlockN <= 128;
   // BlockN 128, 160 or 192: a tile meets at most two 128-wide weight-scale tiles, and its 8-column
   // chunks never straddle one (tile starts are multiples of 32).
@@ -402,7 +402,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       // scale bytes of k-block kb4 + q, and a k-block's scale products reach the quad by shuffle. One
       // row's bytes of 4 k-blocks sit in one 16-byte span, so a warp's load touches 8 cache lines per 4
       // k-blocks instead of per k-block, and a math thread issues 3 byte loads and decodes per 4
-      // k-blocks instead of per k-block (a shorter per-k-block instruction stream: docs/perf/gemm.md v7).
+      // k-blocks instead of per k-block (a shorter per-k-block instruction stream: docs/design/gemm-sm90.md).
       struct ScaleBytes {
         uint32_t a0, a1, b0, b1;
       };
