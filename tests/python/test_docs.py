@@ -108,12 +108,12 @@ def test_benchmarks_md_is_generated_and_small():
 def test_benchmarks_generator_renders_unknown_files(tmp_path):
     import json
 
-    (tmp_path / "torchtitan.json").write_text(json.dumps({
+    (tmp_path / "distributed.json").write_text(json.dumps({
         "meta": {"commit": "c0ffee1", "date": "2026-12-05", "gpu": "GPU X", "command": "python bench/x.py"},
         "rows": [{"config": "debugmodel_moe", "impl": "bf16", "tokens_per_s": 1000.0, "new_key": [1, 2]}]}))
     (tmp_path / "newbench.json").write_text(json.dumps([{"a": 1}]))
     out = _tables().benchmarks(str(tmp_path))
-    assert "## TorchTitan" in out and "`python bench/x.py`" in out and "new_key" in out
+    assert "## Distributed" in out and "`python bench/x.py`" in out and "new_key" in out
     assert "## Other results: newbench" in out and "commit not recorded" in out
 
 
