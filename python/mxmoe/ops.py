@@ -50,7 +50,7 @@ Ops (schemas in src/ops/library.cpp):
   swiglu(h, layout, alpha, limit, up_offset) -> y (N, I); swiglu_backward(dy, h, ...) -> dh (N, 2I)
       layout 0 [gate | up] halves, 1 interleaved (gpt-oss); see the SWIGLU_* constants below
   build_info() -> str   (parsed by mxmoe.build_info())
-See include/mxmoe/mxmoe.h for the layouts (grouped compact scales, scale_c / scale_r, q / qt).
+See include/mxmoe/quantize.h for the layouts (grouped compact scales, scale_c / scale_r, q / qt).
 """
 from __future__ import annotations
 
@@ -424,7 +424,7 @@ def quantize_fused_sides(x: Tensor, offs: Optional[Tensor], row_block: int, col_
     return dict(zip(_FUSED_NAMES, outs[:6])), dict(zip(_FUSED_NAMES, outs[6:]))
 
 
-# ---- MoE kernel family (src/ops/ops_moe.cpp; semantics in include/mxmoe/mxmoe.h) --------------------
+# ---- MoE kernel family (src/ops/ops_moe.cpp; semantics in include/mxmoe/moe.h) --------------------
 
 SWIGLU_CONCAT, SWIGLU_INTERLEAVED = 0, 1
 # (alpha, limit, up_offset) of the two common SwiGLU variants.
