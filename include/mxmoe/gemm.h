@@ -54,7 +54,7 @@ MXMOE_API mxmoe_status mxmoe_clamp_offsets(const mxmoe_tensor* offs, int64_t m, 
 MXMOE_API mxmoe_status mxmoe_check_offsets(const mxmoe_tensor* offs, int64_t m, void* stream);
 
 /* ==== Hopper FP8 grouped GEMMs for the tile128 recipe ============================================
- * The recipe mxfp8_rceil_tile128 (MX_SPEC.md, coarse-block MX encodings): activations and
+ * The recipe mxfp8_rceil_tile128 (docs/design/mx-format.md, coarse-block MX encodings): activations and
  * gradients in 1x128 blocks along each GEMM's reduction dim, weights in 128x128 tiles; scale
  * tensors still hold one E8M0 byte per 32-element run (the coarse block's byte repeated). The GEMMs
  * run on Hopper's FP8 tensor cores (CUTLASS SM90 blockwise-scaled grouped GEMM): e4m3 x e4m3

@@ -1,5 +1,5 @@
 // MX format codecs shared by the CPU core and the CUDA kernels: one definition of the numerics of
-// MX_SPEC.md, bit for bit. Everything is integer bit manipulation or a single IEEE fp32 multiply,
+// docs/design/mx-format.md, bit for bit. Everything is integer bit manipulation or a single IEEE fp32 multiply,
 // so host and device give identical bytes (compile without fast-math / flush-to-zero).
 #pragma once
 
@@ -81,7 +81,7 @@ MXMOE_HD uint8_t e8m0_rceil_from_d_bits(uint32_t d) {
   return static_cast<uint8_t>(e + up);  // e <= 254 here, so e + up <= 255
 }
 
-// E8M0 scale byte of a block from its amax, per MX_SPEC.md.
+// E8M0 scale byte of a block from its amax, per docs/design/mx-format.md.
 MXMOE_HD uint8_t e8m0_from_amax_bits(uint32_t amax_bits, mxmoe_scale_mode mode) {
   amax_bits &= 0x7FFFFFFFu;
   if (mode == MXMOE_SCALE_RCEIL)
@@ -90,7 +90,7 @@ MXMOE_HD uint8_t e8m0_from_amax_bits(uint32_t amax_bits, mxmoe_scale_mode mode) 
   if (mode == MXMOE_SCALE_EVEN) {
     amax_bits = (amax_bits + (1u << 19)) & 0xFF800000u;
     // A finite amax rounded up past the largest exponent (near the dtype's max): p = 128, so
-    // s = 247 as torchao; a finite block never gets the NaN scale (MX_SPEC.md).
+    // s = 247 as torchao; a finite block never gets the NaN scale (docs/design/mx-format.md).
     if (f32_is_nan_or_inf(amax_bits)) return static_cast<uint8_t>(128 - 8 + 127);
   }
   const int32_t e = static_cast<int32_t>((amax_bits >> 23) & 0xFFu);

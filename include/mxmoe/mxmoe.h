@@ -3,7 +3,7 @@
  *
  * A torch-free interface to the core: every entry point takes plain tensor views, returns a status,
  * and on failure leaves a message retrievable with mxmoe_last_error() (thread-local). Nothing is
- * written to an output before validation passes. The numerics are those of shared MX_SPEC.md.
+ * written to an output before validation passes. The numerics are those of docs/design/mx-format.md.
  *
  * This header includes the whole API, one header per family:
  *   mxmoe/common.h        status, dtypes, scale modes, the tensor view, conventions, library queries

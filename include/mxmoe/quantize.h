@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-/* ---- Scalar codecs (host), exactly as MX_SPEC.md ------------------------------------------ */
+/* ---- Scalar codecs (host), exactly as docs/design/mx-format.md ------------------------------------------ */
 MXMOE_API uint8_t mxmoe_e8m0_from_amax(float amax, mxmoe_scale_mode mode);
 MXMOE_API float mxmoe_e8m0_to_float(uint8_t s);
 MXMOE_API uint8_t mxmoe_e4m3_from_float(float y); /* RNE, saturating to +-448, NaN kept */
@@ -75,7 +75,7 @@ MXMOE_API int64_t mxmoe_grouped_scale_capacity(int64_t m, int64_t g);
  *   qt            (.., C, R) e4m3, transposed
  *   scale         rowwise: (.., R, C/32); columnwise: (.., C, nR) with nR = R/32, or with offs the
  *                 grouped capacity ceil(R/32) + G (unused entries 0); e8m0
- *   scale_blocked the same scales in the blocked layout (MX_SPEC.md), written by the quantizer
+ *   scale_blocked the same scales in the blocked layout (docs/design/mx-format.md), written by the quantizer
  *                 itself (no rearrange pass), 1-D e8m0 of mxmoe_blocked_size() bytes, padding 0.
  *                 Kind: 3D x -> PER_EXPERT; with offs: rowwise GROUPS_M (h = R, w = C/32),
  *                 columnwise GROUPS_K (h = C, w = R tokens); else WHOLE.

@@ -11,7 +11,7 @@
 extern "C" {
 #endif
 
-/* ---- Blocked ("swizzled") scale layout (MX_SPEC.md) ------------------------------------------ */
+/* ---- Blocked ("swizzled") scale layout (docs/design/mx-format.md) ------------------------------------------ */
 typedef enum {
   MXMOE_BLOCKED_WHOLE = 0,      /* scale (H, W) -> (ceil(H/128)*128 * ceil(W/4)*4) bytes */
   MXMOE_BLOCKED_GROUPS_M = 1,   /* scale (M, W), groups of rows (offs): (M + 128*G) rows */
