@@ -81,7 +81,7 @@ def parse_shapes(spec: str) -> List[str]:
 
 
 def offsets(m: int, g: int, device) -> torch.Tensor:
-    """Equal groups of a multiple of 128 rows; the last group takes the rest (as python/mxmoe/bench.py)."""
+    """Equal groups of a multiple of 128 rows; the last group takes the rest (as bench/bench_e2e.py)."""
     base = (m // g) // 128 * 128 if m >= 128 * g else m // g
     sizes = torch.full((g,), base, dtype=torch.long)
     sizes[-1] += m - sizes.sum()
@@ -152,7 +152,8 @@ class Case:
         """Between steps: grads to None, and the weight written as by an optimizer step (a tracked
         in-place op on one element, x * 1 == x bit for bit), so mxmoe re-quantizes it every step as in
         training without gradient accumulation (its weight cache would otherwise serve every rep)."""
-        from mxmoe.bench import touch_weights
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from bench_e2e import touch_weights
 
         self.a.grad = None
         self.w.grad = None

@@ -3,7 +3,7 @@
 
 The model is transformers' own Qwen3MoeForCausalLM built from a config with random init (no
 downloads; mxmoe/demo/hf_qwen3.py), trained on the project's synthetic language (mxmoe/demo/data.py)
-by the training demo's loop (mxmoe/train.py: AdamW, warm-up + cosine, grad clip, Qwen3's router
+by the training demo's loop (mxmoe/demo/train.py: AdamW, warm-up + cosine, grad clip, Qwen3's router
 aux loss). What differs between the runs is one line: experts_implementation="grouped_mm"
 (transformers' bf16 torch._grouped_mm experts, the baseline) or "mxmoe" with config.mxmoe_recipe.
 On CUDA the model is bf16 in every run (transformers' grouped_mm experts compute in the weights'
@@ -55,7 +55,7 @@ TINY = dict(dim=64, n_layers=1, n_heads=4, kv_heads=2, num_experts=4, top_k=2, m
 
 def _config(args, seed: int, recipe: str):
     """The training config of one run (a bf16 run's config names the default MXFP8 recipe: unused)."""
-    from mxmoe.train import TrainConfig
+    from mxmoe.demo.train import TrainConfig
 
     return TrainConfig(model="hf-qwen3", device=args.device, steps=args.steps, seed=seed, lr=args.lr,
                        warmup_steps=args.warmup, recipe=TrainConfig.recipe if recipe == BASELINE else recipe,
@@ -123,7 +123,7 @@ def _profile(model_builder, steps: int = 4):
 
 def _step_fn(cfg, name, lang, batches, device):
     """A closure running one training step (for the profiler)."""
-    from mxmoe.train import _loss, build_model, make_optimizer
+    from mxmoe.demo.train import _loss, build_model, make_optimizer
 
     model, _, gemm_ctx, amp = build_model(name, cfg, lang.vocab_size, device)
     opt = make_optimizer(model, cfg, device)
@@ -148,7 +148,7 @@ def _save_partial(args, runs) -> None:
 
 
 def run(args) -> dict:
-    from mxmoe.train import train_one
+    from mxmoe.demo.train import train_one
 
     seeds = args.seeds
     lang, data, ev = _batches(args, seeds)

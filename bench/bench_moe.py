@@ -18,7 +18,7 @@ in each row (load_max_over_mean). Weights are bf16 N(0, 1/fan_in).
 Modes (BENCH.md method): "eager" (steps back to back, CUDA events around each, one sync at the end,
 median of --moe-reps after --moe-warmup) and "graph" (the same step captured once in a CUDA graph,
 warm-up on a side stream, replayed; a capture failure is recorded in the row's error, not raised).
-Each step sets the grads to None and writes every weight in place first (mxmoe.bench.touch_weights: a
+Each step sets the grads to None and writes every weight in place first (bench_e2e.touch_weights: a
 one-element x*1 == x write that bumps the version counter), so mxmoe re-quantizes its weights every
 step as after an optimizer step (its weight cache cannot serve them); the same write for every impl.
   fwd_bwd_us  one fwd+bwd step (median)          fwd_us  the forward alone under no_grad (median)
@@ -267,7 +267,7 @@ class Case:
         self.b2 = rand(e, h).mul_(0.02).requires_grad_(True) if cfg.bias else None
         self.dy = rand(tokens, h)
         self.out: Optional[torch.Tensor] = None
-        from mxmoe.bench import touch_weights
+        from bench_e2e import touch_weights
 
         self._touch = touch_weights
         self.touch = True  # write the weights between steps (off for the *_cached impls)
@@ -283,7 +283,7 @@ class Case:
 
     def zero_grads(self) -> None:
         """Between steps: grads to None (zero_grad(set_to_none=True)) and every weight written in place
-        as by an optimizer step (mxmoe.bench.touch_weights), so mxmoe re-quantizes them every step."""
+        as by an optimizer step (bench_e2e.touch_weights), so mxmoe re-quantizes them every step."""
         for t in self.grad_tensors().values():
             t.grad = None
         self.out = None

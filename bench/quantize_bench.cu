@@ -346,7 +346,7 @@ void quantize_cases(Runner& R, const std::string& tag, int64_t M, int64_t K, int
            mxmoe_fused_side col{nullptr, nullptr, nullptr, nullptr, nullptr, &t[3]};
            MK(mxmoe_quantize_fused(&t[0], &t[1], {32, 32, 0, mode}, &row, &col, st));
          }});
-  // The sm90 backend's exact-recipe passes (python/mxmoe/sm90.py), outputs in x's orientation:
+  // The sm90 backend's exact-recipe passes (python/mxmoe/backends/sm90.py), outputs in x's orientation:
   // A: rowwise round trip (forward operand) + columnwise codes/scales per group (saved for wgrad);
   // dY: rowwise round trip (dgrad) + columnwise round trip per group (wgrad).
   R.run({"fused_rt_1x32+q_32x1", s,

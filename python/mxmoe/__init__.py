@@ -5,7 +5,7 @@ Public API:
       for torch._grouped_mm(A, B_t, offs=offs)
   mxmoe.quantize(x, dim, mode, block, offs) -> MXTensor (.qdata, .scale, .dequantize(dtype))
   mxmoe.moe_experts(x, topk_idx, topk_weights, w13, w2, *, recipe, activation, layout, bias13, bias2)
-      the fused MoE expert layer (dispatch -> experts with SwiGLU -> combine, FP8 data flow; mxmoe/moe.py)
+      the fused MoE expert layer (dispatch -> experts with SwiGLU -> combine, FP8 data flow; mxmoe/moe/)
   mxmoe.nn.MoEExperts(E, H, I, recipe=...)   a module owning w13 (E, 2I, H) and w2 (E, H, I)
   mxmoe.convert(model, recipe, filter_fn, backend) / mxmoe.unconvert(model)   switch a model's experts
       over (transformers experts, TorchTitan MoE, or a redirect of torch._grouped_mm; conversion.py)
@@ -19,20 +19,32 @@ Public API:
   mxmoe.graph_weight_cache()            around a CUDA-graph capture: the forms kept across replays
   mxmoe.distributed                     FSDP2 MX all-gather (enable_mx_all_gather), expert parallel
                                         (ep_moe_experts, EPMoEExperts), the torchrun launch; TP: DTensor
-                                        weights in moe_experts (imported on use: import mxmoe.distributed)
+                                        weights in moe_experts (the rule tensor_parallel.py registers in
+                                        the layer, imported here)
   mxmoe.build_info()                    what this build carries (cuda, cuda_archs, tile128_gemm, torch_abi)
 
 Binding: the ops are registered from C++ (libmxmoe_torch.so, src/ops/) through the LibTorch stable
 ABI, so one binary serves torch 2.11 and 2.13; it links the torch-free core libmxmoe.so. Loaded at
 import from env MXMOE_OPS_LIBRARY, else from the package (mxmoe/lib/), see mxmoe/_lib.py.
+
+Modules: an import DAG (tests/python/test_imports.py), lower layers first: _lib, ops, recipes,
+mx_tensor, weight_cache; backends/ (the registry, which imports no backend, then common.py,
+phases.py: the fused layer's phase ops, and one module per backend, each registering itself);
+grouped; moe/ (activation, functional, layer: the path comes from the backend); nn, integrations/,
+conversion, distributed/ (tensor_parallel.py registers the layer's DTensor rule); this package root,
+which imports the backends and tensor_parallel so that they register. Demo code: demo/ (`python -m
+mxmoe train`); benchmark code: the source tree's bench/ (`python -m mxmoe bench` = bench/bench_e2e.py).
 """
 from __future__ import annotations
 
 from . import ops  # registers torch.ops.mxmoe.*
-from . import sm90  # registers the Hopper backend
-from . import sm100  # registers the Blackwell backend (gated by compute capability)
-from ._lib import build_info, has_cuda, library_path, version as core_version
 from .backends import BACKENDS, register_backend
+# Each backend module registers itself (the registry, mxmoe.backends, imports none of them), in this
+# order (BACKENDS lists them so); sm100 is gated by compute capability. mxmoe.sm90 / mxmoe.sm100 stay
+# attributes, as before the move to backends/.
+from .backends import reference as _reference, emulated as _emulated  # noqa: F401
+from .backends import sm90, sm100  # noqa: F401
+from ._lib import build_info, has_cuda, library_path, version as core_version
 from .conversion import conversion_mechanism, convert, is_converted, unconvert
 from .integrations.transformers import configure, register_when_available as _register_with_transformers
 from .grouped import check_offsets, grouped_mm
@@ -41,6 +53,7 @@ from .mx_tensor import MXTensor, quantize
 from . import nn
 from .recipes import RECIPES, Recipe
 from .weight_cache import graph_weight_cache, refresh_weights, set_weight_cache, weight_cache_info
+from .distributed import tensor_parallel as _tensor_parallel  # noqa: F401  registers the layer's DTensor rule
 
 _register_with_transformers()
 

@@ -12,6 +12,7 @@ Where it is found: env ``MXMOE_OPS_LIBRARY`` (a path to libmxmoe_torch.so, e.g. 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Dict
@@ -42,9 +43,10 @@ def _candidates() -> list:
     env = os.environ.get("MXMOE_OPS_LIBRARY")
     if env:
         return [Path(env)]
-    import mxmoe  # the package's search path; an editable install may list several directories
-
-    dirs = [Path(p) for p in getattr(mxmoe, "__path__", [])] or [Path(__file__).parent]
+    # The package's search path (an editable install may list several directories); the package is
+    # imported before this module, so it is in sys.modules (no import of it from here).
+    package = sys.modules.get(__name__.rpartition(".")[0])
+    dirs = [Path(p) for p in getattr(package, "__path__", [])] or [Path(__file__).parent]
     return [d / "lib" / LIBRARY_NAME for d in dirs]
 
 

@@ -1,7 +1,7 @@
 """mxmoe.grouped_mm: a differentiable MXFP8 drop-in for ``torch._grouped_mm(A, B_t, offs=offs)``.
 
 The autograd function computes three grouped GEMMs (docs/design/mx-format.md, "Contract"), each through the
-chosen backend (backends.py) with the recipe's quantization (recipes.py):
+chosen backend (mxmoe/backends/) with the recipe's quantization (recipes.py):
   forward  Y  = A W_g^T per token group                (A, W along K)
   dgrad    dA = dY W_g per group                       (dY along N, W along N)
   wgrad    dW_g = dY_g^T A_g, returned as dB_t = dW^T   (dY, A along M, blocks within each group)
@@ -21,7 +21,8 @@ import torch
 from torch import Tensor
 
 from . import ops
-from .backends import get_backend, group_sum, resolve_backend
+from .backends import get_backend, resolve_backend
+from .backends.common import group_sum
 from .mx_tensor import MXTensor
 from .recipes import RECIPES, get_recipe
 

@@ -12,7 +12,7 @@ from typing import Optional, Union
 import torch
 from torch import Tensor, nn
 
-from .moe import Swiglu, _activation, _layout, moe_experts
+from .moe import Swiglu, moe_experts, resolve_activation, resolve_layout
 
 __all__ = ["MoEExperts"]
 
@@ -70,7 +70,7 @@ class MoEExperts(nn.Module):
                  layout: str = "concatenated", bias: bool = False, dtype: Optional[torch.dtype] = None,
                  device=None):
         super().__init__()
-        _activation(activation), _layout(layout)  # fail early on a bad name
+        resolve_activation(activation), resolve_layout(layout)  # fail early on a bad name
         check_sizes(num_experts=num_experts, hidden_size=hidden_size, intermediate_size=intermediate_size)
         self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
         self.recipe, self.activation, self.layout = recipe, activation, layout

@@ -32,15 +32,15 @@ Ops (schemas in src/ops/library.cpp):
       a replay recomputes them only when flag != 0, then zeroes it (mxmoe/weight_cache.py)
   capture_id(device) -> int   the CUDA-graph capture recorded on the device's current stream (0: none)
   sm90_tile128_forward / sm90_tile128_backward / sm90_exact_forward / sm90_exact_backward
-      one whole forward or backward of a grouped_mm on Hopper in one op (see sm90.py)
+      one whole forward or backward of a grouped_mm on Hopper in one op (see backends/sm90.py)
   check_offsets(offs, m) -> ()   (checked mode: syncs, raises ValueError on bad offsets)
   clamp_offsets(offs, m) -> ends  (min(m, max(0, offs[0..g])), on offs' device)
   zero_rows_past_groups(x!, offs) -> ()   zero x's rows past the last group's end (in place)
-  _dense_grouped_mm(a, b, offs) -> torch._grouped_mm behind an op boundary (private)
+  dense_grouped_mm(a, b, offs) -> torch._grouped_mm behind an op boundary (op name _dense_grouped_mm)
   quantize_fused_source(src..., offs?, ...) -> quantize_fused of a computed input (the fused MoE
       layer's dispatch gather, SwiGLU, SwiGLU backward), never materialized
   moe_tile128_forward / moe_tile128_backward / moe_exact_forward / moe_exact_backward
-      the sm90 phases with A (or dY) a computed input (mxmoe/moe.py)
+      the sm90 phases with A (or dY) a computed input (mxmoe/moe/, backends/phases.py)
   moe_routing(topk_idx, num_experts) -> (offs (E,), perm (T*k,), inv (T, k)) int32: stable expert order
       of the router's choices (ids outside [0, E) dropped to the end); no host sync
   moe_gather(x, perm, k, row_scale?, out_dtype) -> x[perm // k] (* row_scale.flat[perm]) (T*k, H)
@@ -133,6 +133,7 @@ capture_id = _python_op("capture_id")
 sm90_exact_forward = _python_op("sm90_exact_forward")
 sm90_exact_backward = _python_op("sm90_exact_backward")
 _dense_grouped_mm = _python_op("_dense_grouped_mm")
+dense_grouped_mm = _dense_grouped_mm  # the public name the backends and the layer use
 quantize_fused_source = _python_op("quantize_fused_source")
 moe_tile128_forward = _python_op("moe_tile128_forward")
 moe_tile128_backward = _python_op("moe_tile128_backward")

@@ -87,9 +87,9 @@ def test_swiglu_sources(device, blocking, layout, act, backward, I):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("blocking", ["tile128", "exact"])
 def test_gather_source_padded_routing(device, blocking):
-    """The tile128 layer's padded routing (mxmoe.moe.align_routing): perm longer than T*k, -1 on the
+    """The tile128 layer's padded routing (mxmoe.backends.phases.align_routing): perm longer than T*k, -1 on the
     padding rows, which read as zeros; the groups start at multiples of 16."""
-    from mxmoe.moe import align_routing
+    from mxmoe.backends.phases import align_routing
 
     T, k, E, H = 61, 2, 6, 128
     offs, perm, inv = align_routing(*_routing(T, k, E, device, seed=2), 16)

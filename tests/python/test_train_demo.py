@@ -12,7 +12,7 @@ import torch
 
 from mxmoe.demo.data import SyntheticLanguage, make_batches
 from mxmoe.demo.model import MoEModelArgs, MoETransformer
-from mxmoe.train import Bf16GroupedMM, TrainConfig, cpu_threads, format_report, run_comparison
+from mxmoe.demo.train import Bf16GroupedMM, TrainConfig, cpu_threads, format_report, run_comparison
 
 # Small enough for CI, big enough that the loss falls well below the unigram level (~4.1 nats).
 SMALL = dict(steps=60, batch_size=8, seq_len=64, dim=64, n_heads=2, n_layers=2, num_experts=8, top_k=2,

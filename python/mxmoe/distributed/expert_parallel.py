@@ -70,7 +70,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from .. import ops
-from ..moe import Swiglu, _Combine, _activation, _layout, is_dtensor, moe_experts
+from ..moe import Combine, Swiglu, is_dtensor, moe_experts, resolve_activation, resolve_layout
 from ..nn import MoEExperts, check_sizes, init_expert_parameters_, make_expert_parameters
 from ..recipes import get_recipe
 
@@ -360,7 +360,7 @@ def ep_moe_experts(
                                               ("bias2", bias2_local)))
     _check(x, topk_idx, topk_weights, w13_local, w2_local, bias13_local, bias2_local, e_loc, num_experts, world)
     quant = _rowwise(recipe)  # ValueError on an unknown recipe, before any collective
-    _activation(activation), _layout(layout)
+    resolve_activation(activation), resolve_layout(layout)
     if backend not in ("auto", "fused", "composed"):
         raise ValueError(f"backend: expected 'auto', 'fused' or 'composed', got {backend!r}")
     device = x.device
@@ -388,7 +388,7 @@ def ep_moe_experts(
                          layout=layout, bias13=bias13_local, bias2=bias2_local, backend=backend,
                          grouped_mm_backend=grouped_mm_backend)
     rows = _Return.apply(y_recv, plan)
-    return _Combine.apply(rows, topk_weights.contiguous(), perm, inv, k, x.dtype)
+    return Combine.apply(rows, topk_weights.contiguous(), perm, inv, k, x.dtype)
 
 
 class EPMoEExperts(nn.Module):
@@ -412,7 +412,7 @@ class EPMoEExperts(nn.Module):
                  layout: str = "concatenated", bias: bool = False, dtype: Optional[torch.dtype] = None,
                  device=None):
         super().__init__()
-        _activation(activation), _layout(layout), _rowwise(recipe)
+        resolve_activation(activation), resolve_layout(layout), _rowwise(recipe)
         check_sizes(hidden_size=hidden_size, intermediate_size=intermediate_size)
         world, rank = _group_info(group)
         e_loc = _local_count(num_experts, world)

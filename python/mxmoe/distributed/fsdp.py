@@ -58,7 +58,7 @@ TILE = 128
 SCALE_BLOCK = 32  # sm90_tile128_weight's scales: one per 32 columns, repeated over the tile
 TILE128 = "mxfp8_rceil_tile128"
 _aten = torch.ops.aten
-_FORM = "sm90_tile128"  # the weight cache's form of ops.sm90_tile128_weight (moe.py, sm90.py)
+_FORM = "sm90_tile128"  # the weight cache's form of ops.sm90_tile128_weight (mxmoe/backends/phases.py, backends/sm90.py)
 
 __all__ = ["MXShardWeight", "MXGatheredWeight", "enable_mx_all_gather", "disable_mx_all_gather", "TILE128"]
 
@@ -252,7 +252,7 @@ def _expert_weights(model: nn.Module):
             if getattr(m, "is_transposed", False):
                 yield fqn, m, {}, "transposed experts (gpt-oss): the layer reads views of them", ()
                 continue
-            yield fqn, m, {"gate_up_proj": m.gate_up_proj, "down_proj": m.down_proj}, hf._module_recipe(m), ()
+            yield fqn, m, {"gate_up_proj": m.gate_up_proj, "down_proj": m.down_proj}, hf.module_recipe(m), ()
         elif conversion_mechanism(m) in ("demo", "torchtitan", "seam"):  # the record sits on the experts module
             spec = tt.experts_spec(m)
             weights = {n: w for n, w in spec.weights(m).items() if w.dim() == 3}  # biases keep their dtype

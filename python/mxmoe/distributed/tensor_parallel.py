@@ -1,5 +1,6 @@
 """Tensor parallelism for the fused expert layer: expert weights as DTensors sharded along the expert
-hidden dim (the rule mxmoe.moe_experts applies when it is given DTensor weights).
+hidden dim (the rule mxmoe.moe_experts applies when it is given DTensor weights: registered into the
+layer at import, mxmoe.moe.register_dtensor_rule, so the layer imports nothing of torch.distributed).
 
 The one sharding a SwiGLU expert layer computes without moving tokens (TorchTitan's
 ExpertTensorParallel, Megatron's expert TP): on a 1-D mesh of tp ranks,
@@ -31,7 +32,7 @@ from typing import Optional
 
 from torch import Tensor
 
-from ..moe import is_dtensor, moe_experts
+from ..moe import is_dtensor, moe_experts, register_dtensor_rule
 
 
 def _place(t) -> str:
@@ -88,3 +89,6 @@ def moe_experts_tensor_parallel(x, topk_idx, topk_weights, w13, w2, *, bias13: O
     out = moe_experts(replicated(x), idx, replicated(topk_weights), tuple(loc) if pair else loc[0], w2.to_local(),
                       bias13=None if bias13 is None else bias13.to_local(), bias2=b2, layout=layout, **kwargs)
     return DTensor.from_local(out, mesh, [Partial()], run_check=False)
+
+
+register_dtensor_rule(moe_experts_tensor_parallel)  # the layer's rule for DTensor weights

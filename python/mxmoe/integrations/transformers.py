@@ -133,7 +133,7 @@ def experts_spec(module: torch.nn.Module) -> ExpertsSpec:
                        bool(getattr(module, "has_bias", False)))
 
 
-def _module_recipe(module) -> Optional[str]:
+def module_recipe(module) -> Optional[str]:
     name = module.__dict__.get("_mxmoe_recipe")
     if name is None:
         name = getattr(getattr(module, "config", None), "mxmoe_recipe", None)
@@ -154,7 +154,7 @@ def experts_forward(self: torch.nn.Module, hidden_states: Tensor, top_k_index: T
     # As transformers' grouped_mm experts: the tokens in the weights' dtype (autocast can hand over
     # fp32 activations with bf16 weights), the result in the tokens' dtype.
     x = hidden_states if hidden_states.dtype == w2.dtype else hidden_states.to(w2.dtype)
-    out = moe_experts(x, top_k_index, top_k_weights, w13, w2, recipe=_module_recipe(self),
+    out = moe_experts(x, top_k_index, top_k_weights, w13, w2, recipe=module_recipe(self),
                       activation=spec.activation, layout=spec.layout, bias13=b13, bias2=b2,
                       **layer_backend_kwargs(self.__dict__.get("_mxmoe_backend") or _DEFAULTS["backend"]))
     return out.to(hidden_states.dtype)

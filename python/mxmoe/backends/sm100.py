@@ -22,17 +22,19 @@ checks in aten/src/ATen/native/cuda/GroupedBlas.cpp and torch/_meta_registration
     (their output is left unwritten).
 
 MXFP8 _scaled_grouped_mm must never run on sm90: it does not raise there, it corrupts the CUDA
-context (docs/design/overview.md, "What runs"). backends.resolve_backend therefore routes to this backend only after
-``require_sm100_device`` has checked the compute capability.
+context (docs/design/overview.md, "What runs"). This backend's check_device (run by backends.resolve_backend
+when it is asked for by name) and auto_on therefore check the compute capability first
+(``require_sm100_device``, ``is_sm100``). It has no fused MoE layer (the layer runs composed on it).
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from . import _lib, ops
-from .backends import Backend, cast, clamp_offsets, hp_wgrad, register_backend, row_groups
-from .recipes import Recipe
+from .. import _lib, ops
+from ..recipes import Recipe
+from . import Backend, register_backend
+from .common import cast, clamp_offsets, hp_wgrad, row_groups
 
 Q, QT, SB = ops.FUSED_Q, ops.FUSED_QT, ops.FUSED_SCALE_BLOCKED
 BF16 = torch.bfloat16
@@ -163,6 +165,13 @@ class Sm100Backend(Backend):
     the dgrad and wgrad operands."""
 
     name = "sm100"
+    auto_priority = 10
+
+    def auto_on(self, device: torch.device) -> bool:
+        return is_sm100(device)
+
+    def check_device(self, device: torch.device) -> None:
+        require_sm100_device(device)  # never let the MXFP8 GEMM reach a non-Blackwell device
 
     def needs_input_for_backward(self, recipe: Recipe) -> bool:
         return recipe.wgrad_hp  # otherwise A's wgrad quantization is saved instead of A

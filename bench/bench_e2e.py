@@ -1,4 +1,9 @@
+#!/usr/bin/env python3
 """`python -m mxmoe bench`: end-to-end MXFP8 grouped GEMM vs bf16 on the GPU (method: docs/development.md, "Benchmarks").
+
+This file is the command (mxmoe/__main__.py loads it from the source tree's bench/; it is not part of
+the installed package): ``python -m mxmoe bench [args]`` == ``python3 bench/bench_e2e.py [args]``;
+``--host`` / ``--moe`` run bench/bench_host.py / bench/bench_moe.py instead.
 
 Prints the seeds' table (A_shape, B_shape, recipe, bf16_e2e_us, scaled_e2e_us, scaled_e2e_speedup,
 bf16_fwd_us, scaled_fwd_us, scaled_fwd_speedup; e2e = forward + backward) for the benchmark shapes and
@@ -363,21 +368,20 @@ def _table(rows: List[dict], cols: List[str]) -> str:
 
 
 def _script_main(name: str, argv: List[str]) -> int:
-    """bench/<name>.py of the source tree (next to python/, or under the working directory)."""
+    """bench/<name>.py, next to this file."""
     import importlib.util
     import sys
     from pathlib import Path
 
-    for root in (Path(__file__).resolve().parents[2], Path.cwd()):
-        path = root / "bench" / f"{name}.py"
-        if path.is_file():
-            spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules.setdefault(name, module)
-            spec.loader.exec_module(module)
-            return module.main(argv)
-    print(f"bench/{name}.py not found (run from the repository root)")
-    return 2
+    path = Path(__file__).resolve().parent / f"{name}.py"
+    if not path.is_file():
+        print(f"{path} not found")
+        return 2
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, module)
+    spec.loader.exec_module(module)
+    return module.main(argv)
 
 
 def _host_main(argv: List[str]) -> int:
@@ -439,3 +443,11 @@ def main(args) -> int:
         print(f"{layer['layer']} {layer['recipe']}: bf16 {layer['bf16_us']:.0f} us, mxmoe {layer['scaled_us']:.0f} us, "
               f"{layer['speedup']:.3f}x")
     return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    _parser = argparse.ArgumentParser(prog="bench_e2e.py", description=__doc__.splitlines()[1])
+    add_arguments(_parser)
+    sys.exit(main(_parser.parse_args()))

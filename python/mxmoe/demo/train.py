@@ -37,12 +37,12 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from . import _lib
-from .backends import BACKENDS
-from .conversion import convert
-from .demo.data import SyntheticLanguage, make_batches
-from .demo.model import MoEModelArgs, MoETransformer
-from .recipes import RECIPES, get_recipe
+from .. import _lib
+from ..backends import BACKENDS
+from ..conversion import convert
+from ..recipes import RECIPES, get_recipe
+from .data import SyntheticLanguage, make_batches
+from .model import MoEModelArgs, MoETransformer
 
 BASELINE = "bf16"
 
@@ -136,7 +136,7 @@ def baseline_description(device: torch.device) -> str:
 
 
 def _backend_description(backend: str, device: torch.device) -> str:
-    from .backends import resolve_backend
+    from ..backends import resolve_backend
 
     resolved = resolve_backend(backend, device)
     return backend if resolved == backend else f"{backend} -> {resolved}"
@@ -193,7 +193,7 @@ def build_model(name: str, cfg: TrainConfig, vocab_size: int, device: torch.devi
     else:
         amp = contextlib.nullcontext
     if cfg.model == "hf-qwen3":
-        from .demo.hf_qwen3 import HFQwen3MoE, qwen3_moe_config
+        from .hf_qwen3 import HFQwen3MoE, qwen3_moe_config
 
         impl = "grouped_mm" if name == BASELINE else "mxmoe"
         conf = qwen3_moe_config(vocab_size=vocab_size, dim=cfg.dim, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
@@ -257,7 +257,7 @@ def train_one(
     model, precision, gemm_ctx, amp = build_model(name, cfg, vocab_size, device)
     dist_run = cfg.distributed
     if dist_run:  # mxmoe/distributed/launch.py: this rank's slice of every batch, the model sharded
-        from .distributed import launch
+        from ..distributed import launch
 
         n, r = launch.world(), launch.rank()
         if cfg.batch_size % n:
@@ -353,7 +353,7 @@ def run_comparison(cfg: TrainConfig, progress: bool = True, log=print) -> dict:
     """Both runs on the same data; returns the report dict (also what --out's JSON holds)."""
     device = resolve_device(cfg.device)
     if cfg.distributed:
-        from .distributed import launch
+        from ..distributed import launch
 
         device = launch.init(device.type)
         if launch.rank() != 0:
@@ -390,7 +390,7 @@ def _header(cfg: TrainConfig, device: torch.device, vocab: int, entropy: float) 
 def _parallel_lines(cfg: TrainConfig) -> list[str]:
     if not cfg.distributed:
         return []
-    from .distributed import launch
+    from ..distributed import launch
 
     n, mx = launch.world(), get_recipe(cfg.recipe).w_tile128
     if cfg.ep:
@@ -412,7 +412,7 @@ def _run_lines(cfg: TrainConfig, device: torch.device) -> list[str]:
     if cfg.model == "hf-qwen3":
         base = ("transformers' experts_implementation='grouped_mm' " +
                 ("(bf16 torch._grouped_mm), model in bf16" if device.type == "cuda" else
-                 "with bf16 GEMM numerics emulated in fp32 (see mxmoe/train.py)"))
+                 "with bf16 GEMM numerics emulated in fp32 (see mxmoe/demo/train.py)"))
         mx = f"experts_implementation='mxmoe', config mxmoe_recipe={cfg.recipe!r} (the fused expert layer)"
     else:
         base = baseline_description(device)
@@ -678,7 +678,7 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit("--ep: the expert-parallel launch runs the demo model (--model demo)")
     rep = run_comparison(cfg, progress=not args.no_progress)
     if cfg.distributed:
-        from .distributed import launch
+        from ..distributed import launch
 
         is_rank0 = launch.rank() == 0
         launch.finish()
@@ -690,7 +690,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m mxmoe.train", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m mxmoe.demo.train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     sys.exit(main(parser.parse_args()))

@@ -19,16 +19,22 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import ops, weight_cache
-from .backends import Backend, cast, register_backend, row_groups
-from .recipes import Recipe
+from .. import ops, weight_cache
+from .._lib import build_info
+from ..recipes import Recipe
+from . import Backend, register_backend
+from .common import cast, row_groups
+from .phases import EXACT, TILE128
 
 BF16 = torch.bfloat16
+# Whether this build has the tile128 GEMMs. Read once at import (an op returning a str cannot be traced
+# by torch.compile).
+TILE128_GEMM = bool(build_info()["tile128_gemm"])
 
 
 def _mm_tokens(a_t: Tensor, b: Tensor, offs: Tensor) -> Tensor:
     """bf16 torch._grouped_mm, 2D x 2D with groups along the tokens: (N, M) x (M, K) -> (G, N, K)."""
-    return ops._dense_grouped_mm(a_t, b, ops.clamp_offsets(offs, b.shape[0]))
+    return ops.dense_grouped_mm(a_t, b, ops.clamp_offsets(offs, b.shape[0]))
 
 
 def _add_bias(out: Tensor, bias, offs: Tensor) -> Tensor:
@@ -40,7 +46,19 @@ def _add_bias(out: Tensor, bias, offs: Tensor) -> Tensor:
 
 
 class Sm90Backend(Backend):
+    """'auto' on Hopper. It runs the fused MoE layer: the exact recipes on the moe_exact_* phase ops,
+    tile128 on the moe_tile128_* ones when the build has the tile128 GEMMs (else composed)."""
+
     name = "sm90"
+    auto_priority = 10
+
+    def auto_on(self, device: torch.device) -> bool:
+        return is_sm90(device)
+
+    def layer_phases(self, recipe: Recipe, fused: bool):
+        if recipe.w_tile128:
+            return TILE128 if TILE128_GEMM else None
+        return EXACT
 
     def needs_input_for_backward(self, recipe: Recipe) -> bool:
         return recipe.wgrad_hp  # otherwise A's wgrad quantization is saved instead of A

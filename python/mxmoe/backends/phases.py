@@ -1,0 +1,97 @@
+"""The fused MoE layer's phase ops, one family per kernel set (the layer: mxmoe/moe/functional.py).
+
+The fused layer (mxmoe.moe_experts) runs one data flow (routing -> GEMM1 on the dispatched rows ->
+GEMM2 on act(h) -> combine, and its backward) over a family's four phases: routing(topk_idx, E),
+weights(w, mode) (the weights' forward and dgrad forms, from the weight cache), forward(...) and
+backward(...). A backend hands the layer the family it runs (Backend.layer_phases):
+  TILE128  recipe mxfp8_rceil_tile128: the moe_tile128_* phase ops (FP8 tensor cores on Hopper, the
+           exact reference GEMMs on CPU), on the routing padded per expert (align_routing);
+  EXACT    mxfp8_rceil / mxfp8_floor: the moe_exact_* phase ops (MX round trips + bf16 GEMMs, as the
+           sm90 backend's exact recipes).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .. import ops, weight_cache
+from .common import add_group_bias
+
+BF16 = torch.bfloat16
+
+__all__ = ["WGRAD_ALIGN", "align_routing", "Tile128Phases", "ExactPhases", "TILE128", "EXACT"]
+
+
+WGRAD_ALIGN = 16  # the tile128 wgrad GEMM reads a token group in place when it starts at a multiple of 16
+
+
+def align_routing(offs: Tensor, perm: Tensor, inv: Tensor, align: int):
+    """moe_routing's layout with every expert's rows padded to a multiple of `align`: group e keeps its
+    rows in order at the start of its padded range, padding rows (perm -1) follow and are read as
+    zeros, the dropped entries come after the last group. Returns (offs, perm, inv) of the padded
+    layout: perm has a static T*k + (align-1)*E rows rounded up to `align` (no host sync). The tile128
+    wgrad GEMM then reads every group in place instead of copying it to an aligned start."""
+    n, E = perm.shape[0], offs.shape[0]
+    cap = (n + (align - 1) * E + align - 1) // align * align
+    counts = torch.diff(offs, prepend=offs.new_zeros(1))
+    ends = torch.cumsum((counts + (align - 1)) // align * align, 0, dtype=torch.int32)
+    # Each group's rows move by (padded start - start); the dropped ones by the total padding.
+    shift = torch.cat([ends - (counts + (align - 1)) // align * align - (offs - counts), ends[-1:] - offs[-1:]])
+    rows = torch.arange(n, device=perm.device, dtype=torch.int32)
+    pos = rows + shift[torch.searchsorted(offs, rows, right=True)]
+    perm_al = torch.full((cap,), -1, dtype=torch.int32, device=perm.device).scatter_(0, pos.long(), perm)
+    return ends, perm_al, pos[inv.long()]
+
+
+def _cast(t: Optional[Tensor], dtype) -> Optional[Tensor]:
+    return t if t is None or t.dtype == dtype else t.to(dtype)
+
+
+class Tile128Phases:
+    """tile128 on FP8 tensor cores (Hopper) or the CPU reference: the moe_tile128_* phase ops."""
+
+    @staticmethod
+    def routing(topk_idx, E):
+        return align_routing(*ops.moe_routing(topk_idx, E), WGRAD_ALIGN)
+
+    @staticmethod
+    def weights(w, mode):
+        q, s, qt, st = weight_cache.forms(w, "sm90_tile128", mode)
+        return (q, s), (qt, st)  # forward (along K), dgrad (along N)
+
+    @staticmethod
+    def forward(src, fwd, offs, bias, mode, want_col):
+        return ops.moe_tile128_forward(*src, *fwd, offs, bias, mode, BF16, want_col)
+
+    @staticmethod
+    def backward(src, bwd, a_q, a_s, offs, mode, need_da, need_dw, w_dtype):
+        return ops.moe_tile128_backward(*src, *bwd, a_q, a_s, offs, mode, need_da, need_dw, BF16, w_dtype)
+
+
+class ExactPhases:
+    """Exact recipes (MX round trips + bf16 GEMMs, as the sm90 backend): the moe_exact_* phase ops."""
+
+    @staticmethod
+    def routing(topk_idx, E):
+        return ops.moe_routing(topk_idx, E)  # the bf16 GEMMs read groups at any row
+
+    @staticmethod
+    def weights(w, mode):
+        dq, q, s = weight_cache.forms(w, "sm90_exact", mode)
+        return (dq,), (q, s)
+
+    @staticmethod
+    def forward(src, fwd, offs, bias, mode, want_col):
+        out, a_q, a_s = ops.moe_exact_forward(*src, *fwd, offs, mode, want_col)
+        return add_group_bias(out, bias, offs), a_q, a_s
+
+    @staticmethod
+    def backward(src, bwd, a_q, a_s, offs, mode, need_da, need_dw, w_dtype):
+        da, dw = ops.moe_exact_backward(*src, *bwd, a_q, a_s, offs, mode, need_da, need_dw)
+        return da, _cast(dw, w_dtype)
+
+
+TILE128 = Tile128Phases
+EXACT = ExactPhases

@@ -1,0 +1,256 @@
+"""The fused MoE layer's autograd functions: one data flow, three ways to run it (the entry point,
+mxmoe.moe_experts, is in layer.py; the data flow is described in mxmoe/moe/__init__.py).
+
+  FusedMX   the fused MX layer over a recipe family's phase ops (mxmoe/backends/phases.py), handed over
+            by the backend that runs it (Backend.layer_phases)
+  Bf16      the same fused data flow unquantized (torch._grouped_mm): recipe=None
+  composed  mxmoe.grouped_mm between the differentiable Gather / Act (SwiGLU) / Combine functions
+            (materializes the bf16 intermediates); Combine is also expert parallelism's combine
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .. import grouped, ops, weight_cache
+from ..backends.common import add_group_bias
+from .activation import Swiglu
+
+BF16 = torch.bfloat16
+F32 = torch.float32
+GATHER, SWIGLU, SWIGLU_BACKWARD = ops.SOURCE_GATHER, ops.SOURCE_SWIGLU, ops.SOURCE_SWIGLU_BACKWARD
+
+__all__ = ["FusedMX", "Bf16", "Gather", "Act", "Combine", "composed"]
+
+
+# ---- the pieces every path shares ------------------------------------------------------------------
+
+
+def _act_args(act: Swiglu, layout: int):
+    return 1, layout, act.alpha, act.limit, act.up_offset
+
+
+def _bias_grad(rows_grad: Tensor, offs: Tensor, dtype) -> Tensor:
+    return ops.moe_group_sum(rows_grad, offs).to(dtype)
+
+
+def _dtype(t: Optional[Tensor]):
+    return None if t is None else t.dtype
+
+
+def _cast(t: Optional[Tensor], dtype) -> Optional[Tensor]:
+    return t if t is None or t.dtype == dtype else t.to(dtype)
+
+
+def _split_grad(dw13: Optional[Tensor], up_rows: Optional[int]):
+    """dw13, or (d gate, d up) for a pair whose halves have up_rows rows each."""
+    if up_rows is None or dw13 is None:
+        return dw13, None
+    return dw13[:, :up_rows], dw13[:, up_rows:]
+
+
+def _gather_src(x, perm, k, row_scale=None):
+    return (GATHER, x, None, perm, row_scale, k, 0, 1.0, 0.0, 0.0)
+
+
+# ---- the fused MX paths: one data flow, the recipe family's phase ops ----------------------------
+
+
+class FusedMX(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, topk_idx, topk_w, w13, w2, b13, b2, mode: int, act: Swiglu, layout: int, phases,
+                w_up=None, score_before: bool = False):
+        # w_up: given, w13 is the gate half and w_up the up half (E, I, H) each.
+        # score_before: the weights scale the dispatched rows (quantized from the fp32 product) and the
+        # combine sums unweighted; the weights' grad then comes from x and the dispatched rows' grad.
+        k, E = topk_idx.shape[1], w13.shape[0]
+        offs, perm, inv = phases.routing(topk_idx, E)
+        need_w13, need_w2 = ctx.needs_input_grad[3] or ctx.needs_input_grad[11], ctx.needs_input_grad[4]
+        w13_f, w13_b = phases.weights(w13 if w_up is None else (w13, w_up), mode)
+        w2_f, w2_b = phases.weights(w2, mode)
+        # GEMM1 on the dispatched rows of x (gathered, scaled when score_before, quantized in one pass).
+        rs = topk_w.float().contiguous() if score_before else None
+        h, x_q, x_s = phases.forward(_gather_src(x, perm, k, rs), w13_f, offs, b13, mode, need_w13)
+        # GEMM2 on act(h), computed by its quantizer.
+        swiglu_src = (SWIGLU, h, None, None, None, *_act_args(act, layout))
+        o, y_q, y_s = phases.forward(swiglu_src, w2_f, offs, b2, mode, need_w2)
+        out = ops.moe_combine(o, inv, None if score_before else topk_w, x.dtype)
+        # The weights' grad reads o (weights after the experts) or x (weights before them).
+        ctx.save_for_backward(h, x if score_before else o, x_q, x_s, y_q, y_s, *w13_b, *w2_b, offs, perm, inv,
+                              topk_w)
+        ctx.cfg = (k, mode, act, layout, x.dtype, w13.dtype, w2.dtype, _dtype(b13), _dtype(b2), phases, len(w13_b),
+                   score_before)
+        ctx.up_rows = None if w_up is None else w_up.shape[1]
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        k, mode, act, layout, x_dtype, w13_dtype, w2_dtype, b13, b2, phases, nb, score_before = ctx.cfg
+        h, o_or_x, x_q, x_s, y_q, y_s, *rest = ctx.saved_tensors
+        w13_b, w2_b, (offs, perm, inv, topk_w) = rest[:nb], rest[nb:2 * nb], rest[2 * nb:]
+        need_x, _, need_tw, need_w13, need_w2, need_b13, need_b2 = ctx.needs_input_grad[:7]
+        need_w13 = need_w13 or ctx.needs_input_grad[11]
+        dout = dout.contiguous()
+        rs = topk_w.float().contiguous()
+        rs_after = None if score_before else rs  # the weights' factor on dO (weights after the experts)
+        d_tw = None
+        if need_tw and not score_before:
+            d_tw = ops.moe_combine_weight_grad(dout, o_or_x, inv).to(topk_w.dtype)
+        need_dxs = need_x or (need_tw and score_before)  # the dispatched rows' grad
+        need_h = need_dxs or need_w13 or need_b13
+        dx = dw13 = dw2 = db13 = db2 = None
+        if need_h or need_w2:
+            # dO = w * gather(dout), quantized as read: dY = dO @ w2 (dgrad) and dW2 = dO^T act(h) (wgrad).
+            d_y, dw2 = phases.backward(_gather_src(dout, perm, k, rs_after), w2_b, y_q if need_w2 else None,
+                                       y_s if need_w2 else None, offs, mode, need_h, need_w2, w2_dtype)
+        if need_b2:
+            db2 = _bias_grad(ops.moe_gather(dout, perm, k, rs_after, F32), offs, b2)
+        if need_h:
+            # dH = act'(h, dY), quantized as read: dXs = dH @ w13 and dW13 = dH^T dispatch(x).
+            dswiglu_src = (SWIGLU_BACKWARD, h, d_y, None, None, *_act_args(act, layout))
+            dxs, dw13 = phases.backward(dswiglu_src, w13_b, x_q if need_w13 else None, x_s if need_w13 else None,
+                                        offs, mode, need_dxs, need_w13, w13_dtype)
+            if need_b13:
+                db13 = _bias_grad(ops.swiglu_backward(d_y, h, layout, act.alpha, act.limit, act.up_offset), offs, b13)
+            if need_tw and score_before:  # d w[t, j] = <x[t], dXs[inv[t, j]]>
+                d_tw = ops.moe_combine_weight_grad(o_or_x, dxs, inv).to(topk_w.dtype)
+            if need_x:  # dx[t] = sum_j w[t, j] dXs[inv[t, j]] when the weights scaled the rows
+                dx = ops.moe_combine(dxs, inv, rs if score_before else None, x_dtype)
+        dw13, dw_up = _split_grad(dw13 if need_w13 else None, ctx.up_rows)
+        return (dx, None, d_tw, dw13, dw2 if need_w2 else None, db13, db2, None, None, None, None, dw_up, None)
+
+
+# ---- bf16: the same fused data flow, unquantized --------------------------------------------------
+
+
+def _mm(a: Tensor, b: Tensor, offs: Tensor) -> Tensor:
+    """bf16 torch._grouped_mm (rows past the groups 0); offs from moe_routing are exact group ends."""
+    return ops.dense_grouped_mm(a, b, offs)
+
+
+class Bf16(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, topk_idx, topk_w, w13, w2, b13, b2, mode: int, act: Swiglu, layout: int, w_up=None,
+                score_before: bool = False):
+        k, E = topk_idx.shape[1], w13.shape[0]
+        offs, perm, inv = ops.moe_routing(topk_idx, E)
+        w13b, w2b = _cast(w13 if w_up is None else weight_cache.joined((w13, w_up)), BF16), _cast(w2, BF16)
+        # score_before: the rows scaled in fp32 and rounded once to bf16 (TorchTitan's order).
+        xs = ops.moe_gather(x, perm, k, topk_w.float().contiguous() if score_before else None, BF16)
+        h = add_group_bias(_mm(xs, w13b.transpose(-2, -1), offs), b13, offs)
+        y = ops.swiglu(h, layout, act.alpha, act.limit, act.up_offset)
+        o = add_group_bias(_mm(y, w2b.transpose(-2, -1), offs), b2, offs)
+        out = ops.moe_combine(o, inv, None if score_before else topk_w, x.dtype)
+        ctx.save_for_backward(xs, h, y, x if score_before else o, w13b, w2b, offs, perm, inv, topk_w)
+        ctx.cfg = (k, act, layout, x.dtype, w13.dtype, w2.dtype, _dtype(b13), _dtype(b2), score_before)
+        ctx.up_rows = None if w_up is None else w_up.shape[1]
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        xs, h, y, o_or_x, w13b, w2b, offs, perm, inv, topk_w = ctx.saved_tensors
+        k, act, layout, x_dtype, w13_dtype, w2_dtype, b13, b2, score_before = ctx.cfg
+        need_x, _, need_tw, need_w13, need_w2, need_b13, need_b2 = ctx.needs_input_grad[:7]
+        need_w13 = need_w13 or ctx.needs_input_grad[10]
+        dout = dout.contiguous()
+        rs = topk_w.float().contiguous()
+        d_tw = None
+        if need_tw and not score_before:
+            d_tw = ops.moe_combine_weight_grad(dout, o_or_x, inv).to(topk_w.dtype)
+        need_dxs = need_x or (need_tw and score_before)
+        need_h = need_dxs or need_w13 or need_b13
+        dx = dw13 = dw2 = db13 = db2 = None
+        d_o = ops.moe_gather(dout, perm, k, None if score_before else rs, BF16)
+        if need_w2:
+            dw2 = _cast(_mm(d_o.t(), y, offs), w2_dtype)
+        if need_b2:
+            db2 = _bias_grad(d_o, offs, b2)
+        if need_h:
+            d_y = _mm(d_o, w2b, offs)
+            dh = ops.swiglu_backward(d_y, h, layout, act.alpha, act.limit, act.up_offset)
+            if need_w13:
+                dw13 = _cast(_mm(dh.t(), xs, offs), w13_dtype)
+            if need_b13:
+                db13 = _bias_grad(dh, offs, b13)
+            if need_dxs:
+                dxs = _mm(dh, w13b, offs)
+                if need_tw and score_before:  # d w[t, j] = <x[t], dXs[inv[t, j]]>
+                    d_tw = ops.moe_combine_weight_grad(o_or_x, dxs, inv).to(topk_w.dtype)
+                if need_x:
+                    dx = ops.moe_combine(dxs, inv, rs if score_before else None, x_dtype)
+        dw13, dw_up = _split_grad(dw13, ctx.up_rows)
+        return (dx, None, d_tw, dw13, dw2, db13, db2, None, None, None, dw_up, None)
+
+
+# ---- composed: mxmoe.grouped_mm between differentiable gather / SwiGLU / combine --------------------
+
+
+class Gather(torch.autograd.Function):
+    """x rows in expert order; backward: the deterministic sum of each token's k rows."""
+
+    @staticmethod
+    def forward(ctx, x, perm, inv, k: int):
+        ctx.save_for_backward(inv)
+        ctx.x_dtype = x.dtype
+        return ops.moe_gather(x, perm, k, None, x.dtype)
+
+    @staticmethod
+    def backward(ctx, dxs):
+        (inv,) = ctx.saved_tensors
+        return ops.moe_combine(dxs.contiguous(), inv, None, ctx.x_dtype), None, None, None
+
+
+class Act(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, act: Swiglu, layout: int):
+        h = h.contiguous()
+        ctx.save_for_backward(h)
+        ctx.act, ctx.layout = act, layout
+        return ops.swiglu(h, layout, act.alpha, act.limit, act.up_offset)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (h,) = ctx.saved_tensors
+        a = ctx.act
+        return ops.swiglu_backward(dy.contiguous(), h, ctx.layout, a.alpha, a.limit, a.up_offset), None, None
+
+
+class Combine(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, o, topk_w, perm, inv, k: int, out_dtype):
+        o = o.contiguous()
+        ctx.save_for_backward(o, topk_w, perm, inv)
+        ctx.k = k
+        return ops.moe_combine(o, inv, topk_w, out_dtype)
+
+    @staticmethod
+    def backward(ctx, dout):
+        o, topk_w, perm, inv = ctx.saved_tensors
+        dout = dout.contiguous()
+        d_o = ops.moe_gather(dout, perm, ctx.k, topk_w.float().contiguous(), o.dtype)
+        d_tw = ops.moe_combine_weight_grad(dout, o, inv).to(topk_w.dtype) if ctx.needs_input_grad[1] else None
+        return d_o, d_tw, None, None, None, None
+
+
+def composed(x, topk_idx, topk_w, w13, w2, b13, b2, recipe, backend, act, layout, score_before=False):
+    """score_before: sum_j expert(w[t, j] * x[t]) (TorchTitan's score_before_experts) instead of
+    sum_j w[t, j] * expert(x[t]): the weights scale the gathered rows (one fp32 multiply, rounded
+    once to x's dtype, as TorchTitan) and the combine sums unweighted. recipe None: bf16 GEMMs."""
+    def mm(a, w, bias):
+        if recipe is None:
+            out = torch._grouped_mm(a, w.to(a.dtype).transpose(-2, -1), offs=offs)
+            return out if bias is None else add_group_bias(out, bias, offs)
+        return grouped.grouped_mm(a, w.transpose(-2, -1), offs, recipe=recipe, backend=backend, bias=bias)
+
+    k, E = topk_idx.shape[1], w13.shape[0]
+    offs, perm, inv = ops.moe_routing(topk_idx, E)
+    xs = Gather.apply(x, perm, inv, k)
+    if score_before:
+        xs = (xs.float() * topk_w.reshape(-1).float()[perm.long()].unsqueeze(1)).to(x.dtype)
+        topk_w = torch.ones_like(topk_w, dtype=F32)
+    h = mm(xs, w13, b13)
+    y = Act.apply(h, act, layout)
+    o = mm(y, w2, b2)
+    return Combine.apply(o, topk_w, perm, inv, k, x.dtype)
