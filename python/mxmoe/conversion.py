@@ -269,11 +269,11 @@ def convert(
             conv.remove()
             module.__dict__.pop(_ATTR, None)
     if shared_experts:
-        _convert_shared_experts(model, recipe_name, backend)
+        _convert_shared_experts(model, parents, recipe_name, backend)
     return model
 
 
-def _convert_shared_experts(model: nn.Module, recipe: str, backend: str) -> None:
+def _convert_shared_experts(model: nn.Module, parents: dict, recipe: str, backend: str) -> None:
     from .integrations import torchtitan as tt
 
     names = {id(m): fqn or "<root>" for fqn, m in model.named_modules()}
@@ -282,7 +282,7 @@ def _convert_shared_experts(model: nn.Module, recipe: str, backend: str) -> None
         conv = m.__dict__.get(_ATTR)
         if conv is not None and conv.mechanism == "torchtitan":
             # the record's target: the MoE (reference variants) or its RoutedExperts (torchtitan 0.3)
-            moe = conv.target if hasattr(conv.target, "router") else parent_of(model, conv.target)
+            moe = conv.target if hasattr(conv.target, "router") else parents[id(conv.target)]
             moes[id(moe)] = (moe, names[id(moe)])
     if not moes:
         raise ValueError("shared_experts=True: the model has no TorchTitan MoE that convert() switched over")
@@ -294,13 +294,6 @@ def _convert_shared_experts(model: nn.Module, recipe: str, backend: str) -> None
         attrs = {"forward": types.MethodType(tt.dense_ffn_forward, shared), "_mxmoe_recipe": recipe,
                  "_mxmoe_backend": backend}
         object.__setattr__(shared, _ATTR, _Conversion("dense", shared, _set(shared, attrs), recipe))
-
-
-def parent_of(model: nn.Module, child: nn.Module) -> Optional[nn.Module]:
-    for m in model.modules():
-        if any(c is child for c in m.children()):
-            return m
-    return None
 
 
 def unconvert(model: nn.Module) -> nn.Module:

@@ -73,11 +73,15 @@ class MoE(nn.Module):
         x = x.view(-1, dim)
         top, ids, _ = self.router(x)
         counts = torch.histc(ids.view(-1).float(), bins=E, min=0, max=E)
+        return self.routed_and_shared(x, top, ids, counts).reshape(bs, slen, dim)
+
+    def routed_and_shared(self, x, top, ids, counts):
+        """Sort by expert, gather, experts, scatter back, weight (before or after), add the shared expert."""
+        dim = x.shape[-1]
         order = torch.argsort(ids.view(-1), stable=True)
-        scores_sorted = top.view(-1)[order]
         routed = x[order // K]
         if self.score_before_experts:
-            routed = (routed.float() * scores_sorted.reshape(-1, 1)).to(x.dtype)
+            routed = (routed.float() * top.view(-1)[order].reshape(-1, 1)).to(x.dtype)
         out_r = self.experts(routed, counts.to(torch.int64))
         unsorted = torch.zeros_like(out_r)
         unsorted[order] = out_r
@@ -86,7 +90,7 @@ class MoE(nn.Module):
             out_e = unsorted.sum(1)
         else:
             out_e = torch.bmm(top.reshape(-1, 1, K), unsorted.float()).to(x.dtype).squeeze(1)
-        return (self.shared_experts(x) + out_e).reshape(bs, slen, dim)
+        return self.shared_experts(x) + out_e
 
 
 class Model(nn.Module):
@@ -164,19 +168,7 @@ class ReferenceMoE(MoE):
         top, ids, counts = self.router(x, self.expert_bias)
         with torch.no_grad():
             self.tokens_per_expert.add_(counts)
-        order = torch.argsort(ids.view(-1), stable=True)
-        routed = x[order // K]
-        if self.score_before_experts:
-            routed = (routed.float() * top.view(-1)[order].reshape(-1, 1)).to(x.dtype)
-        out_r = self.experts(routed, counts.to(torch.int64))
-        unsorted = torch.zeros_like(out_r)
-        unsorted[order] = out_r
-        unsorted = unsorted.view(-1, K, dim)
-        if self.score_before_experts:
-            out_e = unsorted.sum(1)
-        else:
-            out_e = torch.bmm(top.reshape(-1, 1, K), unsorted.float()).to(x.dtype).squeeze(1)
-        return (self.shared_experts(x) + out_e).reshape(bs, slen, dim)
+        return self.routed_and_shared(x, top, ids, counts).reshape(bs, slen, dim)
 
 
 @pytest.mark.parametrize("score_before", [False, True])
