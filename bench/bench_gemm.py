@@ -15,12 +15,15 @@ Never calls the MXFP8 torch._scaled_grouped_mm (it corrupts the CUDA context on 
 with float32 scales only.
 
 Writes rows to --json (fields: pass, recipe, M, N, K, G, mxmoe_us, bf16_us, fp8_rowwise_us,
-ratio_vs_bf16, mxmoe_tflops, bf16_tflops, fp8_rowwise_tflops, groups, date, commit, device) and a
-short table to --table. --profile adds per-kernel times of one mxmoe call per pass (stage costs).
+ratio_vs_bf16, mxmoe_tflops, bf16_tflops, fp8_rowwise_tflops, groups, config: the library's
+configuration of the call (mxmoe_sm90_gemm_config), kernel / tile: the same in short, date, commit,
+device) and a short table to --table. --profile adds per-kernel times of one mxmoe call per pass (stage
+costs).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import datetime
 import json
@@ -92,6 +95,11 @@ def load_lib():
     handle.mxmoe_grouped_mm_tile128.restype = ctypes.c_int
     handle.mxmoe_grouped_mm_tile128_kgroups.restype = ctypes.c_int
     handle.mxmoe_last_error.restype = ctypes.c_char_p
+    handle.mxmoe_sm90_gemm_config.restype = ctypes.c_int
+    handle.mxmoe_sm90_gemm_config.argtypes = [ctypes.c_int32] + [ctypes.c_int64] * 4 + [
+        ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+    handle.mxmoe_reload_env.restype = ctypes.c_int
+    handle.mxmoe_reload_env.argtypes = []
     return handle, view, check
 
 
@@ -259,46 +267,62 @@ def profile_kernels(fn, label):
     return [{"us": t, "kernel": k} for t, k in rows]
 
 
+# ---- configurations and environment ------------------------------------------------------------------
+@contextlib.contextmanager
+def library_env(env):
+    """os.environ updated by `env` (a None value unsets) for the block. The library reads its MXMOE_*
+    variables once per process, so each change is followed by mxmoe_reload_env."""
+    saved = {k: os.environ.get(k) for k in env}
+
+    def apply(values):
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        CHECK(LIB.mxmoe_reload_env(), "reload_env")
+
+    try:
+        apply(env)
+        yield
+    finally:
+        apply(saved)
+
+
+def gemm_config(pas, M, N, K, G):
+    """The library's configuration of a call (mxmoe_sm90_gemm_config under the current environment:
+    kernel, tile, stages, producer, cluster, scheduler). pas: forward, dgrad (the call reduces over the
+    model's N and writes K columns) or wgrad; bf16 output."""
+    text = ctypes.create_string_buffer(512)
+    cn, ck = (K, N) if pas == "dgrad" else (N, K)
+    CHECK(LIB.mxmoe_sm90_gemm_config(1 if pas == "wgrad" else 0, M, cn, ck, G, 0, text, len(text)),
+          "sm90_gemm_config")
+    return text.value.decode()
+
+
+def kernel_of(config, pas, M):
+    """(kernel, tile) in short for the tables, from a config text. The query assumes the own kernel takes
+    the call: the K-grouped one declines M % 16 != 0 (CUTLASS then runs it)."""
+    tokens = config.split(" -> ", 1)[1].split()
+    f = dict(t.split("=", 1) for t in tokens if "=" in t)
+    if f["impl"] == "cutlass" or (pas == "wgrad" and M % 16 != 0):
+        return "cutlass_coop_fp8_blockwise", "128x128x128 cluster 1x2"
+    if pas == "wgrad":
+        return "mxmoe_sm90_grouped_k", f"128x128x128 cluster {f['cluster']}"
+    extra = (" +1 stage" if "lean" in tokens else "") + (" warp producer" if f["producer"] == "warp" else "")
+    return "mxmoe_sm90_grouped_m", f"128x{f['block_n']}x128 cluster {f['cluster']}{extra}"
+
+
 # ---- passes ----------------------------------------------------------------------------------------
 def sweep_scheduler(mx, label):
-    """mxmoe time per scheduler setting (raster order x max swizzle), env knobs read per call."""
+    """mxmoe time per scheduler setting (raster order x max swizzle)."""
     res = {}
     for raster in ("m", "n"):
         for swz in (1, 2, 4, 8):
-            os.environ["MXMOE_TILE128_RASTER"], os.environ["MXMOE_TILE128_SWIZZLE"] = raster, str(swz)
-            res[f"{raster}{swz}"] = bench_us(mx)
-    os.environ.pop("MXMOE_TILE128_RASTER", None)
-    os.environ.pop("MXMOE_TILE128_SWIZZLE", None)
+            with library_env({"MXMOE_TILE128_RASTER": raster, "MXMOE_TILE128_SWIZZLE": str(swz)}):
+                res[f"{raster}{swz}"] = bench_us(mx)
     print(f"    scheduler sweep {label}: " + "  ".join(f"{k}:{v:.0f}us" for k, v in res.items()))
     return res
-
-
-def wgrad_prefers_own(M, N, K, G):
-    """grouped_k_prefer_own of src/core/cuda/gemm/sm90/sm90_tile_heuristics.hpp: the own kernel at K <= 1024."""
-    return K <= 1024
-
-
-def sm90_choice(pas, N, K, G, M, env=None):
-    """(kernel, tile) the library picks for a tile128 call under `env` (default: os.environ), mirroring
-    src/core/cuda/gemm/sm90/sm90_tile_heuristics.hpp (MXMOE_GEMM_SM90 / _CLUSTER / _BLOCK_N and the auto rule)."""
-    env = os.environ if env is None else {**os.environ, **env}
-    cutlass = ("cutlass_coop_fp8_blockwise", "128x128x128 cluster 1x2")
-    mode = env.get("MXMOE_GEMM_SM90", "") or "auto"
-    if pas == "wgrad":  # the own K-grouped kernel takes every call with M % 16 == 0 (contiguous operands)
-        own = mode in ("mxmoe", "mxmoe-only") or (mode == "auto" and wgrad_prefers_own(M, N, K, G))
-        cl = int(env["MXMOE_GEMM_CLUSTER"]) if env.get("MXMOE_GEMM_CLUSTER") in ("1", "2") else \
-            (2 if G > 0 and M // G >= 4096 else 1)
-        return ("mxmoe_sm90_grouped_k", f"128x128x128 cluster {cl}") if own and M % 16 == 0 else cutlass
-    if mode == "cutlass":  # auto: the own kernel on every shape (grouped_m_prefer_own)
-        return cutlass
-    bn = int(env["MXMOE_GEMM_BLOCK_N"]) if env.get("MXMOE_GEMM_BLOCK_N") in ("128", "160", "192") else 128
-    cl = int(env["MXMOE_GEMM_CLUSTER"]) if env.get("MXMOE_GEMM_CLUSTER") in ("1", "2") else (2 if K >= 4096 else 1)
-    # grouped_m_extra_stage / grouped_m_warp_producer: both at K >= 4096 unless forced
-    stage = {"1": True, "0": False}.get(env.get("MXMOE_GEMM_EXTRA_STAGE", ""), K >= 4096)
-    warp = {"warp": True, "thread": False}.get(env.get("MXMOE_GEMM_PRODUCER", ""), K >= 4096)
-    extra = " +1 stage" if bn == 128 and stage else ""
-    extra += " warp producer" if bn == 128 and warp else ""
-    return "mxmoe_sm90_grouped_m", f"128x{bn}x128 cluster {cl}{extra}"
 
 
 def parse_variants(spec):
@@ -311,20 +335,12 @@ def parse_variants(spec):
 
 
 def bench_variants(mx, variants):
-    """mxmoe time of the same call under each variant's environment (the library reads its kernel
-    knobs per call), measured in this run beside the default."""
+    """mxmoe time of the same call under each variant's environment, measured in this run beside the
+    default."""
     res = {}
     for label, env in variants:
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
+        with library_env(env):
             res[label] = bench_us(mx)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
     if res:
         print("    variants: " + "  ".join(f"{k} {v:.1f} us" for k, v in res.items()), flush=True)
     return res
@@ -352,13 +368,16 @@ def run_shape(name, M, N, K, G, jagged, passes, profile, sweep=False, variants=(
 
     def record(pas, t_mx, t_bf, t_f8, var=None, t_dg=None):
         row = dict(pass_=pas, M=M, N=N, K=K, G=G, mxmoe_us=t_mx, bf16_us=t_bf, fp8_rowwise_us=t_f8, deepgemm_us=t_dg)
-        # the call's (M, N, K): dgrad reduces over the model's N and writes K columns
-        cn, ck = (K, N) if pas == "dgrad" else (N, K)
-        row["kernel"], row["tile"] = sm90_choice(pas, cn, ck, G, M)
+        row["config"] = gemm_config(pas, M, N, K, G)
+        row["kernel"], row["tile"] = kernel_of(row["config"], pas, M)
         if var:
             row["variants_us"] = var
-            row["variants_kernel"] = {label: " ".join(sm90_choice(pas, cn, ck, G, M, env))
-                                      for label, env in variants}
+            row["variants_config"] = {}
+            for label, env in variants:
+                with library_env(env):
+                    row["variants_config"][label] = gemm_config(pas, M, N, K, G)
+            row["variants_kernel"] = {label: " ".join(kernel_of(c, pas, M))
+                                      for label, c in row["variants_config"].items()}
         row["ratio_vs_bf16"] = (t_bf / t_mx) if (t_bf and t_mx) else None
         for k in ("mxmoe", "bf16", "fp8_rowwise"):
             t = row[f"{k}_us"]
@@ -507,6 +526,7 @@ def main():
                 "ratio_vs_bf16": r["ratio_vs_bf16"], "mxmoe_tflops": r["mxmoe_tflops"], "bf16_tflops": r["bf16_tflops"],
                 "fp8_rowwise_tflops": r["fp8_rowwise_tflops"], "groups": r["groups"], "stages": r["stages"],
                 "variants_us": r.get("variants_us"), "variants_kernel": r.get("variants_kernel"),
+                "variants_config": r.get("variants_config"), "config": r["config"],
                 "kernel": r["kernel"], "tile": r["tile"],
                 # DeepGEMM beside mxmoe (issue 12) when the GPU machine can import it
                 "deepgemm_us": r.get("deepgemm_us"),

@@ -26,6 +26,8 @@ step as after an optimizer step (its weight cache cannot serve them); the same w
               before it (stats reset first); the same number on the eager and graph rows
   ratio_vs_transformers  transformers_bf16 fwd_bwd_us / this fwd_bwd_us, same config, tokens and mode
               (> 1: faster than transformers); ratio_vs_mxmoe_bf16 the same against mxmoe_bf16
+  gemm_configs  tile128 rows: the Hopper configuration of each of the layer's grouped GEMMs
+              (mxmoe.sm90_gemm_config; w13_forward, ..., w2_wgrad)
 Out of memory (or any error) in one (config, impl) is recorded in its rows and the run goes on.
 --moe-profile adds "breakdown": one eager fwd+bwd step of each impl under torch.profiler, CUDA kernel
 time grouped by kind (gemm, quantize, swiglu, gather_scatter, combine, setup, copy, other; by kernel
@@ -534,6 +536,23 @@ def _cleanup(case: "Case", device: torch.device) -> None:
         print(f"(cleanup failed: {_err(e)})", flush=True)
 
 
+def sm90_gemm_configs(cfg: MoEConfig, tokens: int) -> Optional[Dict[str, str]]:
+    """The Hopper tile128 configurations of the layer's six grouped GEMMs (mxmoe.sm90_gemm_config: kernel,
+    tile, stages, ...; the same on any machine): tokens x top_k routed rows in `experts` groups, w13
+    (E, 2I, H) and w2 (E, H, I), each as forward (M, N, K), dgrad (M, K, N) and wgrad (N, K over M)."""
+    try:
+        from mxmoe import sm90_gemm_config
+    except ImportError:  # an mxmoe without the query
+        return None
+    m, e = tokens * cfg.top_k, cfg.experts
+    out = {}
+    for w, n, k in (("w13", 2 * cfg.intermediate, cfg.hidden), ("w2", cfg.hidden, cfg.intermediate)):
+        out[f"{w}_forward"] = sm90_gemm_config("forward", m, n, k, e)
+        out[f"{w}_dgrad"] = sm90_gemm_config("dgrad", m, k, n, e)
+        out[f"{w}_wgrad"] = sm90_gemm_config("wgrad", m, n, k, e)
+    return out
+
+
 def bench_case(name: str, tokens: int, device: torch.device, impls: List[str], modes: List[str], reps: int,
                warmup: int, hf_fn: Callable, gpt_oss: Optional[dict], profile: bool,
                deadline: Optional[float] = None, log=print) -> Tuple[List[dict], List[dict]]:
@@ -546,10 +565,13 @@ def bench_case(name: str, tokens: int, device: torch.device, impls: List[str], m
             "intermediate": cfg.intermediate, "experts": cfg.experts, "top_k": cfg.top_k, "bias": cfg.bias,
             "activation": activation, "layout": layout}
 
+    gemm_configs = sm90_gemm_configs(cfg, tokens)
+
     def row(impl, mode, **kw):
         r = {**base, "impl": impl, "mode": mode, "fwd_bwd_us": None, "fwd_us": None, "peak_mib": None,
              "ratio_vs_transformers": None, "ratio_vs_mxmoe_bf16": None, "fwd_ratio_vs_transformers": None,
-             "reps": None, "warmup": None, "error": None, "oom": False}
+             "reps": None, "warmup": None, "error": None, "oom": False,
+             "gemm_configs": gemm_configs if RECIPES.get(impl) == "mxfp8_rceil_tile128" else None}
         r.update(kw)
         return r
 

@@ -40,7 +40,11 @@ if [[ ! -f $stamp ]]; then
 fi
 # The Python package: CPU build of libmxmoe (the CUDA kernels are compiled by the C++ build in
 # scripts/test.sh; a GPU machine installs with MXMOE_CUDA=ON). Reinstalled when sources change.
-src_hash=$(cat CMakeLists.txt pyproject.toml $(git ls-files src include python 2>/dev/null || find src include python -type f) 2>/dev/null | sha1sum | cut -c1-16)
+# The hash covers the tree as it is: tracked and new (not ignored) files, without deleted ones.
+src_files=$(git ls-files --cached --others --exclude-standard src include python 2>/dev/null \
+  || find src include python -type f)
+src_hash=$(for f in CMakeLists.txt pyproject.toml $src_files; do if [[ -f $f ]]; then cat "$f"; fi; done \
+  | sha1sum | cut -c1-16)
 if [[ ! -f .venv/.mxmoe-src-$src_hash ]]; then
   echo "setup: building and installing mxmoe"
   rm -f .venv/.mxmoe-src-*

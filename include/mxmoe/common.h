@@ -84,6 +84,13 @@ MXMOE_API int mxmoe_has_cuda(void);
 /* 1 if the library has the Hopper tile128 FP8 grouped GEMMs (CUDA + CUTLASS at build time). */
 MXMOE_API int mxmoe_has_tile128_gemm(void);
 
+/* The MXMOE_* environment variables (docs/reference/env.md) are read once per process, at the first
+ * call that needs one. This reads them again, for tests and A/B measurements that change them
+ * between calls in one process; it must not run concurrently with other calls into the library.
+ * MXMOE_ERR_INVALID_ARGUMENT names every invalid variable (calls that read them fail the same way
+ * until a reload succeeds). */
+MXMOE_API mxmoe_status mxmoe_reload_env(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -112,6 +112,22 @@ MXMOE_API mxmoe_status mxmoe_grouped_mm_tile128_kgroups(const mxmoe_tensor* a,
                                                         const mxmoe_tensor* offs, mxmoe_tensor* out,
                                                         const mxmoe_tensor* workspace, void* stream);
 
+/* The configuration a tile128 call of this shape gets on Hopper (kernel, tile, stages, producer,
+ * cluster, scheduler; the environment's overrides applied), as the one-line text that
+ * MXMOE_PRINT_CONFIGS=1 prints per launch, e.g.
+ *   "gemm sm90 pass=fwd/dgrad m=16640 n=8192 k=5120 g=4 out=bf16 -> impl=own block_n=128 stages=6
+ *    lean producer=warp cluster=2 fallback=cutlass"
+ * pass: MXMOE_GEMM_GROUPED_M (mxmoe_grouped_mm_tile128: forward, dgrad) or MXMOE_GEMM_GROUPED_K
+ * (mxmoe_grouped_mm_tile128_kgroups: wgrad); m, n, k, g as the workspace size queries; out_dtype
+ * BF16 or F32. Pure host logic: answers in every build, with or without a GPU. The own kernel is
+ * assumed to take the call (it declines unaligned operands, which then run on CUTLASS; the launch's
+ * printed line says so). buf receives the NUL-terminated text (MXMOE_CONFIG_TEXT_MAX bytes always
+ * suffice; a smaller buf that cannot hold it is an error). */
+typedef enum { MXMOE_GEMM_GROUPED_M = 0, MXMOE_GEMM_GROUPED_K = 1 } mxmoe_gemm_pass;
+#define MXMOE_CONFIG_TEXT_MAX 512
+MXMOE_API mxmoe_status mxmoe_sm90_gemm_config(int32_t pass, int64_t m, int64_t n, int64_t k, int64_t g,
+                                              mxmoe_dtype out_dtype, char* buf, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

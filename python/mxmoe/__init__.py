@@ -22,6 +22,8 @@ Public API:
                                         weights in moe_experts (the rule tensor_parallel.py registers in
                                         the layer, imported here)
   mxmoe.build_info()                    what this build carries (cuda, cuda_archs, tile128_gemm, torch_abi)
+  mxmoe.sm90_gemm_config(pass_, m, n, k, groups)   the Hopper tile128 GEMM configuration of a shape
+                                        (kernel, tile, stages, ...; MXMOE_PRINT_CONFIGS=1 prints it per launch)
 
 Binding: the ops are registered from C++ (libmxmoe_torch.so, src/ops/) through the LibTorch stable
 ABI, so one binary serves torch 2.11 and 2.13; it links the torch-free core libmxmoe.so. Loaded at
@@ -50,6 +52,7 @@ from .integrations.transformers import configure, register_when_available as _re
 from .grouped import check_offsets, grouped_mm
 from .moe import moe_experts
 from .mx_tensor import MXTensor, quantize
+from .ops import sm90_gemm_config
 from . import nn
 from .recipes import RECIPES, Recipe
 from .weight_cache import graph_weight_cache, refresh_weights, set_weight_cache, weight_cache_info
@@ -80,6 +83,7 @@ __all__ = [
     "core_version",
     "has_cuda",
     "build_info",
+    "sm90_gemm_config",
     "refresh_weights",
     "graph_weight_cache",
     "set_weight_cache",

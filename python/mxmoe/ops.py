@@ -50,6 +50,8 @@ Ops (schemas in src/ops/library.cpp):
   swiglu(h, layout, alpha, limit, up_offset) -> y (N, I); swiglu_backward(dy, h, ...) -> dh (N, 2I)
       layout 0 [gate | up] halves, 1 interleaved (gpt-oss); see the SWIGLU_* constants below
   build_info() -> str   (parsed by mxmoe.build_info())
+  sm90_gemm_config(kind, m, n, k, groups, out_bf16) -> str   the Hopper tile128 GEMM configuration of
+      a shape (mxmoe.sm90_gemm_config: mxmoe_sm90_gemm_config's text)
 See include/mxmoe/quantize.h for the layouts (grouped compact scales, scale_c / scale_r, q / qt).
 """
 from __future__ import annotations
@@ -79,7 +81,7 @@ __all__ = [
     "grouped_mm_tile128_kgroups", "zero_rows_past_groups", "sm90_tile128_weight", "sm90_tile128_forward", "sm90_exact_weight", "sm90_tile128_backward",
     "sm90_exact_forward", "sm90_exact_backward", "quantize_fused_source", "moe_tile128_forward",
     "moe_tile128_backward", "moe_exact_forward", "moe_exact_backward", "grouped_scale_capacity", "blocked_size", "quantize_fused_sides",
-    "weight_forms_if", "capture_id",
+    "weight_forms_if", "capture_id", "sm90_gemm_config",
 ]
 
 # ---- errors -----------------------------------------------------------------------------------------
@@ -142,6 +144,25 @@ moe_exact_backward = _python_op("moe_exact_backward")
 
 # Computed inputs of quantize_fused_source and the moe_* phases (mxmoe_source_kind).
 SOURCE_GATHER, SOURCE_SWIGLU, SOURCE_SWIGLU_BACKWARD = 1, 2, 3
+
+_sm90_gemm_config = _python_op("sm90_gemm_config")
+_GEMM_PASSES = {"forward": 0, "dgrad": 0, "wgrad": 1}  # mxmoe_gemm_pass: M-grouped, K-grouped
+
+
+def sm90_gemm_config(pass_: str, m: int, n: int, k: int, groups: int, out_dtype: torch.dtype = BF16) -> str:
+    """The configuration a tile128 grouped GEMM of this shape gets on Hopper: kernel (own or CUTLASS),
+    tile, stages, producer, cluster, scheduler, with the MXMOE_* environment's overrides applied; the
+    line MXMOE_PRINT_CONFIGS=1 prints per launch. Pure host logic (no GPU needed).
+
+    pass_: "forward" or "dgrad" (grouped_mm_tile128: out (m, n) = a (m, k) . b[g] (n, k)^T, so dgrad's
+    n and k are the model's K and N) or "wgrad" (grouped_mm_tile128_kgroups: out (g, n, k) over m
+    tokens). out_dtype: torch.bfloat16 or torch.float32."""
+    if pass_ not in _GEMM_PASSES:
+        raise ValueError(f"mxmoe.sm90_gemm_config: pass_: expected one of {sorted(_GEMM_PASSES)}, got {pass_!r}")
+    if out_dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"mxmoe.sm90_gemm_config: out_dtype: expected torch.bfloat16 or torch.float32, "
+                         f"got {out_dtype}")
+    return _sm90_gemm_config(_GEMM_PASSES[pass_], m, n, k, groups, out_dtype == torch.bfloat16)
 
 # check_offsets returns nothing; without this mark, graph dead-code elimination (AOTAutograd,
 # Inductor) would drop it from compiled graphs and checked mode would silently do nothing.

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <utility>
 
+#include "common/env.hpp"
 #include "common/error.hpp"
 #include "common/tensor.hpp"
 #include "mxmoe/mx_format.hpp"
@@ -177,6 +178,12 @@ int mxmoe_has_tile128_gemm(void) {
 #else
   return 0;
 #endif
+}
+
+mxmoe_status mxmoe_reload_env(void) {
+  MXMOE_API_BEGIN
+  env::reload();
+  MXMOE_API_END
 }
 
 uint8_t mxmoe_e8m0_from_amax(float amax, mxmoe_scale_mode mode) {

@@ -1,15 +1,19 @@
 // C API of the tile128 grouped GEMMs (include/mxmoe/mxmoe.h, "Hopper FP8 grouped GEMMs"):
 // validation once, then dispatch: host tensors -> the exact CPU reference (cpu::grouped_mm,
 // cpu::grouped_mm_kgroups; coarse-block operands are valid MX operands), CUDA tensors -> the Hopper
-// FP8 kernels (cuda/gemm/gemm_tile128.cu). Nothing is written before validation passes.
+// FP8 kernels (cuda/gemm/gemm_tile128.cu). Nothing is written before validation passes. Also the
+// configuration query of those kernels (cuda/gemm/sm90/sm90_config.hpp), answered in every build.
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <string>
 
 #include "common/error.hpp"
 #include "common/tensor.hpp"
 #include "mxmoe/mx_format.hpp"
 #include "mxmoe/mxmoe.h"
 #include "api_checks.hpp"
+#include "cuda/gemm/sm90/sm90_config.hpp"
 #include "ops.hpp"
 
 namespace mxmoe {
@@ -95,6 +99,23 @@ int64_t mxmoe_grouped_mm_tile128_workspace_size(int64_t m, int64_t n, int64_t k,
 int64_t mxmoe_grouped_mm_tile128_kgroups_workspace_size(int64_t m, int64_t n, int64_t k, int64_t g,
                                                         int32_t device) {
   return workspace_size(CUDA_SIZE_FN(grouped_mm_tile128_kgroups_workspace_size), m, n, k, g, device);
+}
+
+mxmoe_status mxmoe_sm90_gemm_config(int32_t pass, int64_t m, int64_t n, int64_t k, int64_t g, mxmoe_dtype out_dtype,
+                                    char* buf, size_t len) {
+  MXMOE_API_BEGIN
+  if (pass != MXMOE_GEMM_GROUPED_M && pass != MXMOE_GEMM_GROUPED_K)
+    fail("pass: expected MXMOE_GEMM_GROUPED_M (0) or MXMOE_GEMM_GROUPED_K (1), got ", pass);
+  if (m < 0 || n < 0 || k < 0 || g < 0)
+    fail("sm90 gemm config: expected non-negative shapes, got m=", m, " n=", n, " k=", k, " g=", g);
+  if (out_dtype != MXMOE_DTYPE_BF16 && out_dtype != MXMOE_DTYPE_F32)
+    fail("out_dtype: expected bf16 or f32, got ", dtype_name(out_dtype));
+  if (buf == nullptr) fail("buf: expected a buffer, got NULL");
+  const auto p = pass == MXMOE_GEMM_GROUPED_M ? cuda::gemm::Sm90Pass::kGroupedM : cuda::gemm::Sm90Pass::kGroupedK;
+  const std::string text = cuda::gemm::select_sm90_config(p, m, n, k, g, out_dtype == MXMOE_DTYPE_BF16).to_string();
+  if (text.size() + 1 > len) fail("buf: ", len, " bytes cannot hold the ", text.size() + 1, "-byte config text");
+  std::memcpy(buf, text.c_str(), text.size() + 1);
+  MXMOE_API_END
 }
 
 mxmoe_status mxmoe_grouped_mm_tile128(const mxmoe_tensor* a_, const mxmoe_tensor* a_scale_,

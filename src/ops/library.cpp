@@ -60,6 +60,7 @@ STABLE_TORCH_LIBRARY(mxmoe, m) {
   m.def("swiglu(Tensor h, int layout, float alpha, float limit, float up_offset) -> Tensor");
   m.def("swiglu_backward(Tensor dy, Tensor h, int layout, float alpha, float limit, float up_offset) -> Tensor");
   m.def("build_info() -> str");
+  m.def("sm90_gemm_config(int kind, int m, int n, int k, int groups, bool out_bf16) -> str");
 }
 
 #define MXMOE_KERNELS(m)                                                      \
@@ -106,8 +107,9 @@ STABLE_TORCH_LIBRARY_IMPL(mxmoe, CUDA, m) {
   MXMOE_KERNELS(m);
   MXMOE_MOE_KERNELS(m);
 }
-// build_info reads no tensor: a CompositeExplicitAutograd kernel serves every device.
+// build_info and sm90_gemm_config read no tensor: a CompositeExplicitAutograd kernel serves every device.
 STABLE_TORCH_LIBRARY_IMPL(mxmoe, CompositeExplicitAutograd, m) {
   m.impl("build_info", TORCH_BOX(&build_info));
+  m.impl("sm90_gemm_config", TORCH_BOX(&sm90_gemm_config));
   m.impl("capture_id", TORCH_BOX(&capture_id));
 }

@@ -281,5 +281,14 @@ std::string build_info() {
   return s;
 }
 
+std::string sm90_gemm_config(int64_t kind, int64_t m, int64_t n, int64_t k, int64_t groups, bool out_bf16) {
+  const char* op = "sm90_gemm_config";
+  char text[MXMOE_CONFIG_TEXT_MAX];
+  check(mxmoe_sm90_gemm_config(to_i32(kind, "kind", op), m, n, k, groups, out_bf16 ? MXMOE_DTYPE_BF16 : MXMOE_DTYPE_F32,
+                               text, sizeof text),
+        op);
+  return text;
+}
+
 }  // namespace ops
 }  // namespace mxmoe

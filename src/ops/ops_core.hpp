@@ -39,6 +39,8 @@ void zero_rows_past_groups(Tensor x, Tensor offs);
 Tensor clamp_offsets(Tensor offs, int64_t m);
 Tensor dense_grouped_mm(Tensor a, Tensor b, Tensor offs);
 std::string build_info();
+// The configuration a tile128 GEMM of this shape gets on Hopper (mxmoe_sm90_gemm_config's text).
+std::string sm90_gemm_config(int64_t kind, int64_t m, int64_t n, int64_t k, int64_t groups, bool out_bf16);
 
 std::vector<Tensor> quantize_fused(Tensor x, OptTensor offs, int64_t row_block, int64_t col_block, bool tile128,
                                    int64_t mode, int64_t row_outputs, int64_t col_outputs, ScalarType dq_dtype);

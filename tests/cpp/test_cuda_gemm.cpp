@@ -406,6 +406,8 @@ TEST(CudaGemm, GenericKgroupsMatchesCpuBitwise) {
 
 // ---- tile128 FP8 kernels -------------------------------------------------------------------------
 
+// Library variables for one scope: the library reads the environment once per process, so each
+// change is followed by mxmoe_reload_env.
 struct EnvGuard {
   std::vector<std::pair<std::string, std::string>> saved;
   std::vector<std::string> unset_names;
@@ -413,10 +415,12 @@ struct EnvGuard {
     const char* old = std::getenv(name);
     if (old) saved.emplace_back(name, old); else unset_names.emplace_back(name);
     setenv(name, value, 1);
+    EXPECT_EQ(mxmoe_reload_env(), MXMOE_OK) << mxmoe_last_error();
   }
   ~EnvGuard() {
     for (auto& kv : saved) setenv(kv.first.c_str(), kv.second.c_str(), 1);
     for (auto& n : unset_names) unsetenv(n.c_str());
+    EXPECT_EQ(mxmoe_reload_env(), MXMOE_OK) << mxmoe_last_error();
   }
 };
 

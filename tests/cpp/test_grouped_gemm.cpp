@@ -309,15 +309,18 @@ TEST(GroupedMM, NanScalePropagates) {
     }
 }
 
-// The tiling does not depend on the thread count, so neither do the bits.
+// The tiling does not depend on the thread count, so neither do the bits. (The library reads
+// MXMOE_NUM_THREADS once per process; mxmoe_reload_env re-reads it.)
 TEST(GroupedMM, DeterministicAcrossThreadCounts) {
   MMCase c{300, 288, 100, {0, 140, 300}};
   const char* old = std::getenv("MXMOE_NUM_THREADS");
   const std::string saved = old ? old : "";
   setenv("MXMOE_NUM_THREADS", "1", 1);
+  ASSERT_EQ(mxmoe_reload_env(), MXMOE_OK) << mxmoe_last_error();
   MMProblem p1 = make_mm(c);
   ASSERT_EQ(run_mm(p1), MXMOE_OK) << mxmoe_last_error();
   setenv("MXMOE_NUM_THREADS", "3", 1);
+  ASSERT_EQ(mxmoe_reload_env(), MXMOE_OK) << mxmoe_last_error();
   MMProblem p3 = make_mm(c);
   ASSERT_EQ(run_mm(p3), MXMOE_OK) << mxmoe_last_error();
   if (old) {
@@ -325,6 +328,7 @@ TEST(GroupedMM, DeterministicAcrossThreadCounts) {
   } else {
     unsetenv("MXMOE_NUM_THREADS");
   }
+  ASSERT_EQ(mxmoe_reload_env(), MXMOE_OK) << mxmoe_last_error();
   EXPECT_EQ(p1.out.bytes, p3.out.bytes);
 }
 

@@ -812,6 +812,26 @@ void op_sizes(FuzzedDataProvider& fdp, int which) {
   if (r == -1) FUZZ_CHECK(mxmoe_last_error()[0] != '\0', "workspace size -1 with an empty message", args);
   if (!mxmoe_has_cuda() && dev >= 0) FUZZ_CHECK(r == -1, "workspace size for a device in a build without CUDA", args);
   if (m < 0 || n < 0 || k < 0 || g < 0) FUZZ_CHECK(r == -1, "workspace size for negative shapes", args);
+  // The configuration query of the same shapes (pure host logic, answered in every build): text only
+  // on success, NUL-terminated within len.
+  g_op = "mxmoe_sm90_gemm_config";
+  const auto out = static_cast<mxmoe_dtype>(fdp.ConsumeBool() ? fdp.ConsumeIntegralInRange<int32_t>(-1, 7) : MXMOE_DTYPE_BF16);
+  char text[MXMOE_CONFIG_TEXT_MAX];
+  std::memset(text, 0x5A, sizeof text);
+  const size_t len = fdp.ConsumeBool() ? fdp.ConsumeIntegralInRange<size_t>(0, sizeof text) : sizeof text;
+  const mxmoe_status st = mxmoe_sm90_gemm_config(which - 2, m, n, k, g, out, text, len);
+  const std::string cargs = args + " out_dtype=" + std::to_string(out) + " len=" + std::to_string(len);
+  FUZZ_CHECK(st == MXMOE_OK || st == MXMOE_ERR_INVALID_ARGUMENT, "config query: unexpected status", cargs);
+  if (st == MXMOE_OK) {
+    FUZZ_CHECK(std::memchr(text, 0, len) != nullptr && std::strncmp(text, "gemm sm90 pass=", 15) == 0,
+               "config query: no NUL-terminated config text", cargs);
+    for (size_t i = std::strlen(text) + 1; i < sizeof text; ++i)
+      FUZZ_CHECK(text[i] == 0x5A, "config query wrote past its text", cargs);
+  } else {
+    FUZZ_CHECK(mxmoe_last_error()[0] != '\0', "config query failed with an empty message", cargs);
+    for (char ch : text) FUZZ_CHECK(ch == 0x5A, "config query wrote into buf on error", cargs);
+  }
+  if (m < 0 || n < 0 || k < 0 || g < 0) FUZZ_CHECK(st != MXMOE_OK, "config query for negative shapes", cargs);
 }
 
 void op_quantize(FuzzedDataProvider& fdp) {
@@ -1408,10 +1428,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     skip = 2;
   }
   FuzzedDataProvider fdp(data + skip, size - skip);
-  // The CPU backend's thread count (parallel_for reads it on every call): mostly 1 (threads are
-  // started per parallel_for, which would dominate the run time), sometimes 2 (chunked paths).
+  // The CPU backend's thread count: mostly 1 (threads are started per parallel_for, which would
+  // dominate the run time), sometimes 2 (chunked paths). The library reads it once per process:
+  // mxmoe_reload_env when it changes.
   static const char* kThreads[] = {"1", "1", "1", "2"};
-  setenv("MXMOE_NUM_THREADS", kThreads[fdp.ConsumeIntegralInRange<int>(0, 3)], 1);
+  static const char* threads = nullptr;
+  const char* want = kThreads[fdp.ConsumeIntegralInRange<int>(0, 3)];
+  if (threads == nullptr || std::strcmp(want, threads) != 0) {
+    setenv("MXMOE_NUM_THREADS", want, 1);
+    if (mxmoe_reload_env() != MXMOE_OK) __builtin_trap();
+    threads = want;
+  }
   switch (op) {
     case 0: op_codecs(fdp); break;
     case 1: op_sizes(fdp, 0); break;

@@ -54,6 +54,12 @@ def test_bench_moe_cpu_tiny(tmp_path, capsys):
             assert r["ratio_vs_transformers"] == 1.0 and r["ratio_vs_mxmoe_bf16"] is None
         else:
             assert r["ratio_vs_mxmoe_bf16"] > 0
+    for r in rows:  # the tile128 rows record the layer's six sm90 GEMM configurations
+        tile128 = bench_moe.RECIPES.get(r["impl"]) == "mxfp8_rceil_tile128"
+        assert (r["gemm_configs"] is not None) == tile128, r
+        if tile128:
+            assert len(r["gemm_configs"]) == 6 and all(c.startswith("gemm sm90 pass=") for c in r["gemm_configs"].values())
+            assert "m=128 n=64 k=64 g=4" in r["gemm_configs"]["w13_forward"], r["gemm_configs"]
     assert {r["config"] for r in rows} == {"tiny", "tiny-bias"}
     assert all(r["bias"] for r in rows if r["config"] == "tiny-bias")
     assert len(d["breakdown"]) == len(rows)

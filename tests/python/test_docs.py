@@ -1,7 +1,8 @@
 """The docs as reference, checked so they cannot drift (standard library only; runs on any machine).
 
 1. docs/reference/env.md lists exactly the environment variables the code reads: the library's
-   (src/, include/, python/) and the build / device scripts' (scripts/, bench/).
+   (src/, include/, python/) and the build / device scripts' (scripts/, bench/); the C++/CUDA core
+   reads them in one place (src/core/common/env.cpp).
 2. BENCHMARKS.md is what `python3 bench/tables.py benchmarks` generates from bench/results/, and is
    under 40 KB.
 3. README.md is under 200 lines, keeps its two commands, and names no commit or issue.
@@ -20,11 +21,11 @@ LIBRARY_DIRS = ("src", "include", "python")
 CODE_SUFFIXES = {".py", ".c", ".cc", ".cpp", ".h", ".hpp", ".cu", ".cuh"}
 NAME = r"([A-Z][A-Z0-9_]*)"
 
-# How the code reads a variable: C/C++ getenv and helpers taking the name (env_switch("X", ...)),
-# Python's os.environ / os.getenv forms, and shell expansions in scripts.
+# How the code reads a variable: C/C++ getenv, the core's environment reader (src/core/common/env.cpp:
+# var("X", ...)), Python's os.environ / os.getenv forms, and shell expansions in scripts.
 READERS = [
     re.compile(r"\b(?:std::)?(?:secure_)?getenv\s*\(\s*\"" + NAME + "\""),
-    re.compile(r"\benv_\w+\s*\(\s*\"" + NAME + "\""),
+    re.compile(r"\bvar\s*\(\s*\"" + NAME + "\""),
     re.compile(r"\bos\.environ\.get\s*\(\s*[\"']" + NAME + "[\"']"),
     re.compile(r"\bos\.environ\s*\[\s*[\"']" + NAME + r"[\"']\s*\](?!\s*(?:,[^\n=]*)?=(?!=))"),  # not an assignment
     re.compile(r"\bos\.getenv\s*\(\s*[\"']" + NAME + "[\"']"),
@@ -82,6 +83,16 @@ def test_env_reference_lists_exactly_the_library_variables():
     assert read, "found no environment reads at all: the patterns are broken"
     assert not read - documented, f"read by src/include/python but missing from docs/reference/env.md: {sorted(read - documented)}"
     assert not documented - read, f"listed in docs/reference/env.md but read nowhere in src/include/python: {sorted(documented - read)}"
+
+
+def test_core_reads_the_environment_in_one_place():
+    """Every MXMOE_* variable of the C++/CUDA core goes through its one reader (parsed once, invalid
+    values an error): no getenv elsewhere in src/ or include/."""
+    reader = ROOT / "src" / "core" / "common" / "env.cpp"
+    assert re.search(r"\bgetenv\s*\(", _text(reader)), "the environment reader no longer calls getenv"
+    others = [str(p.relative_to(ROOT)) for p in _files(("src", "include"), CODE_SUFFIXES - {".py"})
+              if p != reader and re.search(r"\bgetenv\s*\(", _text(p))]
+    assert not others, f"getenv outside src/core/common/env.cpp: {others}"
 
 
 def test_env_reference_lists_exactly_the_script_variables():

@@ -1,19 +1,18 @@
 #include "common/parallel.hpp"
 
 #include <algorithm>
-#include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <thread>
 #include <vector>
 
+#include "common/env.hpp"
+
 namespace mxmoe {
 
 int num_threads() {
-  if (const char* env = std::getenv("MXMOE_NUM_THREADS")) {
-    const int n = std::atoi(env);
-    if (n > 0) return n;
-  }
+  const int n = env::settings().num_threads;
+  if (n != env::Settings::kUnset) return n;
   const unsigned hw = std::thread::hardware_concurrency();
   return hw == 0 ? 1 : static_cast<int>(hw);
 }

@@ -454,13 +454,12 @@ void grouped_mm_tile128(const GroupedMMArgs& a, void* workspace, int64_t workspa
   }
   const bool bias = a.bias.present;
   const bool bias_bf16 = bias && a.bias.t.dtype == MXMOE_DTYPE_BF16;
+  // The launch's configuration (sm90/sm90_config.hpp): the own sm_90a kernel (sm90/: one launch, E8M0
+  // scales read in the mainloop, group table built on the device) or the CUTLASS path below.
+  gemm::Sm90GemmConfig cfg =
+      gemm::select_sm90_config(gemm::Sm90Pass::kGroupedM, M, N, K, G, a.out.dtype == MXMOE_DTYPE_BF16);
 #if defined(MXMOE_HAVE_CUTLASS)
-  // The own sm_90a kernel (sm90/): one launch, E8M0 scales read in the mainloop, group table
-  // built on the device. By default it runs where it measured faster than the CUTLASS path below
-  // (fine-grained experts, M >= 64K rows); MXMOE_GEMM_SM90 forces either.
-  const gemm::Sm90Kernel choice = gemm::sm90_kernel_choice();
-  if (choice == gemm::Sm90Kernel::kOwn || choice == gemm::Sm90Kernel::kOwnOnly ||
-      (choice == gemm::Sm90Kernel::kAuto && gemm::sm90_prefers_own(M, N, K))) {
+  if (cfg.impl == gemm::Sm90Impl::kOwn) {
     gemm::GroupedMRun r;
     r.m = M;
     r.n = N;
@@ -484,12 +483,18 @@ void grouped_mm_tile128(const GroupedMMArgs& a, void* workspace, int64_t workspa
     r.sm_count = props.sm_count;
     r.device = a.a.device;
     r.stream = stream;
-    if (gemm::sm90_grouped_m(r)) return;
-    if (choice == gemm::Sm90Kernel::kOwnOnly)
+    if (gemm::sm90_grouped_m(r, cfg)) {
+      gemm::note_config(cfg);
+      return;
+    }
+    if (cfg.own_only)
       fail(what, ": MXMOE_GEMM_SM90=mxmoe-only, but the sm90 kernel does not take this call (K = ", K, ", G = ", G,
            ", 16-byte aligned a and b required)");
+    cfg.use_cutlass();
+    cfg.declined = true;
   }
 #endif
+  gemm::note_config(cfg);
   tile128::FwdPlan p;
   p.groups = G;
   p.m = M;
@@ -544,10 +549,11 @@ void grouped_mm_tile128(const GroupedMMArgs& a, void* workspace, int64_t workspa
   check_launch(what);
   // 3. The CUTLASS GEMM.
 #if defined(MXMOE_HAVE_CUTLASS)
+  const tile128::Schedule sched{cfg.raster_n, cfg.swizzle};
   if (a.out.dtype == MXMOE_DTYPE_BF16)
-    tile128::fwd_run_bf16(p);
+    tile128::fwd_run_bf16(p, sched);
   else
-    tile128::fwd_run_f32(p);
+    tile128::fwd_run_f32(p, sched);
 #endif
 }
 
@@ -564,12 +570,12 @@ void grouped_mm_tile128_kgroups(const GroupedMMKArgs& a, void* workspace, int64_
   if (G == 0 || N == 0 || K == 0) return;
   const auto* A = static_cast<const uint8_t*>(a.a.data);
   const auto* B = static_cast<const uint8_t*>(a.b.data);
+  // The launch's configuration (sm90/sm90_config.hpp): the own sm_90a K-grouped kernel (sm90/: one
+  // launch, no staging, E8M0 scales read in the kernel, group tables built on the device) or CUTLASS.
+  gemm::Sm90GemmConfig cfg =
+      gemm::select_sm90_config(gemm::Sm90Pass::kGroupedK, M, N, K, G, a.out.dtype == MXMOE_DTYPE_BF16);
 #if defined(MXMOE_HAVE_CUTLASS)
-  // The own sm_90a K-grouped kernel (sm90/): one launch, no staging, E8M0 scales read in the
-  // kernel, group tables built on the device; MXMOE_GEMM_SM90 picks it or CUTLASS as for the forward.
-  const gemm::Sm90Kernel choice = gemm::sm90_kernel_choice();
-  if (choice == gemm::Sm90Kernel::kOwn || choice == gemm::Sm90Kernel::kOwnOnly ||
-      (choice == gemm::Sm90Kernel::kAuto && gemm::sm90_prefers_own_wgrad(K))) {
+  if (cfg.impl == gemm::Sm90Impl::kOwn) {
     gemm::GroupedKRun r;
     r.m = M;
     r.n = N;
@@ -590,12 +596,18 @@ void grouped_mm_tile128_kgroups(const GroupedMMKArgs& a, void* workspace, int64_
     r.sm_count = props.sm_count;
     r.device = a.a.device;
     r.stream = stream;
-    if (gemm::sm90_grouped_k(r)) return;
-    if (choice == gemm::Sm90Kernel::kOwnOnly)
+    if (gemm::sm90_grouped_k(r, cfg)) {
+      gemm::note_config(cfg);
+      return;
+    }
+    if (cfg.own_only)
       fail(what, ": MXMOE_GEMM_SM90=mxmoe-only, but the sm90 wgrad kernel does not take this call (M = ", M,
            ", K = ", K, ", G = ", G, ", 16-byte aligned a, b and row strides required)");
+    cfg.use_cutlass();
+    cfg.declined = true;
   }
 #endif
+  gemm::note_config(cfg);
   // Groups are read in place when TMA can address them: 16-byte aligned base and row stride, and a
   // first token at a multiple of 16. Otherwise their columns are staged (one extra read + write of
   // those columns of both operands).
@@ -668,10 +680,11 @@ void grouped_mm_tile128_kgroups(const GroupedMMKArgs& a, void* workspace, int64_
   check_launch(what);
   // 3. The CUTLASS GEMM.
 #if defined(MXMOE_HAVE_CUTLASS)
+  const tile128::Schedule sched{cfg.raster_n, cfg.swizzle};
   if (a.out.dtype == MXMOE_DTYPE_BF16)
-    tile128::kg_run_bf16(p);
+    tile128::kg_run_bf16(p, sched);
   else
-    tile128::kg_run_f32(p);
+    tile128::kg_run_f32(p, sched);
 #endif
 }
 

@@ -73,12 +73,18 @@ size_t fwd_desc_bytes_f32(int groups, int sm_count);
 size_t kg_desc_bytes_bf16(int groups, int sm_count);
 size_t kg_desc_bytes_f32(int groups, int sm_count);
 
+// The tile order of CUTLASS's persistent scheduler (Sm90GemmConfig's raster_n / swizzle).
+struct Schedule {
+  bool raster_n = false;  // along N (else along M)
+  int swizzle = 1;        // max swizzle size
+};
+
 // Launch the CUTLASS grouped GEMM alone on plan.stream (the descriptors come from the info+descriptor
 // kernel launched before it, *_info_desc_* in gemm_tile128.cu). Throw mxmoe::Error.
-void fwd_run_bf16(const FwdPlan& p);
-void fwd_run_f32(const FwdPlan& p);
-void kg_run_bf16(const KgPlan& p);
-void kg_run_f32(const KgPlan& p);
+void fwd_run_bf16(const FwdPlan& p, const Schedule& s);
+void fwd_run_f32(const FwdPlan& p, const Schedule& s);
+void kg_run_bf16(const KgPlan& p, const Schedule& s);
+void kg_run_f32(const KgPlan& p, const Schedule& s);
 
 }  // namespace tile128
 }  // namespace cuda

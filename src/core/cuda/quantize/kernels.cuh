@@ -82,11 +82,14 @@ struct RowParams {
   int mode;
 };
 
-// Family launchers: each takes a request its family serves (quantize.cu's routing) and launches it on
-// `stream` (nothing when there is no work). Throw mxmoe::Error.
+// Family launchers: each takes a request its family serves (quantize.cu's routing, with the route's
+// settings: quantize_route.hpp) and launches it on `stream` (nothing when there is no work). Throw
+// mxmoe::Error. launch_tile: p.stages as routed (0 direct loads, 2 or 3; 3 -> 2 where it does not
+// fit). launch_warp: budget 0 the cp.async-ring kernel, else the direct-load kernel's CTAs per SM
+// (2, 3, 4).
 void launch_tile(Params& p, bool bf16, int device, cudaStream_t stream);
 void launch_slab(Params& p, bool bf16, int device, cudaStream_t stream);
-void launch_warp(Params& p, int warp_env, int device, cudaStream_t stream);
+void launch_warp(Params& p, int budget, int device, cudaStream_t stream);
 void launch_rows(const RowParams& rp, bool bf16, int row_block, bool pf, int device, cudaStream_t stream);
 
 }  // namespace quant

@@ -575,12 +575,6 @@ void launch_typed(Params& p, int device, cudaStream_t stream) {
   auto occupancy = [&](auto kernel, int stages) {
     return cuda::occupancy(kernel, device, NT, stages * p.stage_bytes + p.tr_bytes + table_bytes);
   };
-  // Default: direct register loads (stages = 0; measured faster than the cp.async pipeline, see
-  // docs/design/quantize.md). MXMOE_QUANT_STAGES=2|3 selects the cp.async pipeline (measurements).
-  static const int forced = [] {
-    const char* e = std::getenv("MXMOE_QUANT_STAGES");
-    return e ? std::atoi(e) : 0;
-  }();
   static int max_smem_cached = -1;  // the same for every device of one machine (H200s)
   int max_smem = max_smem_cached;
   if (max_smem < 0) {
@@ -588,7 +582,7 @@ void launch_typed(Params& p, int device, cudaStream_t stream) {
     max_smem_cached = max_smem;
   }
   const int fixed = p.tr_bytes + table_bytes + static_cast<int>(sizeof(Smem));
-  p.stages = p.src.kind != 0 ? 0 : forced;  // computed inputs: direct loads only
+  // p.stages as routed (quantize_route.hpp): 0 direct register loads, or the cp.async pipeline's depth.
   if (p.stages == 3 && 3 * p.stage_bytes + fixed > max_smem) p.stages = 2;
   if (p.stages != 0 && p.stages != 3) p.stages = 2;
   int blocks = 0;

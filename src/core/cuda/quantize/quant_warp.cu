@@ -1,5 +1,6 @@
 // The warp-tile kernels: columnwise 32x1 quantization (with or without 1x32 rowwise) and the
 // dequantization along R, one 32-row tile per warp.
+#include "common/env.hpp"
 #include "cuda/quantize/kernels.cuh"
 
 namespace mxmoe {
@@ -373,18 +374,14 @@ __global__ void __launch_bounds__(NW, MINB) dequant_warp_kernel(const __grid_con
 
 namespace quant {
 
-void launch_warp(Params& p, int warp_env, int device, cudaStream_t stream) {
+void launch_warp(Params& p, int budget, int device, cudaStream_t stream) {
   p.P = static_cast<int>(cdiv(p.R, 32) + (p.grouped ? p.G + 1 : 0));
   p.ctiles = static_cast<int>(cdiv(p.C, 64));
   p.tiles = static_cast<long long>(p.B) * p.P * p.ctiles;
   if (p.tiles <= 0) return;
   if (p.tiles > 0x7FFFFFFFLL) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: too many tiles for one launch");
-  // MXMOE_QUANT_WARP_PIPE=0: direct register loads instead of the cp.async ring (measurements).
-  static const int pipe_env = [] {
-    const char* e = std::getenv("MXMOE_QUANT_WARP_PIPE");
-    return e ? std::atoi(e) : 1;
-  }();
-  const bool pipe = pipe_env != 0;
+  // budget 0: the cp.async ring; else direct register loads with that CTAs-per-SM register budget.
+  const bool pipe = budget == 0;
   const int smem = (p.table ? 3 * kMaxTable * 4 : 0) + (pipe ? (NW / 32) * 2 * kWarpTileBytes : 0);
   auto go = [&](auto kernel) {
     const int blocks = occupancy(kernel, device, NW, smem), sms = sm_count(device);
@@ -393,10 +390,9 @@ void launch_warp(Params& p, int warp_env, int device, cudaStream_t stream) {
     kernel<<<static_cast<unsigned>(grid), NW, smem, stream>>>(p);
     cuda_check(cudaGetLastError(), "quantize: kernel launch");
   };
-  // CTAs-per-SM register budget: 2 by default (3 measured equal, 4 spills and is slower).
   if (pipe) go(quant_warp_kernel<2, true>);
-  else if (warp_env == 3) go(quant_warp_kernel<3, false>);
-  else if (warp_env == 4) go(quant_warp_kernel<4, false>);
+  else if (budget == 3) go(quant_warp_kernel<3, false>);
+  else if (budget == 4) go(quant_warp_kernel<4, false>);
   else go(quant_warp_kernel<2, false>);
 }
 
@@ -406,13 +402,10 @@ void launch_warp(Params& p, int warp_env, int device, cudaStream_t stream) {
 // not one it takes (the caller then runs the 128x128-tile kernel). MXMOE_DEQUANT_WARP=0 disables it
 // (A/B measurements).
 bool dequantize_along_r_warp(const DequantizeArgs& a) {
-  static const int env = [] {
-    const char* e = std::getenv("MXMOE_DEQUANT_WARP");
-    return e ? std::atoi(e) : 1;
-  }();
+  const bool enabled = env::settings().dequant_warp;
   const int64_t B = a.q.shape[0], R = a.q.shape[1], C = a.q.shape[2];
   const bool grouped = a.offs.present;
-  if (!env || a.axis != 0 || a.out.dtype != MXMOE_DTYPE_BF16 || C % 8 != 0 || !aligned(a.q.data, 8) ||
+  if (!enabled || a.axis != 0 || a.out.dtype != MXMOE_DTYPE_BF16 || C % 8 != 0 || !aligned(a.q.data, 8) ||
       !aligned(a.out.data, 16) || (grouped && a.offs.t.shape[0] > kMaxTable) || R >= (int64_t{1} << 31) - 256 ||
       C >= (int64_t{1} << 31) - 256)
     return false;

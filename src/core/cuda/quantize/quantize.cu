@@ -2,10 +2,11 @@
 // 3D per expert; mxmoe_quantize_fused: rowwise + columnwise sides from one read of x, MX round trip
 // to bf16/f32 in both orientations, scales straight into the blocked layout): the host side that
 // fills the request parameters and routes each request to the family that serves it best
-// (measured, docs/design/quantize.md): the tile128 pass kernel (tile128_bf16.cu), the
-// rowwise streaming kernel (quant_rows.cu), the warp-tile kernel (quant_warp.cu), the slab kernel
+// (quantize_route.hpp: measured, docs/design/quantize.md): the tile128 pass kernel (tile128_bf16.cu),
+// the rowwise streaming kernel (quant_rows.cu), the warp-tile kernel (quant_warp.cu), the slab kernel
 // (quant_slab.cu) or the tile kernel (quant_tile.cu), which takes every request.
 #include "cuda/quantize/kernels.cuh"
+#include "cuda/quantize/quantize_route.hpp"
 #include "cuda/quantize/tile128_bf16.cuh"
 
 namespace mxmoe {
@@ -33,32 +34,17 @@ void fill_side(SideP& s, const OptTensor& q, const OptTensor& qt, const OptTenso
   s.sc_vec = s.scale == nullptr || (aligned(s.scale, 4) && (C / 32) % 4 == 0);
 }
 
-// The tile128 recipe's passes (tile128_bf16.cu): bf16 x (or a bf16 computed input), 16-byte
-// aligned rows of C % 8 == 0 elements, at most kMaxTable groups, compact scales only; rowwise 1x128
-// codes and/or columnwise 128x1 transposed codes, or the 128x128 tile quantization (codes in either
-// orientation, both scale layouts). MXMOE_QUANT_TILE128=0 keeps them on the general kernels (A/B runs).
-bool run_tile128_pass(const Params& p, const mxmoe_tensor& x, int device, cudaStream_t stream) {
-  static const int env = [] {
-    const char* e = std::getenv("MXMOE_QUANT_TILE128");
-    return e ? std::atoi(e) : 1;
-  }();
-  if (!env || x.dtype != MXMOE_DTYPE_BF16 || !p.x_vec || (p.grouped && !p.table)) return false;
-  if (!p.row_on && !p.col_on) return false;
+// The tile128 recipe's pass of a request it takes (quantize_route.cpp, tile128_takes): rowwise 1x128
+// codes and/or columnwise 128x1 transposed codes, or the 128x128 tile quantization.
+void run_tile128_pass(const Params& p, int device, cudaStream_t stream) {
   const SideP &r = p.row, &c = p.col;
-  auto plain = [](const SideP& sd) { return !sd.blocked && !sd.dq && !sd.dqt && (!sd.q || aligned(sd.q, 8)); };
-  if ((p.row_on && !plain(r)) || (p.col_on && !plain(c))) return false;
   Tile128Pass a;
   if (p.tile) {
-    if (p.src.kind != 0) return false;  // weights are tensors; a computed input stays on the tile kernel
-    if (p.col_on && c.q) return false;  // codes in x's orientation come from the row side only
-    if (p.row_on && p.col_on && r.qt && c.qt) return false;
     a.q = p.row_on ? r.q : nullptr;
     a.qt = p.row_on && r.qt ? r.qt : (p.col_on ? c.qt : nullptr);
     a.scale_c = p.row_on ? r.scale : nullptr;
     a.scale_r = p.col_on ? c.scale : nullptr;
   } else {
-    if (p.row_on && (p.row_block != 128 || r.qt)) return false;
-    if (p.col_on && (p.col_block != 128 || c.q)) return false;
     a.row_codes = p.row_on;
     a.col_codes = p.col_on;
     if (p.row_on) a.q = r.q, a.scale_c = r.scale;
@@ -76,7 +62,28 @@ bool run_tile128_pass(const Params& p, const mxmoe_tensor& x, int device, cudaSt
   a.n_r = p.n_r;
   a.src = p.src;
   launch_tile128_pass(a, device, stream);
-  return true;
+}
+
+// Alignment of a base pointer in bytes, up to 16 (16 for none).
+int alignment(const void* ptr) {
+  int a = 16;
+  while (ptr && a > 1 && !aligned(ptr, a)) a /= 2;
+  return a;
+}
+
+RouteSide route_side(const SideP& s) {
+  RouteSide r;
+  r.q = s.q != nullptr;
+  r.qt = s.qt != nullptr;
+  r.scale = s.scale != nullptr;
+  r.blocked = s.blocked != nullptr;
+  r.dq = s.dq != nullptr;
+  r.dqt = s.dqt != nullptr;
+  r.dq_f32 = s.dq_f32;
+  r.dqt_f32 = s.dqt_f32;
+  r.q_align = alignment(s.q);
+  r.dq_align = alignment(s.dq);
+  return r;
 }
 
 void launch(Params& p, const mxmoe_tensor& x, const OptTensor& offs, void* stream) {
@@ -99,69 +106,52 @@ void launch(Params& p, const mxmoe_tensor& x, const OptTensor& offs, void* strea
   p.tiles = static_cast<long long>(p.B) * p.P * p.ctiles;
   const bool bf16 = x.dtype == MXMOE_DTYPE_BF16;
   p.x_vec = aligned(x.data, 16) && p.C % (bf16 ? 8 : 4) == 0;
+  // The route (quantize_route.hpp): which kernel family serves the request, and its settings.
+  QuantizeRequest q;
+  q.B = p.B;
+  q.R = p.R;
+  q.C = p.C;
+  q.bf16 = bf16;
+  q.x_align8 = aligned(x.data, 8);
+  q.x_vec = p.x_vec;
+  q.src_kind = p.src.kind;
+  q.row_on = p.row_on;
+  q.col_on = p.col_on;
+  q.row_block = p.row_block;
+  q.col_block = p.col_block;
+  q.tile = p.tile;
+  q.grouped = p.grouped;
+  q.groups = p.G;
+  q.table = p.table;
+  q.row = route_side(p.row);
+  q.col = route_side(p.col);
+  const QuantizeRoute route = select_quantize_route(q);
+  note_route(q, route);
+  p.order = route.order;
   DeviceGuard guard(x.device);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  static const int stream_env = [] {
-    const char* e = std::getenv("MXMOE_QUANT_STREAM");
-    return e ? std::atoi(e) : 1;
-  }();
-  static const int order_env = [] {
-    const char* e = std::getenv("MXMOE_QUANT_ORDER");
-    return e ? std::atoi(e) : 1;
-  }();
-  p.order = order_env;
-  if (p.src.kind != 0) {
-    // Computed inputs: the tile128 pass kernel where it takes the request, else the tile kernel
-    // (every blocking, both sides, one pass).
-    if (run_tile128_pass(p, x, x.device, s)) return;
-    if (p.tiles > 0x7FFFFFFFLL) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: too many tiles for one launch");
-    launch_tile(p, bf16, x.device, s);
-    return;
+  switch (route.kernel) {
+    case QuantKernel::kRows: {
+      const SideP& r = p.row;
+      RowParams rp{x.data, r.q, r.scale, r.dq, r.dq_f32, static_cast<long long>(p.B) * p.R * (p.C / 8), p.mode};
+      launch_rows(rp, bf16, p.row_block, route.rows_pipelined, x.device, s);
+      return;
+    }
+    case QuantKernel::kTile128:
+      run_tile128_pass(p, x.device, s);
+      return;
+    case QuantKernel::kWarp:
+      launch_warp(p, route.warp_pipe ? 0 : route.warp_budget, x.device, s);
+      return;
+    case QuantKernel::kSlab:
+      launch_slab(p, bf16, x.device, s);
+      return;
+    case QuantKernel::kTile:
+      if (p.tiles > 0x7FFFFFFFLL) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: too many tiles for one launch");
+      p.stages = route.stages;
+      launch_tile(p, bf16, x.device, s);
+      return;
   }
-  // Rowwise only, outputs in x's orientation, aligned: the streaming kernel.
-  const SideP& r = p.row;
-  if (stream_env && p.row_on && !p.col_on && !p.tile && p.row_block > 0 && !r.qt && !r.dqt && !r.blocked &&
-      p.x_vec && (p.row_block == 32 || p.C % 128 == 0) && (!r.q || aligned(r.q, 8)) && (!r.dq || aligned(r.dq, 16))) {
-    RowParams rp{x.data, r.q, r.scale, r.dq, r.dq_f32, static_cast<long long>(p.B) * p.R * (p.C / 8), p.mode};
-    launch_rows(rp, bf16, p.row_block, stream_env != 2, x.device, s);  // MXMOE_QUANT_STREAM=2: no pipelining
-    return;
-  }
-  if (run_tile128_pass(p, x, x.device, s)) return;
-  static const int warp_env = [] {
-    const char* e = std::getenv("MXMOE_QUANT_WARP");
-    return e ? std::atoi(e) : 1;
-  }();
-  // 32x1 columnwise (optionally with 1x32 rowwise in x's orientation), bf16 in, compact scales: the
-  // warp-tile kernel. Transposed outputs may have any alignment (handled on the device).
-  auto warp_side_ok = [](const SideP& sd, bool row_side) {
-    if (sd.blocked || sd.dq_f32 || sd.dqt_f32) return false;
-    if (row_side && (sd.qt || sd.dqt)) return false;
-    return (!sd.q || aligned(sd.q, 4)) && (!sd.dq || aligned(sd.dq, 8));
-  };
-  // Default route (measured, docs/design/quantize.md): only requests whose column side is
-  // round trips in x's orientation (the sm90 exact recipe's dY pass), where the warp-tile kernel
-  // beat the slab kernel on every shape; codes and transposed outputs stay on the slab kernel
-  // (equal or better there, 2x better with jagged groups). MXMOE_QUANT_WARP=2|3|4 sends every
-  // eligible request here (A/B runs), 0 none.
-  const bool warp_default = !p.col.q && !p.col.qt && !p.col.dqt;
-  if (warp_env && (warp_env >= 2 || warp_default) && bf16 && aligned(x.data, 8) && p.C % 8 == 0 && !p.tile &&
-      p.col_on && p.col_block == 32 &&
-      warp_side_ok(p.col, false) &&
-      (!p.row_on || (p.row_block == 32 && p.C % 32 == 0 && warp_side_ok(p.row, true))) && (!p.grouped || p.table)) {
-    launch_warp(p, warp_env, x.device, s);
-    return;
-  }
-  static const int slab_env = [] {
-    const char* e = std::getenv("MXMOE_QUANT_SLAB");
-    return e ? std::atoi(e) : 1;
-  }();
-  // Blocks of at most 32 rows (no 128x1, no 128x128) and a group table that fits: 32-row slabs.
-  if (slab_env && !p.tile && p.col_block != 128 && (!p.grouped || p.table)) {
-    launch_slab(p, bf16, x.device, s);
-    return;
-  }
-  if (p.tiles > 0x7FFFFFFFLL) fail_status(MXMOE_ERR_UNSUPPORTED, "quantize: too many tiles for one launch");
-  launch_tile(p, bf16, x.device, s);
 }
 
 }  // namespace

@@ -19,7 +19,6 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <mutex>
 #include <vector>
 
@@ -126,12 +125,12 @@ struct Desc {
 
 inline size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
 
-// for_launch = false (workspace sizing): the device id and the scheduler knobs are left at their
+// sched = nullptr (workspace sizing): the device id and the scheduler knobs are left at their
 // defaults; CUTLASS's workspace size depends on neither (the group scheduler needs no workspace, the
-// SM count is given), and this saves the cudaGetDevice + getenv calls of the sizing queries.
+// SM count is given), and this saves the cudaGetDevice call of the sizing queries.
 template <class Cfg>
 typename Cfg::Gemm::Arguments make_args(const Desc<Cfg>& d, int groups, int sm_count, bool bias,
-                                        bool for_launch = true) {
+                                        const Schedule* sched) {
   typename Cfg::Gemm::Arguments args{};
   args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
   args.problem_shape = {groups, d.problem, nullptr};  // shapes on the device only
@@ -143,15 +142,13 @@ typename Cfg::Gemm::Arguments make_args(const Desc<Cfg>& d, int groups, int sm_c
   // EVT arguments: {acc fetch, bias row broadcast, plus}.
   args.epilogue.thread = {{}, {bias ? d.ptr_bias : nullptr, 0.0f, {}}, {}};
   args.hw_info.sm_count = sm_count;
-  if (!for_launch) return args;
+  if (!sched) return args;
   cudaGetDevice(&args.hw_info.device_id);
-  // Tile order of the persistent scheduler (tuning knobs, read per call; defaults measured in
-  // docs/design/gemm-sm90.md): MXMOE_TILE128_RASTER = m (default) | n, MXMOE_TILE128_SWIZZLE = 1|2|4|8.
+  // Tile order of the persistent scheduler (the call's Sm90GemmConfig; defaults measured in
+  // docs/design/gemm-sm90.md).
   using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
-  const char* raster = std::getenv("MXMOE_TILE128_RASTER");
-  args.scheduler.raster_order = (raster && raster[0] == 'n') ? Raster::AlongN : Raster::AlongM;
-  const char* swizzle = std::getenv("MXMOE_TILE128_SWIZZLE");
-  args.scheduler.max_swizzle_size = swizzle ? std::atoi(swizzle) : 1;
+  args.scheduler.raster_order = sched->raster_n ? Raster::AlongN : Raster::AlongM;
+  args.scheduler.max_swizzle_size = sched->swizzle;
   return args;
 }
 
@@ -178,7 +175,7 @@ size_t carve(void* base, int groups, int sm_count, Desc<Cfg>* out) {
   d.stride_d = reinterpret_cast<typename Cfg::StrideD*>(take(g * sizeof(typename Cfg::StrideD)));
   d.layout_sfa = reinterpret_cast<typename Cfg::LayoutSFA*>(take(g * sizeof(typename Cfg::LayoutSFA)));
   d.layout_sfb = reinterpret_cast<typename Cfg::LayoutSFB*>(take(g * sizeof(typename Cfg::LayoutSFB)));
-  const size_t ws = Cfg::Gemm::get_workspace_size(make_args<Cfg>(d, groups, sm_count, false, false));
+  const size_t ws = Cfg::Gemm::get_workspace_size(make_args<Cfg>(d, groups, sm_count, false, nullptr));
   d.cutlass_ws = take(ws);
   if (out) *out = d;
   return off;
@@ -388,7 +385,8 @@ void kg_info_desc(const KgPlan& p, const int32_t* offs, int64_t offs_s, int stag
 // checks of the mainloop and the epilogue are skipped without host shapes, the group scheduler
 // accepts every argument and the EVT epilogue has no beta. Its answer is the same for every call.
 template <class Cfg>
-void gemm(const Desc<Cfg>& d, int groups, int sm_count, bool bias, cudaStream_t stream, const char* what) {
+void gemm(const Desc<Cfg>& d, int groups, int sm_count, bool bias, const Schedule& sched, cudaStream_t stream,
+          const char* what) {
   using Gemm = typename Cfg::Gemm;
   using GemmKernel = typename Gemm::GemmKernel;
   static_assert(!Gemm::kEnableCudaHostAdapter, "the launch below replicates the adapter without a host adapter");
@@ -398,7 +396,7 @@ void gemm(const Desc<Cfg>& d, int groups, int sm_count, bool bias, cudaStream_t 
                 "GemmUniversalAdapter launches a static 1x1x1 cluster through a different path");
   constexpr int smem = static_cast<int>(GemmKernel::SharedStorageSize);
 
-  auto args = make_args<Cfg>(d, groups, sm_count, bias);
+  auto args = make_args<Cfg>(d, groups, sm_count, bias, &sched);
   static const cutlass::Status implementable = Gemm::can_implement(args);
   check_cutlass(implementable, what);
   set_kernel_attributes_once<GemmKernel>(args.hw_info.device_id, what);
@@ -417,10 +415,10 @@ void gemm(const Desc<Cfg>& d, int groups, int sm_count, bool bias, cudaStream_t 
 }
 
 template <class Cfg, class Plan>
-void run(const Plan& p, bool bias, const char* what) {
+void run(const Plan& p, bool bias, const Schedule& sched, const char* what) {
   Desc<Cfg> d{};
   carve<Cfg>(p.desc, p.groups, p.sm_count, &d);
-  gemm<Cfg>(d, p.groups, p.sm_count, bias, p.stream, what);
+  gemm<Cfg>(d, p.groups, p.sm_count, bias, sched, p.stream, what);
 }
 
 }  // namespace sm90
@@ -441,8 +439,8 @@ void run(const Plan& p, bool bias, const char* what) {
   void fwd_info_desc_##SUFFIX(const FwdPlan& p, const int32_t* offs, int64_t offs_s) {               \
     sm90::fwd_info_desc<FwdCfg_##SUFFIX>(p, offs, offs_s, "grouped_mm_tile128");                     \
   }                                                                                                  \
-  void fwd_run_##SUFFIX(const FwdPlan& p) {                                                          \
-    sm90::run<FwdCfg_##SUFFIX>(p, p.bias != nullptr, "grouped_mm_tile128");                          \
+  void fwd_run_##SUFFIX(const FwdPlan& p, const Schedule& s) {                                      \
+    sm90::run<FwdCfg_##SUFFIX>(p, p.bias != nullptr, s, "grouped_mm_tile128");                       \
   }                                                                                                  \
   }}}
 
@@ -455,7 +453,7 @@ void run(const Plan& p, bool bias, const char* what) {
   void kg_info_desc_##SUFFIX(const KgPlan& p, const int32_t* offs, int64_t offs_s, int stage_mode) { \
     sm90::kg_info_desc<KgCfg_##SUFFIX>(p, offs, offs_s, stage_mode, "grouped_mm_tile128_kgroups");   \
   }                                                                                                  \
-  void kg_run_##SUFFIX(const KgPlan& p) {                                                            \
-    sm90::run<KgCfg_##SUFFIX>(p, false, "grouped_mm_tile128_kgroups");                               \
+  void kg_run_##SUFFIX(const KgPlan& p, const Schedule& s) {                                        \
+    sm90::run<KgCfg_##SUFFIX>(p, false, s, "grouped_mm_tile128_kgroups");                            \
   }                                                                                                  \
   }}}

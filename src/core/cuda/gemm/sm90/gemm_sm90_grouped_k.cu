@@ -1,4 +1,5 @@
-// Host side of the sm_90a K-grouped (wgrad) FP8 GEMM: TMA descriptors, launch.
+// Host side of the sm_90a K-grouped (wgrad) FP8 GEMM: TMA descriptors, the instantiation of a config,
+// launch.
 // sm_90a only (built with the CUTLASS-header SM90 objects, src/core/CMakeLists.txt).
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -9,7 +10,6 @@
 #include "cuda/gemm/sm90/sm90_fp8_grouped_k_1x128_1x128.cuh"
 #include "cuda/gemm/sm90/sm90_grouped_k.hpp"
 #include "cuda/gemm/sm90/sm90_host.hpp"
-#include "cuda/gemm/sm90/sm90_tile_heuristics.hpp"
 
 namespace mxmoe {
 namespace cuda {
@@ -63,31 +63,22 @@ bool launch(const GroupedKRun& r) {
   return true;
 }
 
-// Stages: as many as fit ~210 KB beside the epilogue buffer and the scale slots.
-template <class Out>
-constexpr int stages() {
-  constexpr int stage = 2 * 128 * 128 + sm90::GroupedK<1, Out>::kScaleFloats * 4;
-  constexpr int epi = 2 * 64 * (128 * static_cast<int>(sizeof(Out)) + (sizeof(Out) == 2 ? 16 : 32));
-  constexpr int n = (210 * 1024 - epi) / stage;
-  return n > 6 ? 6 : n;
-}
+static_assert(sm90::GroupedK<1, float>::kScaleFloats == kGroupedKScaleFloats,
+              "grouped_k_stages (sm90_config.hpp) counts the kernel's scale slots");
 
+// The instantiation of config c (sm90_config.hpp): cluster and producer.
 template <class Out>
-bool dispatch(const GroupedKRun& r) {
-  constexpr int S = stages<Out>();
-  const bool pairs = grouped_k_cluster(r.m, r.groups) == 2;
-  if (grouped_k_warp_producer())
+bool dispatch(const GroupedKRun& r, const Sm90GemmConfig& c) {
+  constexpr int S = grouped_k_stages(static_cast<int>(sizeof(Out)));
+  const bool pairs = c.cluster == 2;
+  if (c.warp_producer)
     return pairs ? launch<sm90::GroupedK<S, Out, 2, true>>(r) : launch<sm90::GroupedK<S, Out, 1, true>>(r);
   return pairs ? launch<sm90::GroupedK<S, Out, 2>>(r) : launch<sm90::GroupedK<S, Out, 1>>(r);
 }
 
 }  // namespace
 
-bool sm90_prefers_own_wgrad(int64_t k) {
-  return grouped_k_prefer_own(k);
-}
-
-bool sm90_grouped_k(const GroupedKRun& r) {
+bool sm90_grouped_k(const GroupedKRun& r, const Sm90GemmConfig& c) {
   // TMA: 16-byte aligned bases and row strides; int32 shapes and tile counts; 16-byte output chunks.
   if (r.m <= 0 || r.n <= 0 || r.k <= 0 || r.groups <= 0 || r.k % 8 != 0) return false;
   if (reinterpret_cast<uintptr_t>(r.a) % 16 != 0 || reinterpret_cast<uintptr_t>(r.b) % 16 != 0) return false;
@@ -95,7 +86,7 @@ bool sm90_grouped_k(const GroupedKRun& r) {
   if (reinterpret_cast<uintptr_t>(r.out) % 16 != 0) return false;
   if (r.m >= (int64_t{1} << 31) || r.n >= (int64_t{1} << 31) || r.k >= (int64_t{1} << 31)) return false;
   if (r.groups * ((r.n + 127) / 128 * ((r.k + 127) / 128) + 1) >= (int64_t{1} << 31)) return false;
-  return r.out_bf16 ? dispatch<__nv_bfloat16>(r) : dispatch<float>(r);
+  return r.out_bf16 ? dispatch<__nv_bfloat16>(r, c) : dispatch<float>(r, c);
 }
 
 }  // namespace gemm

@@ -1,19 +1,14 @@
-// Host side of the sm_90a M-grouped FP8 GEMM: TMA descriptors, tile choice, launch.
+// Host side of the sm_90a M-grouped FP8 GEMM: TMA descriptors, the instantiation of a config, launch.
 // sm_90a only (built with the CUTLASS-header SM90 objects, src/core/CMakeLists.txt).
 #include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
-#include <mutex>
-#include <vector>
 
 #include "common/error.hpp"
 #include "cuda/gemm/sm90/sm90_fp8_grouped_m_1x128_128x128.cuh"
 #include "cuda/gemm/sm90/sm90_grouped_m.hpp"
 #include "cuda/gemm/sm90/sm90_host.hpp"
-#include "cuda/gemm/sm90/sm90_tile_heuristics.hpp"
 
 namespace mxmoe {
 namespace cuda {
@@ -72,62 +67,47 @@ bool launch(const GroupedMRun& r) {
   return true;
 }
 
-// Stages: as many as fit ~210 KB beside the epilogue buffer (leaving room for the group table).
-template <int BlockN, class Out>
-constexpr int stages() {
-  constexpr int stage = (128 + BlockN) * 128;
-  constexpr int epi = 2 * 64 * BlockN * static_cast<int>(sizeof(Out));  // the staged output boxes
-  constexpr int n = (210 * 1024 - epi) / stage;
-  return n > 6 ? 6 : n;
-}
-
+// The instantiation of config c (sm90_config.hpp): tile width, cluster, producer, and the lean
+// layout's extra stage where it fits beside the group table (else the usual stages).
 template <class Out, int Cluster>
-bool dispatch_n(const GroupedMRun& r) {
-  switch (grouped_m_block_n()) {
+bool dispatch_n(const GroupedMRun& r, Sm90GemmConfig& c) {
+  constexpr int kOut = static_cast<int>(sizeof(Out));
+  switch (c.block_n) {
     case 192:
-      return launch<sm90::GroupedM<192, stages<192, Out>(), Out, Cluster>>(r);
+      return launch<sm90::GroupedM<192, grouped_m_stages(192, kOut), Out, Cluster>>(r);
     case 160:
-      return launch<sm90::GroupedM<160, stages<160, Out>(), Out, Cluster>>(r);
+      return launch<sm90::GroupedM<160, grouped_m_stages(160, kOut), Out, Cluster>>(r);
     default: {
-      // One more stage in the lean layout where it fits (G <= ~240-370; else the usual stages), and / or
-      // the warp producer (sm90_tile_heuristics.hpp).
-      constexpr int S = stages<128, Out>();
-      const bool warp = grouped_m_warp_producer(r.k);
-      if (grouped_m_extra_stage(r.k) &&
-          (warp ? launch<sm90::GroupedM<128, S + 1, Out, Cluster, true, true>>(r)
-                : launch<sm90::GroupedM<128, S + 1, Out, Cluster, true>>(r)))
+      constexpr int S = grouped_m_stages(128, kOut);
+      const bool warp = c.warp_producer;
+      if (c.lean && (warp ? launch<sm90::GroupedM<128, S + 1, Out, Cluster, true, true>>(r)
+                          : launch<sm90::GroupedM<128, S + 1, Out, Cluster, true>>(r)))
         return true;
-      return warp ? launch<sm90::GroupedM<128, S, Out, Cluster, false, true>>(r)
-                  : launch<sm90::GroupedM<128, S, Out, Cluster>>(r);
+      const bool ran = warp ? launch<sm90::GroupedM<128, S, Out, Cluster, false, true>>(r)
+                            : launch<sm90::GroupedM<128, S, Out, Cluster>>(r);
+      if (ran && c.lean) {
+        c.lean = false;
+        c.stages = S;
+      }
+      return ran;
     }
   }
 }
 
 template <class Out>
-bool dispatch(const GroupedMRun& r) {
-  return grouped_m_cluster(r.k) == 2 ? dispatch_n<Out, 2>(r) : dispatch_n<Out, 1>(r);
+bool dispatch(const GroupedMRun& r, Sm90GemmConfig& c) {
+  return c.cluster == 2 ? dispatch_n<Out, 2>(r, c) : dispatch_n<Out, 1>(r, c);
 }
 
 }  // namespace
 
-Sm90Kernel sm90_kernel_choice() {
-  const char* e = std::getenv("MXMOE_GEMM_SM90");
-  if (!e || !*e || std::strcmp(e, "auto") == 0) return Sm90Kernel::kAuto;
-  if (std::strcmp(e, "cutlass") == 0) return Sm90Kernel::kCutlass;
-  if (std::strcmp(e, "mxmoe") == 0) return Sm90Kernel::kOwn;
-  if (std::strcmp(e, "mxmoe-only") == 0) return Sm90Kernel::kOwnOnly;
-  fail("MXMOE_GEMM_SM90: expected auto, cutlass, mxmoe or mxmoe-only, got '", e, "'");
-}
-
-bool sm90_prefers_own(int64_t m, int64_t n, int64_t k) { return grouped_m_prefer_own(m, n, k); }
-
-bool sm90_grouped_m(const GroupedMRun& r) {
+bool sm90_grouped_m(const GroupedMRun& r, Sm90GemmConfig& c) {
   // TMA: 16-byte aligned bases and row strides; int32 coordinates and shapes.
   if (r.k <= 0 || r.k % 16 != 0 || r.groups <= 0) return false;
   if (reinterpret_cast<uintptr_t>(r.a) % 16 != 0 || reinterpret_cast<uintptr_t>(r.b) % 16 != 0) return false;
   if (r.m >= (int64_t{1} << 31) || r.n * r.groups >= (int64_t{1} << 31) || r.k >= (int64_t{1} << 31)) return false;
   if (r.m * r.n >= (int64_t{1} << 62)) return false;
-  return r.out_bf16 ? dispatch<__nv_bfloat16>(r) : dispatch<float>(r);
+  return r.out_bf16 ? dispatch<__nv_bfloat16>(r, c) : dispatch<float>(r, c);
 }
 
 }  // namespace gemm

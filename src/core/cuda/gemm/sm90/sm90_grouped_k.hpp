@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "cuda/gemm/sm90/sm90_config.hpp"
+
 namespace mxmoe {
 namespace cuda {
 namespace gemm {
@@ -33,14 +35,11 @@ struct GroupedKRun {
   cudaStream_t stream = nullptr;
 };
 
-// Whether the default (MXMOE_GEMM_SM90 unset or "auto") runs this kernel for the wgrad
-// (sm90_tile_heuristics.hpp).
-bool sm90_prefers_own_wgrad(int64_t k);
-
-// Launches the kernel on r.stream and returns true, or returns false having launched nothing when
-// the call is outside what the kernel takes (M = 0, row strides or bases not 16-byte aligned, K not
-// a multiple of 8, too many groups for the shared tables); the caller then runs the CUTLASS path.
-bool sm90_grouped_k(const GroupedKRun& r);
+// Launches the kernel instantiation of config c (select_sm90_config, impl own) on r.stream and returns
+// true, or returns false having launched nothing when the call is outside what the kernel takes (M = 0,
+// row strides or bases not 16-byte aligned, K not a multiple of 8, too many groups for the shared
+// tables); the caller then runs the CUTLASS path.
+bool sm90_grouped_k(const GroupedKRun& r, const Sm90GemmConfig& c);
 
 }  // namespace gemm
 }  // namespace cuda

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "cuda/gemm/sm90/sm90_config.hpp"
+
 namespace mxmoe {
 namespace cuda {
 namespace gemm {
@@ -34,20 +36,12 @@ struct GroupedMRun {
   cudaStream_t stream = nullptr;
 };
 
-// Which kernel runs a tile128 pass on Hopper, from MXMOE_GEMM_SM90 (read per call; the wgrad reads it
-// too, with sm90_grouped_k.hpp's kernel as "this kernel"):
-//   unset or "auto"  this kernel where it measured faster (sm90_prefers_own), else CUTLASS's
-//   "cutlass"        the CUTLASS kernel
-//   "mxmoe"          this kernel where it takes the call, else CUTLASS
-//   "mxmoe-only"     this kernel, and an error where it does not take the call (tests)
-enum class Sm90Kernel { kAuto, kCutlass, kOwn, kOwnOnly };
-Sm90Kernel sm90_kernel_choice();
-bool sm90_prefers_own(int64_t m, int64_t n, int64_t k);  // the auto choice (sm90_tile_heuristics.hpp)
-
-// Launches the kernel on r.stream and returns true, or returns false having launched nothing when
-// the call is outside what the kernel takes (K = 0, unaligned bases, too many groups for the
-// shared group table); the caller then runs the CUTLASS path. Throws mxmoe::Error on CUDA errors.
-bool sm90_grouped_m(const GroupedMRun& r);
+// Launches the kernel instantiation of config c (select_sm90_config, impl own) on r.stream and returns
+// true, or returns false having launched nothing when the call is outside what the kernel takes (K = 0,
+// unaligned bases, too many groups for the shared group table); the caller then runs the CUTLASS
+// path. Where c's lean layout does not fit, the usual stages run and c says so. Throws mxmoe::Error on
+// CUDA errors.
+bool sm90_grouped_m(const GroupedMRun& r, Sm90GemmConfig& c);
 
 }  // namespace gemm
 }  // namespace cuda
