@@ -101,6 +101,11 @@ Tensor dequantize_into(const Tensor& q, const Tensor& scale, int32_t axis, const
 void zero_rows_into(const Tensor& x, const Tensor& offs, const Launch& L, const char* op);
 void tile128_mm_into(const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale,
                      const Tensor& offs, const OptTensor& bias, Tensor& out, const Launch& L, const char* op);
+// The tile128 forward / dgrad GEMM on routed rows: out row r reads row perm[r] / k of the per-token
+// operand a (mxmoe_grouped_mm_tile128_gather); row_scale (T, k) f32 scales the rows after the GEMM.
+void tile128_gather_mm_into(const Tensor& a, const Tensor& a_scale, const Tensor& perm, int64_t k,
+                            const OptTensor& row_scale, const Tensor& b, const Tensor& b_scale, const Tensor& offs,
+                            const OptTensor& bias, Tensor& out, const Launch& L, const char* op);
 void tile128_mm_kgroups_into(const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale,
                              const Tensor& offs, Tensor& out, const Launch& L, const char* op);
 Tensor clamp_offsets_into(const Tensor& offs, int64_t m, const Launch& L, const char* op);

@@ -170,10 +170,35 @@ std::vector<Tensor> quantize_fused_input(const char* op, const Input& x, const O
 
 // ---- the phases, on a tensor or a computed input ------------------------------------------------------
 
+// Whether a tile128 GEMM on the gathered rows of `a` runs as the gather GEMM (the per-token operand
+// read through perm, no routed copy): a GATHER source, bf16 output, and a build / device that runs it
+// (the sm_90a kernel, or the CPU reference).
+bool gather_gemm(const Input& a, const Tensor& w, const Tensor& offs, ScalarType out_dtype, const Launch& L) {
+  if (a.kind != MXMOE_SOURCE_GATHER || out_dtype != ScalarType::BFloat16 || w.dim() != 3) return false;
+  return mxmoe_grouped_mm_tile128_gather_available(a.rows(), w.size(1), w.size(2), offs.size(0), a.a.size(0), a.k,
+                                                   L.device) == 1;
+}
+
 std::tuple<Tensor, Tensor, Tensor> tile128_forward(const char* op, const Input& a, const Tensor& w_q,
                                                    const Tensor& w_scale, const Tensor& offs, const OptTensor& bias,
                                                    int64_t mode, ScalarType out_dtype, bool want_a_col) {
   Launch L(a.a);
+  if (!a.row_scale && gather_gemm(a, w_q, offs, out_dtype, L)) {
+    // The dispatched rows of x: x quantized once per token (1x128 along K, the same codes the routed
+    // rows would get) and read by the GEMM through perm; the wgrad operand (128x1 along the routed
+    // rows per group) from its own pass over the gathered rows.
+    const Input x(a.a);
+    Side x_row(x, std::nullopt, true, kQ | kScale, ScalarType::BFloat16, L.device, op);
+    Side x_none(x, std::nullopt, false, 0, ScalarType::BFloat16, L.device, op);
+    run_fused(op, x, std::nullopt, 128, 128, false, mode, x_row, x_none, L);
+    Side a_none(a, offs, true, 0, ScalarType::BFloat16, L.device, op);
+    Side a_col(a, offs, false, want_a_col ? (kQT | kScale) : 0, ScalarType::BFloat16, L.device, op);
+    if (want_a_col) run_fused(op, a, offs, 128, 128, false, mode, a_none, a_col, L);
+    Tensor out = empty({a.rows(), w_q.size(-2)}, out_dtype, L.device);
+    tile128_gather_mm_into(x_row.q(), x_row.scale(), *a.perm, a.k, std::nullopt, w_q, w_scale, offs, bias, out, L,
+                           op);
+    return {out, a_col.out(1), a_col.out(2)};
+  }
   // One read of A: its forward operand (1x128 along K) and its wgrad operand (128x1 along M per group).
   Side a_row(a, offs, true, kQ | kScale, ScalarType::BFloat16, L.device, op);
   Side a_col(a, offs, false, want_a_col ? (kQT | kScale) : 0, ScalarType::BFloat16, L.device, op);
