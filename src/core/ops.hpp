@@ -213,6 +213,15 @@ struct MoeWeightGradArgs {
   void* stream = nullptr;
 };
 
+// dw[t, j] = <dy[inv[t, j]], swiglu(h[inv[t, j]])> (mxmoe_moe_swiglu_weight_grad).
+struct MoeSwigluWeightGradArgs {
+  mxmoe_tensor dy{}, h{}, inv{};  // (N, I) bf16|f32, (N, 2I) bf16, (T, k)
+  mxmoe_tensor dw{};              // (T, k) f32
+  int32_t layout = 0;
+  float alpha = 1.f, limit = 0.f, up_offset = 0.f;
+  void* stream = nullptr;
+};
+
 struct MoeGroupSumArgs {
   mxmoe_tensor x{}, offs{};  // (M, C), (G,)
   mxmoe_tensor out{};        // (G, C) f32
@@ -234,6 +243,7 @@ void moe_routing(const MoeRoutingArgs& args);
 void moe_gather(const MoeGatherArgs& args);
 void moe_combine(const MoeCombineArgs& args);
 void moe_combine_weight_grad(const MoeWeightGradArgs& args);
+void moe_swiglu_weight_grad(const MoeSwigluWeightGradArgs& args);
 void moe_group_sum(const MoeGroupSumArgs& args);
 void swiglu(const SwigluArgs& args);
 }  // namespace cpu
@@ -245,6 +255,7 @@ void moe_routing(const MoeRoutingArgs& args);
 void moe_gather(const MoeGatherArgs& args);
 void moe_combine(const MoeCombineArgs& args);
 void moe_combine_weight_grad(const MoeWeightGradArgs& args);
+void moe_swiglu_weight_grad(const MoeSwigluWeightGradArgs& args);
 void moe_group_sum(const MoeGroupSumArgs& args);
 void swiglu(const SwigluArgs& args);
 }  // namespace cuda

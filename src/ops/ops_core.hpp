@@ -90,6 +90,8 @@ std::tuple<Tensor, Tensor, Tensor> moe_routing(Tensor topk_idx, int64_t num_expe
 Tensor moe_gather(Tensor x, Tensor perm, int64_t k, OptTensor row_scale, ScalarType out_dtype);
 Tensor moe_combine(Tensor y, Tensor inv, OptTensor weights, ScalarType out_dtype);
 Tensor moe_combine_weight_grad(Tensor dout, Tensor y, Tensor inv);
+Tensor moe_swiglu_weight_grad(Tensor dy, Tensor h, Tensor inv, int64_t layout, double alpha, double limit,
+                              double up_offset);
 Tensor moe_group_sum(Tensor x, Tensor offs);
 Tensor swiglu(Tensor h, int64_t layout, double alpha, double limit, double up_offset);
 Tensor swiglu_backward(Tensor dy, Tensor h, int64_t layout, double alpha, double limit, double up_offset);
