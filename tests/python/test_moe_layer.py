@@ -193,13 +193,16 @@ def test_fused_bit_identical_to_grouped_mm_layer(device, recipe, layout):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("recipe", [TILE, EXACT])
 @pytest.mark.parametrize("bias", [False, True])
-def test_expert_outputs_not_saved(device, recipe, bias):
-    """The fused MX layer keeps no floating-point tensor with H columns (the expert outputs o, the
-    dispatched x in bf16): the weights' grad comes from the dgrad and h. H is chosen apart from 2I, I
-    and the other dims so a match means that tensor."""
+@pytest.mark.parametrize("score_before", [False, True])
+def test_saved_for_backward(device, recipe, bias, score_before):
+    """What the fused MX layer keeps for its backward: x, the pre-activation h, act(h)'s wgrad operand,
+    the routing and the weights' forms -- no tensor of T*k*H elements or more besides the weights'
+    (E, ., .) forms: not the expert outputs o (the weights' grad comes from the dgrad and h), not the
+    dispatched x in any dtype (its wgrad operand is built in the backward). H is chosen above 2I."""
     if not _fused_ok(device):
         pytest.skip("needs a Hopper GPU and the tile128 GEMMs")
-    inp, dout = _inputs(device, T=90, H=160, I=64, E=4, k=2, seed=9, bias=bias)
+    T, H, I, E, k = 90, 256, 64, 4, 2  # h (T*k + padding, 2I) stays below T*k*H
+    inp, dout = _inputs(device, T=T, H=H, I=I, E=E, k=k, seed=9, bias=bias)
     leaves = _leaves(inp)
     saved = []
 
@@ -208,12 +211,14 @@ def test_expert_outputs_not_saved(device, recipe, bias):
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = mxmoe.moe_experts(**leaves, recipe=recipe, backend="fused")
-    wide = [tuple(t.shape) for t in saved if t.dim() == 2 and t.shape[0] >= 90 * 2 and t.shape[1] == 160
-            and t.dtype in (BF16, torch.float32) and t.data_ptr() != leaves["x"].data_ptr()]
-    assert not wide, f"saved (rows, H) tensors: {wide}"
-    out.backward(dout)  # and the backward still runs from what was kept
-    assert leaves["topk_weights"].grad is not None and torch.isfinite(leaves["topk_weights"].grad).all()
+        out = mxmoe.moe_experts(**leaves, recipe=recipe, backend="fused", score_before=score_before)
+    big = [(tuple(t.shape), t.dtype) for t in saved if t.numel() >= T * k * H and not (t.dim() == 3 and t.shape[0] == E)]
+    assert not big, f"saved tensors of T*k*H elements or more: {big}"
+    assert any(t is leaves["x"] or t.data_ptr() == leaves["x"].data_ptr() for t in saved), "x itself is kept"
+    out.backward(dout)  # and the backward runs from what was kept
+    ref_out, ref_grads = _reference(inp, dout, score_before=score_before)
+    _assert_bars(out.detach(), {n: leaves[n].grad for n in GRAD_NAMES if leaves.get(n) is not None}, ref_out,
+                 ref_grads, BARS[recipe])
 
 
 @pytest.mark.parametrize("device", DEVICES)

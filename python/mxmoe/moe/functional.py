@@ -85,16 +85,17 @@ class FusedMX(torch.autograd.Function):
         need_w13, need_w2 = ctx.needs_input_grad[3] or ctx.needs_input_grad[11], ctx.needs_input_grad[4]
         w13_f, w13_b = phases.weights(w13 if w_up is None else (w13, w_up), mode)
         w2_f, w2_b = phases.weights(w2, mode)
-        # GEMM1 on the dispatched rows of x (gathered, scaled when score_before, quantized in one pass).
+        # GEMM1 on the dispatched rows of x (gathered, scaled when score_before, quantized as read). The
+        # wgrad operand of those rows is built in the backward from x: nothing of T*k rows x H is kept.
         rs = topk_w.float().contiguous() if score_before else None
-        h, x_q, x_s = phases.forward(_gather_src(x, perm, k, rs), w13_f, offs, b13, mode, need_w13)
+        h, _, _ = phases.forward(_gather_src(x, perm, k, rs), w13_f, offs, b13, mode, False)
         # GEMM2 on act(h), computed by its quantizer.
         swiglu_src = (SWIGLU, h, None, None, None, *_act_args(act, layout))
         o, y_q, y_s = phases.forward(swiglu_src, w2_f, offs, b2, mode, need_w2)
         out = ops.moe_combine(o, inv, None if score_before else topk_w, x.dtype)
         # The expert outputs o are not kept: with the weights after the experts their grad comes from
         # the unweighted dgrad and h (backward); with the weights before them, from x.
-        ctx.save_for_backward(h, x if score_before else None, x_q, x_s, y_q, y_s, *w13_b, *w2_b, offs, perm, inv,
+        ctx.save_for_backward(h, x, y_q, y_s, *w13_b, *w2_b, offs, perm, inv,
                               topk_w, *((topk_idx, b2) if b2 is not None and not score_before else (None, None)))
         ctx.cfg = (k, mode, act, layout, x.dtype, w13.dtype, w2.dtype, _dtype(b13), _dtype(b2), phases, len(w13_b),
                    score_before)
@@ -104,7 +105,7 @@ class FusedMX(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         k, mode, act, layout, x_dtype, w13_dtype, w2_dtype, b13, b2, phases, nb, score_before = ctx.cfg
-        h, x_saved, x_q, x_s, y_q, y_s, *rest = ctx.saved_tensors
+        h, x_saved, y_q, y_s, *rest = ctx.saved_tensors
         w13_b, w2_b, (offs, perm, inv, topk_w, topk_idx, b2_w) = rest[:nb], rest[nb:2 * nb], rest[2 * nb:]
         need_x, _, need_tw, need_w13, need_w2, need_b13, need_b2 = ctx.needs_input_grad[:7]
         need_w13 = need_w13 or ctx.needs_input_grad[11]
@@ -146,8 +147,10 @@ class FusedMX(torch.autograd.Function):
                 dswiglu_src = (SWIGLU_BACKWARD, h, d_y, *dy_factor, *_act_args(act, layout)[1:])
             else:
                 dswiglu_src = (SWIGLU_BACKWARD, h, d_y, None, None, *_act_args(act, layout))
-            dxs, dw13 = phases.backward(dswiglu_src, w13_b, x_q if need_w13 else None, x_s if need_w13 else None,
-                                        offs, mode, need_dxs, need_w13, w13_dtype)
+            x_q = x_s = None
+            if need_w13:  # dispatch(x)'s wgrad operand, as the forward would have built it
+                x_q, x_s = phases.wgrad_operand(_gather_src(x_saved, perm, k, rs if score_before else None), offs, mode)
+            dxs, dw13 = phases.backward(dswiglu_src, w13_b, x_q, x_s, offs, mode, need_dxs, need_w13, w13_dtype)
             if need_b13:
                 d_y_w = d_y if score_before else _scale_rows(d_y, perm, rs, k)
                 db13 = _bias_grad(ops.swiglu_backward(d_y_w, h, layout, act.alpha, act.limit, act.up_offset), offs, b13)
