@@ -117,6 +117,7 @@ std::vector<uint8_t> materialize(const FusedSource& s, int64_t R, int64_t C) {
   const bool f32 = s.a.dtype == MXMOE_DTYPE_F32;
   const size_t es = f32 ? 4 : 2;
   std::vector<uint8_t> buf(static_cast<size_t>(R * C) * es);
+  if (R == 0 || C == 0) return buf;  // nothing to compute (R may be huge with C == 0)
   auto get = [](const mxmoe_tensor& t, int64_t i) {
     return t.dtype == MXMOE_DTYPE_F32 ? static_cast<const float*>(t.data)[i]
                                       : bf16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
