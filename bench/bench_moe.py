@@ -1,9 +1,28 @@
 #!/usr/bin/env python3
-"""MoE expert layer forward+backward: transformers' bf16 grouped_mm experts vs mxmoe.moe_experts (BENCH.md).
+"""MoE expert layer forward+backward: SonicMoE and transformers' bf16 grouped_mm experts vs mxmoe.moe_experts
+(BENCH.md).
 
 For each BENCH.md "MoE layer configs" row (16384 tokens; Qwen3-30B-A3B also at 4096) one step is
     out = experts(x, topk_idx, topk_weights, w13, w2[, bias13, bias2]); out.backward(dY)
 with grads for x, topk_weights, w13, w2 (and the biases where the model has them), for the impls
+  sonic_bf16         SonicMoE (sonic-moe 0.1.2.post1, bf16, Hopper; BENCH.md's peer for MoE layers), its
+                     functional layer on the same weights without copies:
+                       sonicmoe.moe_TC_softmax_topk_layer(x, R.t(), w13.permute(1, 2, 0), None,
+                           w2.permute(1, 2, 0), None, k, stream, ActivationType.SWIGLU, False,
+                           is_softmax_over_topk=False, norm_topk_probs=True, concat_layout=True)
+                     It routes by itself (router logits x @ R, softmax, top-k, renormalize: the routing
+                     below, from the same R and x; the row's "sonic_check" has its logits and per-expert
+                     load against it, and its output against transformers'), so its timed step also
+                     holds the router GEMM (T x H x E), its top-k softmax and their backward (dlogits @ R
+                     into dx): about 0.5% of the layer's FLOPs for Qwen3-30B-A3B. Grads: x, w13, w2
+                     (the routing scores' grad goes into dx through its router, not to a topk_weights
+                     leaf; R gets none: it does not require grad, SonicMoE does not need it to).
+                     QuACK's GEMMs with their default configs (tuned=False; --moe-sonic-tuned: autotuned,
+                     minutes per config; the JSON's "sonic" says which). The first call JIT-compiles
+                     (6-65 s a config): it is the untimed check step, its seconds in first_call_s. Not
+                     for gpt-oss (its clamped SwiGLU is not among SonicMoE's activations): those rows
+                     say "skipped: ...". Where sonic-moe does not import (or on CPU) its rows carry
+                     the error "sonic-moe not importable (...)" and the run goes on.
   transformers_bf16  transformers' `grouped_mm` experts forward (transformers.integrations.moe.
                      grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights), called
                      on a stand-in `self` holding the weights); where transformers does not import, the
@@ -28,6 +47,10 @@ step as after an optimizer step (its weight cache cannot serve them); the same w
               (> 1: faster than transformers); ratio_vs_mxmoe_bf16 the same against mxmoe_bf16
   gemm_configs  tile128 rows: the Hopper configuration of each of the layer's grouped GEMMs
               (mxmoe.sm90_gemm_config; w13_forward, ..., w2_wgrad)
+  sonic_us    SonicMoE's fwd_bwd_us in the same run, config, tokens and mode (on every row)
+  ratio_vs_sonic  sonic_us / this fwd_bwd_us (> 1: faster than SonicMoE); peak_vs_sonic  this peak_mib
+              / SonicMoE's; first_call_s  the first (untimed, checked) step's seconds: JIT, autotuning
+Each config measures sonic_bf16 first, then transformers_bf16, then the mxmoe impls.
 Out of memory (or any error) in one (config, impl) is recorded in its rows and the run goes on.
 --moe-profile adds "breakdown": one eager fwd+bwd step of each impl under torch.profiler, CUDA kernel
 time grouped by kind (gemm, quantize, swiglu, gather_scatter, combine, setup, copy, other; by kernel
@@ -57,7 +80,8 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 import torch
 
 BASELINE = "transformers_bf16"
-IMPLS = [BASELINE, "mxmoe_bf16", "mxmoe_tile128", "mxmoe_exact", "mxmoe_tile128_cached"]
+SONIC = "sonic_bf16"  # SonicMoE's layer: the peer every mxmoe number is printed beside (BENCH.md)
+IMPLS = [SONIC, BASELINE, "mxmoe_bf16", "mxmoe_tile128", "mxmoe_exact", "mxmoe_tile128_cached"]
 RECIPES = {"mxmoe_bf16": None, "mxmoe_tile128": "mxfp8_rceil_tile128", "mxmoe_exact": "mxfp8_rceil",
            "mxmoe_tile128_cached": "mxfp8_rceil_tile128"}
 # *_cached: the weights are not written between steps, so their FP8 forms come from the weight cache:
@@ -242,6 +266,85 @@ class HFExperts:
         return (up + 1) * glu
 
 
+# ---- SonicMoE ------------------------------------------------------------------------------------
+
+SONIC_CALL = ("sonicmoe.moe_TC_softmax_topk_layer(x, router_w, w13.permute(1, 2, 0), None, w2.permute(1, 2, 0), "
+              "None, k, torch.cuda.current_stream().cuda_stream, ActivationType.SWIGLU, False, "
+              "is_softmax_over_topk=False, norm_topk_probs=True, concat_layout=True)")
+# The QuACK GEMM entry points SonicMoE calls (each takes tuned=True by default: autotune on first use).
+SONIC_GEMMS = ("gemm", "gemm_gated", "gemm_dgated")
+
+
+class Sonic(NamedTuple):
+    layer: Callable  # sonicmoe.moe_TC_softmax_topk_layer
+    swiglu: object  # sonicmoe.enums.ActivationType.SWIGLU
+
+
+def _untuned(fn: Callable) -> Callable:
+    """fn with tuned=False unless the caller says otherwise: QuACK's default GEMM config, no autotuning."""
+    if getattr(fn, "_bench_moe_untuned", False):
+        return fn
+
+    def call(*args, **kwargs):
+        kwargs.setdefault("tuned", False)
+        return fn(*args, **kwargs)
+
+    call._bench_moe_untuned = True
+    call.__wrapped__ = fn
+    return call
+
+
+def sonic_moe(tuned: bool = False) -> Tuple[Optional[Sonic], dict]:
+    """SonicMoE's functional layer where sonic-moe imports (scripts/sonic_wheels.sh carries it to the GPU
+    machine), else None; and a record for the JSON (versions, the call, which GEMM configs). tuned=False
+    rebinds the QuACK GEMMs that sonicmoe.functional's forward and backward modules call to tuned=False
+    (QuACK's default configs, as BENCH.md's SonicMoE numbers); tuned=True leaves QuACK's autotuning on
+    (QUACK_CACHE_DIR keeps its results)."""
+    try:
+        import sonicmoe
+        import sonicmoe.functional as sf
+        from sonicmoe.enums import ActivationType
+        from sonicmoe.functional import backward as sb, forward as sfw
+
+        layer = sf.moe_TC_softmax_topk_layer
+        patched = []
+        if not tuned:
+            for mod in (sfw, sb, sf):
+                for name in SONIC_GEMMS:
+                    if callable(getattr(mod, name, None)):
+                        setattr(mod, name, _untuned(getattr(mod, name)))
+                        patched.append(f"{mod.__name__}.{name}")
+        info = {"source": "sonic-moe", "version": getattr(sonicmoe, "__version__", None), "function": SONIC_CALL,
+                "gemm_configs": "default (QuACK tuned=False)" if not tuned else "autotuned (QuACK tuned=True)",
+                "untuned": patched}
+        try:
+            import quack
+
+            info["quack"] = getattr(quack, "__version__", None)
+            info["quack_cache_dir"] = os.environ.get("QUACK_CACHE_DIR")
+        except Exception as e:
+            info["quack"] = f"? ({type(e).__name__})"
+        try:
+            import cutlass
+
+            info["cutlass_dsl"] = getattr(cutlass, "__version__", None)
+        except Exception as e:
+            info["cutlass_dsl"] = f"? ({type(e).__name__})"
+        return Sonic(layer, ActivationType.SWIGLU), info
+    except Exception as e:  # not installed (CPU dev machine, wheels not carried) or a broken install
+        msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+        return None, {"source": None, "version": None, "function": SONIC_CALL,
+                      "import_error": f"{type(e).__name__}: {msg}"}
+
+
+def sonic_skip_reason(cfg: "MoEConfig", activation: str, layout: str) -> Optional[str]:
+    """Why SonicMoE has no row for this layer (None: it runs): its layer has no clamped SwiGLU (gpt-oss)."""
+    if cfg.gpt_oss or cfg.bias or activation != "swiglu" or layout != "concatenated":
+        return ("skipped: SonicMoE has no gpt-oss layer (its GLU activations: swiglu, geglu, reglu; no clamped "
+                f"SwiGLU with alpha 1.702, limit 7, up + 1); these rows: expert biases, {activation}/{layout}")
+    return None
+
+
 # ---- one config's tensors and steps ---------------------------------------------------------------
 
 class Case:
@@ -259,6 +362,7 @@ class Case:
             w, idx = torch.topk(probs, k, dim=-1)
             w = w / w.sum(dim=-1, keepdim=True)  # Qwen3's norm_topk_prob
             load = torch.bincount(idx.reshape(-1), minlength=e).float()
+        self.router = router  # (H, E): SonicMoE routes from it (router_w = router.t(), a view)
         self.topk_idx = idx  # int64 (T, k)
         self.topk_weights = w.to(torch.bfloat16).requires_grad_(True)
         self.load_max_over_mean = float(load.max() / load.mean())
@@ -269,6 +373,7 @@ class Case:
         self.b2 = rand(e, h).mul_(0.02).requires_grad_(True) if cfg.bias else None
         self.dy = rand(tokens, h)
         self.out: Optional[torch.Tensor] = None
+        self.impl: Optional[str] = None  # the impl of the last forward(): which grads it must give
         from bench_e2e import touch_weights
 
         self._touch = touch_weights
@@ -277,8 +382,13 @@ class Case:
     def weights(self) -> List[torch.Tensor]:
         return [t for t in (self.w13, self.w2, self.b13, self.b2) if t is not None]
 
-    def grad_tensors(self) -> Dict[str, torch.Tensor]:
+    def grad_tensors(self, impl: Optional[str] = "all") -> Dict[str, torch.Tensor]:
+        """The leaves an impl's step gives grads to (impl "all": every leaf). SonicMoE routes by itself:
+        the routing scores' grad flows into x through its router, so it has no topk_weights leaf."""
+        impl = self.impl if impl is None else impl
         named = {"x": self.x, "topk_weights": self.topk_weights, "w13": self.w13, "w2": self.w2}
+        if impl == SONIC:
+            del named["topk_weights"]
         if self.b13 is not None:
             named.update(bias13=self.b13, bias2=self.b2)
         return named
@@ -286,15 +396,20 @@ class Case:
     def zero_grads(self) -> None:
         """Between steps: grads to None (zero_grad(set_to_none=True)) and every weight written in place
         as by an optimizer step (bench_e2e.touch_weights), so mxmoe re-quantizes them every step."""
-        for t in self.grad_tensors().values():
+        for t in self.grad_tensors("all").values():
             t.grad = None
         self.out = None
         if self.touch:
             self._touch(*self.weights())
 
-    def forward(self, impl: str, hf_fn: Callable, activation: str, layout: str) -> Callable[[], torch.Tensor]:
+    def forward(self, impl: str, hf_fn: Callable, activation: str, layout: str,
+                sonic: Optional[Sonic] = None) -> Callable[[], torch.Tensor]:
         x, idx, w, w13, w2, b13, b2 = self.x, self.topk_idx, self.topk_weights, self.w13, self.w2, self.b13, self.b2
         self.touch = impl not in CACHED
+        self.impl = impl
+        if impl == SONIC:
+            full = self.sonic_forward(sonic)
+            return lambda: full()[0]
         if impl == BASELINE:
             experts = HFExperts(w13, w2, b13, b2, gpt_oss_layout=layout if activation != "swiglu" else None)
             return lambda: hf_fn(experts, x, idx, w)
@@ -303,6 +418,40 @@ class Case:
         recipe = RECIPES[impl]
         return lambda: mxmoe.moe_experts(x, idx, w, w13, w2, recipe=recipe, activation=activation, layout=layout,
                                          bias13=b13, bias2=b2)
+
+    def sonic_forward(self, sonic: Optional[Sonic]) -> Callable[[], tuple]:
+        """SonicMoE's whole layer on this case's x, router and weights (no copies: permuted views, the
+        router's transpose); returns its (out, router_logits, expert_frequency)."""
+        if sonic is None:
+            raise RuntimeError("sonic-moe not importable")
+        if self.device.type != "cuda":
+            raise RuntimeError("sonic-moe needs a CUDA device (Hopper)")
+        x, w13, w2, router_w, k = self.x, self.w13, self.w2, self.router.t(), self.cfg.top_k
+        layer, swiglu = sonic.layer, sonic.swiglu
+        # F.linear(x, router.t()) is x @ router: the logits of this case's routing, same op and layouts.
+        return lambda: layer(x, router_w, w13.permute(1, 2, 0), None, w2.permute(1, 2, 0), None, k,
+                             torch.cuda.current_stream().cuda_stream, swiglu, False,
+                             is_softmax_over_topk=False, norm_topk_probs=True, concat_layout=True)
+
+    def sonic_check(self, sonic: Optional[Sonic], hf_fn: Callable) -> dict:
+        """SonicMoE against the routing and layer every other impl gets (outside the timings): its router
+        logits equal to x @ router bit for bit, its tokens per expert against the topk_idx counts, and
+        its output against the transformers baseline's on the same weights and routing (relative
+        Frobenius error; bf16 and SonicMoE's fp32 routing scores: ~1e-2 or less; a wrong weight layout
+        would be ~1)."""
+        with torch.no_grad():
+            out, logits, freq = self.sonic_forward(sonic)()
+            ref_logits = self.x @ self.router
+            load = torch.bincount(self.topk_idx.reshape(-1), minlength=self.cfg.experts)
+            diff = (freq.long() - load).abs()
+            ref = hf_fn(HFExperts(self.w13, self.w2, None, None), self.x, self.topk_idx, self.topk_weights)
+            err = float((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30))
+            res = {"logits_equal": bool(torch.equal(logits, ref_logits)), "load_equal": bool(diff.max() == 0),
+                   "load_max_abs_diff": int(diff.max()), "load_diff_tokens": int(diff.sum()),
+                   "out_rel_err_vs_transformers": round(err, 6)}
+            del out, logits, freq, ref
+        self.zero_grads()
+        return res
 
     def step(self, fwd: Callable[[], torch.Tensor]) -> Callable[[], None]:
         def run():
@@ -330,12 +479,12 @@ class Case:
                                f"expected {tuple(self.x.shape)}")
         if not bool(torch.isfinite(self.out).all()):
             raise RuntimeError("non-finite output")
-        for name, t in self.grad_tensors().items():
+        for name, t in self.grad_tensors(None).items():
             if t.grad is None or t.grad.shape != t.shape:
                 raise RuntimeError(f"no grad of {name} of shape {tuple(t.shape)}")
             if not bool(torch.isfinite(t.grad).all()):
                 raise RuntimeError(f"non-finite grad of {name}")
-        for t in self.grad_tensors().values():
+        for t in self.grad_tensors("all").values():
             t.grad = None
         self.out = None
 
@@ -555,8 +704,10 @@ def sm90_gemm_configs(cfg: MoEConfig, tokens: int) -> Optional[Dict[str, str]]:
 
 def bench_case(name: str, tokens: int, device: torch.device, impls: List[str], modes: List[str], reps: int,
                warmup: int, hf_fn: Callable, gpt_oss: Optional[dict], profile: bool,
-               deadline: Optional[float] = None, log=print) -> Tuple[List[dict], List[dict]]:
-    """Rows (one per impl and mode) and, with profile, the per-kernel breakdowns of one (config, tokens)."""
+               deadline: Optional[float] = None, log=print, sonic: Optional[Sonic] = None,
+               sonic_error: Optional[str] = None) -> Tuple[List[dict], List[dict]]:
+    """Rows (one per impl and mode) and, with profile, the per-kernel breakdowns of one (config, tokens).
+    sonic: SonicMoE's layer (sonic_moe()), None where it does not import (sonic_error says why)."""
     cfg = CONFIGS[name]
     activation, layout = ("swiglu", "concatenated")
     if cfg.gpt_oss and gpt_oss is not None:
@@ -570,6 +721,7 @@ def bench_case(name: str, tokens: int, device: torch.device, impls: List[str], m
     def row(impl, mode, **kw):
         r = {**base, "impl": impl, "mode": mode, "fwd_bwd_us": None, "fwd_us": None, "peak_mib": None,
              "ratio_vs_transformers": None, "ratio_vs_mxmoe_bf16": None, "fwd_ratio_vs_transformers": None,
+             "sonic_us": None, "ratio_vs_sonic": None, "peak_vs_sonic": None, "first_call_s": None,
              "reps": None, "warmup": None, "error": None, "oom": False,
              "gemm_configs": gemm_configs if RECIPES.get(impl) == "mxfp8_rceil_tile128" else None}
         r.update(kw)
@@ -596,13 +748,27 @@ def bench_case(name: str, tokens: int, device: torch.device, impls: List[str], m
             rows += [row(impl, m, error="skipped: time budget (--moe-budget-s) spent") for m in modes]
             log(f"{cfg.name} T={tokens} {impl}: skipped (time budget)")
             continue
+        extra = {}
+        if impl == SONIC:
+            why = sonic_skip_reason(cfg, activation, layout)
+            if why is None and sonic is None:
+                why = f"sonic-moe not importable ({sonic_error or '?'})"
+            elif why is None and device.type != "cuda":
+                why = f"sonic-moe needs a CUDA device (Hopper), not {device.type}"
+            if why:
+                rows += [row(impl, m, error=why) for m in modes]
+                log(f"{cfg.name} T={tokens} {impl}: {why}")
+                continue
         failed = None
         try:
-            fwd = case.forward(impl, hf_fn, activation, layout)
+            fwd = case.forward(impl, hf_fn, activation, layout, sonic=sonic)
             t0 = time.perf_counter()
-            case.check(fwd)  # first call: library load, lazy init, autotuning outside the timings
+            case.check(fwd)  # first call: library load, lazy init, JIT, autotuning outside the timings
             _sync(device)
             t1 = time.perf_counter()
+            extra["first_call_s"] = round(t1 - t0, 3)
+            if impl == SONIC:  # the same routing and layer as every other impl's? (outside the timings)
+                extra["sonic_check"] = case.sonic_check(sonic, hf_fn)
             case.step(fwd)()
             _sync(device)
             step_s = time.perf_counter() - t1
@@ -614,10 +780,11 @@ def bench_case(name: str, tokens: int, device: torch.device, impls: List[str], m
             failed = (_err(e), _is_oom(e))
         if failed:
             _cleanup(case, device)
-            rows += [row(impl, m, error=failed[0], oom=failed[1]) for m in modes]
+            rows += [row(impl, m, error=failed[0], oom=failed[1], **extra) for m in modes]
             log(f"FAILED {cfg.name} T={tokens} {impl}: {failed[0]}")
             continue
-        log(f"{cfg.name} T={tokens} {impl}: first call {t1 - t0:.2f}s, one step {step_s * 1e3:.1f} ms; reps {r}")
+        log(f"{cfg.name} T={tokens} {impl}: first call {t1 - t0:.2f}s, one step {step_s * 1e3:.1f} ms; reps {r}"
+            + (f"; check {extra['sonic_check']}" if "sonic_check" in extra else ""))
         for mode in modes:
             timer = eager_us if mode == "eager" else graph_us
             failed, fb = None, None
@@ -629,10 +796,10 @@ def bench_case(name: str, tokens: int, device: torch.device, impls: List[str], m
             if failed:
                 _cleanup(case, device)
                 rows.append(row(impl, mode, fwd_bwd_us=fb, peak_mib=peak, reps=r, warmup=w, error=failed[0],
-                                oom=failed[1]))
+                                oom=failed[1], **extra))
                 log(f"FAILED {cfg.name} T={tokens} {impl} {mode}: {failed[0]}")
                 continue
-            rows.append(row(impl, mode, fwd_bwd_us=fb, fwd_us=fo, peak_mib=peak, reps=r, warmup=w))
+            rows.append(row(impl, mode, fwd_bwd_us=fb, fwd_us=fo, peak_mib=peak, reps=r, warmup=w, **extra))
             log(f"{cfg.name} T={tokens} {impl} {mode}: fwd+bwd {fb:.1f} us, fwd {fo:.1f} us, "
                 f"peak {_f(peak, '{:.0f}')} MiB")
         if profile:
@@ -652,21 +819,28 @@ def bench_case(name: str, tokens: int, device: torch.device, impls: List[str], m
 
 
 def add_ratios(rows: List[dict]) -> None:
-    """ratio_vs_transformers (every impl) and ratio_vs_mxmoe_bf16 (the mxmoe impls): baseline time over
-    this impl's time, same config, tokens and mode."""
+    """ratio_vs_transformers (every impl) and ratio_vs_mxmoe_bf16 (the others): baseline time over this
+    impl's time, same config, tokens and mode; on every row SonicMoE's time (sonic_us), sonic_us over this
+    impl's time (ratio_vs_sonic) and this impl's peak over SonicMoE's (peak_vs_sonic)."""
     def times(impl, key):
-        return {(r["config"], r["tokens"], r["mode"]): r[key] for r in rows if r["impl"] == impl and r[key]}
+        return {(r["config"], r["tokens"], r["mode"]): r[key] for r in rows if r["impl"] == impl and r.get(key)}
 
     hf, hf_fwd, mx = times(BASELINE, "fwd_bwd_us"), times(BASELINE, "fwd_us"), times("mxmoe_bf16", "fwd_bwd_us")
+    sonic, sonic_peak = times(SONIC, "fwd_bwd_us"), {k[:2]: v for k, v in times(SONIC, "peak_mib").items()}
     for r in rows:
         k = (r["config"], r["tokens"], r["mode"])
+        r["sonic_us"] = sonic.get(k)
         if r["fwd_bwd_us"]:
             if k in hf:
                 r["ratio_vs_transformers"] = hf[k] / r["fwd_bwd_us"]
             if r["impl"] != BASELINE and k in mx:
                 r["ratio_vs_mxmoe_bf16"] = mx[k] / r["fwd_bwd_us"]
+            if k in sonic:
+                r["ratio_vs_sonic"] = sonic[k] / r["fwd_bwd_us"]
         if r["fwd_us"] and k in hf_fwd:
             r["fwd_ratio_vs_transformers"] = hf_fwd[k] / r["fwd_us"]
+        if r.get("peak_mib") and k[:2] in sonic_peak:
+            r["peak_vs_sonic"] = r["peak_mib"] / sonic_peak[k[:2]]
 
 
 # ---- output -------------------------------------------------------------------------------------
@@ -677,8 +851,9 @@ def _f(v, fmt="{:.1f}") -> str:
 
 COLS = [("config", "config", "{}"), ("tokens", "tokens", "{}"), ("impl", "impl", "{}"), ("mode", "mode", "{}"),
         ("fwd_bwd_us", "fwd_bwd_us", "{:.0f}"), ("fwd_us", "fwd_us", "{:.0f}"), ("peak_mib", "peak_mib", "{:.0f}"),
+        ("ratio_vs_sonic", "vs sonic", "{:.3f}x"), ("peak_vs_sonic", "peak vs sonic", "{:.2f}x"),
         ("ratio_vs_transformers", "vs transformers", "{:.3f}x"), ("ratio_vs_mxmoe_bf16", "vs mxmoe_bf16", "{:.3f}x"),
-        ("error", "error", "{}")]
+        ("first_call_s", "first call s", "{:.1f}"), ("error", "error", "{}")]
 
 
 def table(rows: List[dict]) -> str:
@@ -712,6 +887,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="per-kernel breakdown (torch.profiler) of one eager fwd+bwd step of each impl")
     p.add_argument("--moe-budget-s", type=float, default=330.0,
                    help="stop starting new impls after this many seconds (the device's 10-minute limit)")
+    p.add_argument("--moe-sonic-tuned", action="store_true",
+                   help="let QuACK autotune SonicMoE's GEMMs (minutes a config; QUACK_CACHE_DIR keeps the "
+                        "results); default: its default GEMM configs (tuned=False), as BENCH.md's numbers")
     p.add_argument("--moe-gpt-oss-activation", default="gpt_oss",
                    help="mxmoe activation name probed for gpt-oss' clamped SwiGLU")
     p.add_argument("--moe-gpt-oss-layouts", default="interleaved,concatenated",
@@ -724,7 +902,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(configs: str = "default", tokens: str = "", modes: str = "eager,graph", impls: str = ",".join(IMPLS),
         reps: int = 10, warmup: int = 3, profile: bool = False, device: str = "cuda", out: Optional[str] = None,
         budget_s: float = 330.0, gpt_oss_activation: str = "gpt_oss",
-        gpt_oss_layouts: str = "interleaved,concatenated") -> dict:
+        gpt_oss_layouts: str = "interleaved,concatenated", sonic_tuned: bool = False) -> dict:
     """The whole benchmark; returns the JSON document (written to out when given). device="cpu" with the
     tiny config and reps 1-2 is the smoke test of the plumbing."""
     dev = torch.device(device)
@@ -738,7 +916,9 @@ def run(configs: str = "default", tokens: str = "", modes: str = "eager,graph", 
     if dev.type != "cuda" and "graph" in mode_list:
         mode_list = [m for m in mode_list if m != "graph"]
         print("(cpu: no CUDA graphs; graph mode skipped)")
-    impl_list = list(dict.fromkeys([BASELINE] + [s.strip() for s in impls.split(",") if s.strip()]))
+    asked = [s.strip() for s in impls.split(",") if s.strip()]
+    # SonicMoE first (its numbers are every row's "vs sonic"), then the transformers baseline (always).
+    impl_list = list(dict.fromkeys(([SONIC] if SONIC in asked else []) + [BASELINE] + asked))
     bad = [i for i in impl_list if i not in IMPLS]
     if bad:
         raise SystemExit(f"unknown impl(s) {bad}; choose from {IMPLS}")
@@ -746,14 +926,19 @@ def run(configs: str = "default", tokens: str = "", modes: str = "eager,graph", 
 
     env = env_info(dev)
     hf_fn, hf_info = transformers_experts_forward()
+    sonic, sonic_info = sonic_moe(tuned=sonic_tuned) if SONIC in impl_list else (None, None)
     print(f"device {env['device']}{' clocks ' + env['clocks'] if env['clocks'] else ''}, torch {env['torch']}, "
           f"commit {env['commit'] or '?'}, {env['date']}", flush=True)
     print(f"baseline: {hf_info['function']}"
           f"{' (transformers ' + hf_info['version'] + ')' if hf_info['version'] else ' (' + hf_info.get('import_error', '') + ')'}",
           flush=True)
+    if sonic_info is not None:
+        print("SonicMoE: " + (f"sonic-moe {sonic_info['version']}, quack {sonic_info.get('quack')}, cutlass-dsl "
+                               f"{sonic_info.get('cutlass_dsl')}, GEMMs {sonic_info['gemm_configs']}" if sonic else
+                               f"not importable ({sonic_info['import_error']}): its rows say so"), flush=True)
     if not hasattr(mxmoe, "moe_experts"):
-        print("mxmoe.moe_experts not found: only the transformers baseline runs", flush=True)
-        impl_list = [BASELINE]
+        print("mxmoe.moe_experts not found: only the transformers baseline (and SonicMoE) run", flush=True)
+        impl_list = [i for i in impl_list if i in (SONIC, BASELINE)]
     gpt_oss = None
     if any(CONFIGS[n].gpt_oss for n in names) and hasattr(mxmoe, "moe_experts"):
         gpt_oss = probe_gpt_oss(dev, gpt_oss_activation, [s.strip() for s in gpt_oss_layouts.split(",") if s.strip()])
@@ -764,21 +949,24 @@ def run(configs: str = "default", tokens: str = "", modes: str = "eager,graph", 
     log = lambda s: print(f"[{time.perf_counter() - t_start:6.1f}s] {s}", flush=True)
     for name, t in runs_for(names, tokens):
         try:
-            r, b = bench_case(name, t, dev, impl_list, mode_list, reps, warmup, hf_fn, gpt_oss, profile, deadline, log)
+            r, b = bench_case(name, t, dev, impl_list, mode_list, reps, warmup, hf_fn, gpt_oss, profile, deadline, log,
+                              sonic=sonic, sonic_error=(sonic_info or {}).get("import_error"))
         except Exception as e:  # anything not caught per impl: record it, go on
             _free(dev)
             log(f"FAILED {name} T={t}: {_err(e)}")
             r, b = [{"config": CONFIGS[name].name, "config_key": name, "tokens": t, "impl": i, "mode": m,
                      "fwd_bwd_us": None, "fwd_us": None, "peak_mib": None, "ratio_vs_transformers": None,
-                     "ratio_vs_mxmoe_bf16": None, "error": _err(e), "oom": _is_oom(e)}
+                     "ratio_vs_mxmoe_bf16": None, "sonic_us": None, "ratio_vs_sonic": None, "peak_vs_sonic": None,
+                     "first_call_s": None, "error": _err(e), "oom": _is_oom(e)}
                     for i in impl_list for m in mode_list], []
         rows += r
         breakdowns += b
     for r in rows:
         r.update(date=env["date"], commit=env["commit"], device=env["device"])
-    doc = {"rows": rows, "breakdown": breakdowns, **env, "transformers": hf_info, "gpt_oss": gpt_oss,
+    doc = {"rows": rows, "breakdown": breakdowns, **env, "transformers": hf_info, "sonic": sonic_info,
+           "gpt_oss": gpt_oss,
            "settings": {"configs": names, "tokens": tokens or "default", "modes": mode_list, "impls": impl_list,
-                        "reps": reps, "warmup": warmup, "profile": profile},
+                        "reps": reps, "warmup": warmup, "profile": profile, "sonic_tuned": sonic_tuned},
            "wall_s": round(time.perf_counter() - t_start, 1)}
     if out:
         path = os.path.join(out, "moe_layer.json") if (os.path.isdir(out) or out.endswith("/")) else out
@@ -787,10 +975,13 @@ def run(configs: str = "default", tokens: str = "", modes: str = "eager,graph", 
             json.dump(doc, f, indent=1)
         doc["path"] = path
     print()
-    print("== MoE expert layer fwd+bwd vs transformers bf16 grouped_mm experts (bench/bench_moe.py) ==")
+    print("== MoE expert layer fwd+bwd vs SonicMoE bf16 and transformers bf16 grouped_mm experts (bench/bench_moe.py) ==")
     print(f"device {env['device']}{' clocks ' + env['clocks'] if env['clocks'] else ''}, torch {env['torch']}, "
           f"commit {env['commit'] or '?'}, {env['date']}; baseline {hf_info['source']}"
           f"{' ' + hf_info['version'] if hf_info['version'] else ''}; ratio = baseline us / impl us (same run)")
+    if sonic_info is not None:
+        print(f"SonicMoE: sonic-moe {sonic_info['version']}, quack {sonic_info.get('quack')}, GEMMs "
+              f"{sonic_info['gemm_configs']}" if sonic else f"SonicMoE: not importable ({sonic_info['import_error']})")
     if gpt_oss:
         print(f"gpt-oss rows: activation={gpt_oss['activation']} layout={gpt_oss['layout']}")
     if dev.type == "cpu":
@@ -816,7 +1007,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     doc = run(configs=a.moe_configs, tokens=a.moe_tokens, modes=a.moe_modes, impls=a.moe_impls, reps=a.moe_reps,
               warmup=a.moe_warmup, profile=a.moe_profile, device=a.device, out=a.out, budget_s=a.moe_budget_s,
-              gpt_oss_activation=a.moe_gpt_oss_activation, gpt_oss_layouts=a.moe_gpt_oss_layouts)
+              gpt_oss_activation=a.moe_gpt_oss_activation, gpt_oss_layouts=a.moe_gpt_oss_layouts,
+              sonic_tuned=a.moe_sonic_tuned)
     ok = [r for r in doc["rows"] if r["fwd_bwd_us"] is not None]
     return 0 if ok else 1
 

@@ -76,10 +76,61 @@ def _x(v) -> str:
     return f"{v:.2f}x" if v else "-"
 
 
+def _sonic_cell(e, gr) -> str:
+    """SonicMoE's fwd+bwd us, eager (graph), or why it has none."""
+    r = e or gr
+    if r is None:
+        return "-"
+    if not (e or {}).get("fwd_bwd_us") and not (gr or {}).get("fwd_bwd_us"):
+        err = r.get("error") or ""
+        return ("skipped" if err.startswith("skipped") else "not importable" if "not importable" in err
+                else "OOM" if r.get("oom") else "error" if err else "-")
+    t = f"{e['fwd_bwd_us']:.0f}" if (e or {}).get("fwd_bwd_us") else "-"
+    return t + (f" ({gr['fwd_bwd_us']:.0f})" if (gr or {}).get("fwd_bwd_us") else "")
+
+
+def _moe_vs_sonic(d, by, cell) -> list:
+    """The table against SonicMoE (bench_moe's sonic_bf16 rows): its time, every impl's ratio to it and
+    peak over its peak, same run. Only for files whose run measured (or tried) SonicMoE."""
+    s = d.get("sonic") or {}
+    impls = ["mxmoe_bf16", "mxmoe_tile128", "mxmoe_exact"]
+    body = []
+    for (cfg, tokens), g in by.items():
+        e, gr = g.get(("sonic_bf16", "eager")), g.get(("sonic_bf16", "graph"))
+        first = (e or gr or {}).get("first_call_s")
+        peak = (e or {}).get("peak_mib")
+        cached = g.get(("mxmoe_tile128_cached", "eager"), {})
+        chk = (e or gr or {}).get("sonic_check") or {}
+        err = chk.get("out_rel_err_vs_transformers")
+        check = "-" if not chk else (
+            ("same load" if chk.get("load_equal") else f"load differs by {chk.get('load_diff_tokens')}") +
+            (f", out {err:.1e}" if err is not None else ""))
+        body.append([cfg, tokens, _sonic_cell(e, gr), f"{first:.1f}" if first else "-", check] +
+                    [cell(g, i, "ratio_vs_sonic") for i in impls] + [_x(cached.get("ratio_vs_sonic")),
+                     cell(g, "transformers_bf16", "ratio_vs_sonic"), f"{peak:.0f}" if peak else "-"] +
+                    [_x(g.get((i, "eager"), {}).get("peak_vs_sonic")) for i in impls])
+    if s.get("source"):
+        what = (f"SonicMoE: sonic-moe {s.get('version')} (quack {s.get('quack')}, cutlass-dsl "
+                f"{s.get('cutlass_dsl')}), GEMMs {s.get('gemm_configs')}")
+    else:
+        what = f"SonicMoE: not importable ({s.get('import_error', 'not recorded')})"
+    return [what + "; its layer also routes (router GEMM, top-k softmax and their backward on the same router "
+            "and tokens).", "",
+            _md(["config", "tokens", "SonicMoE bf16 us", "SonicMoE first call s", "SonicMoE routing, output",
+                 "mxmoe bf16", "mxmoe tile128",
+                 "mxmoe exact", "tile128 cached W", "transformers bf16", "peak MiB SonicMoE", "peak bf16",
+                 "peak tile128", "peak exact"], body),
+            "\nfwd+bwd against SonicMoE in the same run: SonicMoE us / impl us (eager; graph in brackets); > 1 is "
+            "faster than SonicMoE. Peak: the step's peak allocation over SonicMoE's. First call: its JIT "
+            "compile (untimed). Routing, output: SonicMoE's tokens per expert against the routing every impl "
+            "gets, and its output's relative error against transformers' on the same weights.\n"]
+
+
 def moe(path: str, full: bool = True) -> str:
-    """bench/bench_moe.py's moe_layer.json: a summary (each impl's fwd+bwd ratio vs transformers' bf16
-    grouped_mm experts, eager with graph in brackets), every row, and the per-kernel breakdowns.
-    full=False (BENCHMARKS.md): the summary, the rows that failed, and the breakdowns as one table."""
+    """bench/bench_moe.py's moe_layer.json: the table against SonicMoE (where the run measured it), a
+    summary (each impl's fwd+bwd ratio vs transformers' bf16 grouped_mm experts, eager with graph in
+    brackets), every row, and the per-kernel breakdowns. full=False (BENCHMARKS.md): the tables, the rows
+    that failed, and the breakdowns as one table. Files from before SonicMoE render as before."""
     d = json.load(open(path))
     rows = d["rows"]
     hf = d.get("transformers") or {}
@@ -104,6 +155,9 @@ def moe(path: str, full: bool = True) -> str:
         out = _x((e or {}).get(key))
         return out + (f" ({_x(gr.get(key))})" if gr is not None else "")
 
+    sonic = any(r["impl"] == "sonic_bf16" for r in rows)
+    if sonic:
+        text += _moe_vs_sonic(d, by, cell)
     summary = []
     for (cfg, tokens), g in by.items():
         t_e, t_g = g.get(("transformers_bf16", "eager"), {}), g.get(("transformers_bf16", "graph"), {})
@@ -141,11 +195,14 @@ def moe(path: str, full: bool = True) -> str:
     full = []
     for r in rows:
         f = lambda k, fmt="{:.0f}": fmt.format(r[k]) if r.get(k) is not None else "-"
-        full.append([r["config"], r["tokens"], r["impl"], r["mode"], f("fwd_bwd_us"), f("fwd_us"), f("peak_mib"),
-                     _x(r.get("ratio_vs_transformers")), _x(r.get("ratio_vs_mxmoe_bf16")),
+        full.append([r["config"], r["tokens"], r["impl"], r["mode"], f("fwd_bwd_us"), f("fwd_us"), f("peak_mib")] +
+                    ([_x(r.get("ratio_vs_sonic")), _x(r.get("peak_vs_sonic")), f("first_call_s", "{:.1f}")]
+                     if sonic else []) +
+                    [_x(r.get("ratio_vs_transformers")), _x(r.get("ratio_vs_mxmoe_bf16")),
                      (r.get("error") or "").replace("|", "/")[:80]])
-    text.append(_md(["config", "tokens", "impl", "mode", "fwd_bwd_us", "fwd_us", "peak MiB", "vs transformers",
-                     "vs mxmoe bf16", "error"], full))
+    text.append(_md(["config", "tokens", "impl", "mode", "fwd_bwd_us", "fwd_us", "peak MiB"] +
+                    (["vs SonicMoE", "peak vs SonicMoE", "first call s"] if sonic else []) +
+                    ["vs transformers", "vs mxmoe bf16", "error"], full))
     for b in d.get("breakdown", []):
         if b.get("error"):
             text.append(f"\n- kernels, {b['config']} T={b['tokens']} {b['impl']}: failed ({b['error']})")
@@ -412,8 +469,8 @@ SECTIONS = [
      [("torchtitan.json", torchtitan)]),
     ("MoE layer", "45-moe",
      "fwd+bwd of one MoE layer's experts (dispatch, SwiGLU experts, combine; grads of x, routing weights, "
-     "weights) for the benchmark's MoE configs, against transformers' bf16 `grouped_mm` experts on the "
-     "same weights (bench/bench_moe.py).",
+     "weights) for the benchmark's MoE configs, against SonicMoE's bf16 layer (where the run measured it) "
+     "and transformers' bf16 `grouped_mm` experts on the same weights (bench/bench_moe.py).",
      [("moe_layer.json", "moe"), ("moe_layer-qwen3.json", "moe")]),
     ("End to end", "40-e2e",
      "One `mxmoe.grouped_mm` forward+backward against bf16 `torch._grouped_mm` (`python -m mxmoe bench`); "

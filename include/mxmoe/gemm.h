@@ -128,6 +128,31 @@ typedef enum { MXMOE_GEMM_GROUPED_M = 0, MXMOE_GEMM_GROUPED_K = 1 } mxmoe_gemm_p
 MXMOE_API mxmoe_status mxmoe_sm90_gemm_config(int32_t pass, int64_t m, int64_t n, int64_t k, int64_t g,
                                               mxmoe_dtype out_dtype, char* buf, size_t len);
 
+/* mxmoe_grouped_mm_tile128_gather: the forward / dgrad GEMM on routed rows of a per-token operand
+ * (the MoE layer's dispatch inside the GEMM: no routed copy of A exists).
+ *   out (M, N) = A[rows] . B[g] (N, K)^T per row group (+ bias[g]), GEMM row r reading row
+ *   gather[r] / fanout of A (T, K) e4m3 + a_scale (T, K/32) (tile128 1x128 rows, contiguous);
+ *   gather (M,) int32 contiguous: indices clamped into [0, T * fanout), a negative one gives a zero
+ *   row (padding); row_scale optional (T, fanout) f32: out row r = row_scale.flat[index] *
+ *   (A B^T)[r] (+ bias) in fp32, rounded once (0 for a zero row). b, b_scale, offs, bias as
+ *   mxmoe_grouped_mm_tile128; out (M, N) bf16 on a device (bf16 or f32 on the host). On the host the
+ *   routed rows are materialized and the CPU reference runs; on a device only the sm_90a kernel runs
+ *   it (no workspace), UNSUPPORTED elsewhere.
+ * mxmoe_grouped_mm_tile128_gather_available: 1 when that call (M routed rows, N, K, G groups, T rows
+ *   of A, fanout) runs on `device` (-1: the host, always), else 0.
+ */
+MXMOE_API int32_t mxmoe_grouped_mm_tile128_gather_available(int64_t m, int64_t n, int64_t k, int64_t g,
+                                                            int64_t t, int64_t fanout, int32_t device);
+MXMOE_API mxmoe_status mxmoe_grouped_mm_tile128_gather(const mxmoe_tensor* a,
+                                                       const mxmoe_tensor* a_scale,
+                                                       const mxmoe_tensor* gather, int64_t fanout,
+                                                       const mxmoe_tensor* row_scale,
+                                                       const mxmoe_tensor* b,
+                                                       const mxmoe_tensor* b_scale,
+                                                       const mxmoe_tensor* offs,
+                                                       const mxmoe_tensor* bias, mxmoe_tensor* out,
+                                                       void* stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -54,6 +54,19 @@ extern "C" {
  *   order: element h goes to lane (h/8) % 32, each lane sums its products in increasing h
  *   (fl(acc + fl(d*y))), the 32 lanes are added in the tree v[l] += v[l + off], off = 16, 8, 4, 2, 1.
  *
+ * mxmoe_moe_swiglu_weight_grad: dw[t, j] = sum_i dy[r, i] * act(h[r])_i in fp32, r = inv[t, j]
+ *   The routing-weight gradient without the expert outputs: with out[t] = sum_j w[t, j] * o_r and
+ *   o_r = act(h_r) W2^T (+ b2), dL/dw[t, j] = <dout[t], o_r> = <dout[t] W2, act(h_r)> (+ <dout[t], b2>:
+ *   not part of this op, the caller adds it). dy (N, I) bf16|f32: the down projection's dgrad of each
+ *   routed row without routing weights (dy[r] = dout[t] W2 for the row's token t and expert); h (N, 2I)
+ *   bf16: the saved pre-activation, gate and up in `layout` as for mxmoe_swiglu; act = mxmoe_swiglu's
+ *   fp32 value for (layout, alpha, limit, up_offset) (same requirements), not rounded to a dtype; inv
+ *   (T, k) int32 clamped into [0, N) (N >= 1 when T*k > 0); dw (T, k) f32. Fixed order as
+ *   mxmoe_moe_combine_weight_grad's: element i goes to lane (i/8) % 32, each lane sums its products in
+ *   increasing i (fl(acc + fl(dy*act))), the 32 lanes are added in the tree v[l] += v[l + off],
+ *   off = 16, 8, 4, 2, 1. CPU and CUDA agree bit for bit except through expf (see mxmoe_swiglu): an
+ *   act value may differ by an fp32 ulp, dw then by a few fp32 ulps of sum_i |dy*act|.
+ *
  * mxmoe_moe_group_sum: out[g, c] = sum of x[r, c] over the rows r of group g (bias gradients)
  *   x (M, C) bf16|f32; offs (G,) int32 cumulative group ends, clamped as everywhere (rows past
  *   offs[G-1] ignored, empty groups give 0); out (G, C) f32. Fixed order: row r of a group starting
@@ -99,6 +112,11 @@ MXMOE_API mxmoe_status mxmoe_moe_combine(const mxmoe_tensor* y, const mxmoe_tens
 MXMOE_API mxmoe_status mxmoe_moe_combine_weight_grad(const mxmoe_tensor* dout, const mxmoe_tensor* y,
                                                      const mxmoe_tensor* inv, mxmoe_tensor* dw,
                                                      void* stream);
+
+MXMOE_API mxmoe_status mxmoe_moe_swiglu_weight_grad(const mxmoe_tensor* dy, const mxmoe_tensor* h,
+                                                    const mxmoe_tensor* inv, int32_t layout, float alpha,
+                                                    float limit, float up_offset, mxmoe_tensor* dw,
+                                                    void* stream);
 
 MXMOE_API mxmoe_status mxmoe_moe_group_sum(const mxmoe_tensor* x, const mxmoe_tensor* offs,
                                            mxmoe_tensor* out, void* stream);

@@ -138,6 +138,11 @@ MXMOE_API mxmoe_status mxmoe_quantize_fused_if(const mxmoe_tensor* flag, const m
  *   MXMOE_SOURCE_SWIGLU           x = swiglu(a), a = h (R, 2C) bf16 (layout/alpha/limit/up_offset as
  *                                 mxmoe_swiglu), each value rounded once to bf16.
  *   MXMOE_SOURCE_SWIGLU_BACKWARD  x = dh = swiglu_backward(dy = b (R, C/2), h = a (R, C)) bf16.
+ *                                 With row_scale (T, k) f32 and perm (R,) int32 (both or neither),
+ *                                 dy row r is first multiplied by row_scale.flat[perm[r]] (perm
+ *                                 clamped into [0, T*k) as for GATHER; a negative one: factor 0),
+ *                                 one fp32 multiply of each bf16 dy value: the routing weights
+ *                                 applied to an unweighted dgrad (the MoE layer's dA = w * dY').
  * The bytes equal those of materializing x (mxmoe_moe_gather / mxmoe_swiglu / mxmoe_swiglu_backward)
  * and calling mxmoe_quantize_fused on it, which is what the CPU backend does. CUDA (one pass, on
  * `stream`): C % 8 == 0 (C % 16 == 0 for the concatenated SWIGLU_BACKWARD), a, b and perm
@@ -155,9 +160,9 @@ typedef struct {
   mxmoe_source_kind kind;
   const mxmoe_tensor* a;         /* GATHER: rows to gather; SWIGLU*: h */
   const mxmoe_tensor* b;         /* SWIGLU_BACKWARD: dy; else NULL */
-  const mxmoe_tensor* perm;      /* GATHER: sorted position -> flat entry t*k+j */
-  const mxmoe_tensor* row_scale; /* GATHER, optional: (T, k) f32 */
-  int64_t k;                     /* GATHER: entries per row of a (top-k) */
+  const mxmoe_tensor* perm;      /* GATHER (and SWIGLU_BACKWARD's row_scale): row -> flat entry t*k+j */
+  const mxmoe_tensor* row_scale; /* GATHER, SWIGLU_BACKWARD, optional: (T, k) f32 */
+  int64_t k;                     /* GATHER, SWIGLU_BACKWARD with row_scale: entries per token (top-k) */
   int32_t layout;                /* SWIGLU*: 0 concatenated [gate | up], 1 interleaved */
   float alpha, limit, up_offset; /* SWIGLU*: see mxmoe_swiglu */
 } mxmoe_fused_source;

@@ -46,6 +46,10 @@ Ops (schemas in src/ops/library.cpp):
   moe_gather(x, perm, k, row_scale?, out_dtype) -> x[perm // k] (* row_scale.flat[perm]) (T*k, H)
   moe_combine(y, inv, weights?, out_dtype) -> sum_j w[t, j] * y[inv[t, j]] (T, H), fp32, j in order
   moe_combine_weight_grad(dout, y, inv) -> dw (T, k) f32 = <dout[t], y[inv[t, j]]>
+  moe_swiglu_weight_grad(dy, h, inv, layout, alpha, limit, up_offset) -> dw (T, k) f32
+      = <dy[r], swiglu(h[r])>, r = inv[t, j]: the same gradient from the down projection's dgrad dy
+      (N, I) (dout gathered without routing weights, times W2) and the saved pre-activation h (N, 2I)
+      bf16, without the expert outputs (a down-projection bias term <dout[t], b2> is the caller's)
   moe_group_sum(x, offs) -> per-group row sums (G, C) f32 (bias gradients)
   swiglu(h, layout, alpha, limit, up_offset) -> y (N, I); swiglu_backward(dy, h, ...) -> dh (N, 2I)
       layout 0 [gate | up] halves, 1 interleaved (gpt-oss); see the SWIGLU_* constants below
@@ -457,13 +461,15 @@ moe_routing = _python_op("moe_routing")
 moe_gather = _python_op("moe_gather")
 moe_combine = _python_op("moe_combine")
 moe_combine_weight_grad = _python_op("moe_combine_weight_grad")
+moe_swiglu_weight_grad = _python_op("moe_swiglu_weight_grad")
 moe_group_sum = _python_op("moe_group_sum")
 swiglu = _python_op("swiglu")
 swiglu_backward = _python_op("swiglu_backward")
 
 __all__ += [
-    "moe_routing", "moe_gather", "moe_combine", "moe_combine_weight_grad", "moe_group_sum", "swiglu",
-    "swiglu_backward", "SWIGLU_CONCAT", "SWIGLU_INTERLEAVED", "SWIGLU_STANDARD", "SWIGLU_GPT_OSS",
+    "moe_routing", "moe_gather", "moe_combine", "moe_combine_weight_grad", "moe_swiglu_weight_grad",
+    "moe_group_sum", "swiglu", "swiglu_backward", "SWIGLU_CONCAT", "SWIGLU_INTERLEAVED", "SWIGLU_STANDARD",
+    "SWIGLU_GPT_OSS",
 ]
 
 
@@ -499,6 +505,12 @@ def _(y, inv, weights, out_dtype):
 def _(dout, y, inv):
     _dims(inv, "inv", 2)
     return dout.new_empty((inv.shape[0], inv.shape[1]), dtype=torch.float32)
+
+
+@_fake("moe_swiglu_weight_grad")
+def _(dy, h, inv, layout, alpha, limit, up_offset):
+    _dims(inv, "inv", 2)
+    return dy.new_empty((inv.shape[0], inv.shape[1]), dtype=torch.float32)
 
 
 @_fake("moe_group_sum")

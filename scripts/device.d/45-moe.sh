@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
 # The MoE expert layer on the GPU (bench/bench_moe.py = python -m mxmoe bench --moe; BENCH.md "MoE layer
 # configs": Qwen3-30B-A3B at 16K and 4K tokens, DeepSeek-V3 EP8, Llama4-Scout, Mixtral-8x7B, gpt-oss-120b
-# at 16K): transformers' bf16 grouped_mm experts vs mxmoe.moe_experts bf16 / tile128 / exact, fwd+bwd
-# eager and CUDA graph, with the per-kernel breakdown of one eager step of each impl. Rows to
-# $OUT/moe_layer.json, the log to $OUT/bench-moe.log, the short table to $OUT/table-moe.txt and the
-# markdown for BENCHMARKS.md to $OUT/moe_layer.md. Extra arguments: MXMOE_MOE_ARGS (e.g.
+# at 16K): SonicMoE's bf16 layer and transformers' bf16 grouped_mm experts vs mxmoe.moe_experts bf16 /
+# tile128 / exact, fwd+bwd eager and CUDA graph, with the per-kernel breakdown of one eager step of each
+# impl. Rows to $OUT/moe_layer.json, the log to $OUT/bench-moe.log, the short table to $OUT/table-moe.txt
+# and the markdown for BENCHMARKS.md to $OUT/moe_layer.md. Extra arguments: MXMOE_MOE_ARGS (e.g.
 # "--moe-configs qwen3-30b-a3b --moe-reps 20"); MXMOE_MOE_TIMEOUT (seconds, default 480: the device's
 # limit is 10 minutes a command; the benchmark itself stops starting new impls after --moe-budget-s 330).
+# SonicMoE (the sonic_bf16 rows, measured first in each config; BENCH.md's MoE-layer peer) runs where its
+# wheels were carried: `source scripts/sonic_wheels.sh auto` below stages the parts of .whl-sonic/ this
+# call carried into /tmp/sonic-wheels, installs them into /tmp/sonic once all are there (an earlier call
+# of the same warm machine may have staged the others) and puts /tmp/sonic and
+# /tmp/sonic/nvidia_cutlass_dsl/python_packages on PYTHONPATH; without them its rows say "sonic-moe not
+# importable". Its first call per config JIT-compiles (6-65 s, QuACK's default GEMM configs; cached in
+# /tmp while the machine stays warm), so split the configs over calls with MXMOE_MOE_ARGS.
 set -uo pipefail
 status=0
 SECONDS=0
+source scripts/sonic_wheels.sh auto
 python3 -c 'import transformers; print("transformers", transformers.__version__)' 2>&1 | tail -1
+python3 -c 'import sonicmoe, quack; print("sonic-moe", sonicmoe.__version__, "quack", quack.__version__)' 2>&1 | tail -1
 timeout ${MXMOE_MOE_TIMEOUT:-480} python3 -m mxmoe bench --moe --moe-profile --out "$OUT/moe_layer.json" \
   ${MXMOE_MOE_ARGS:-} 2>&1 | tee "$OUT/bench-moe.log" | tail -60
 rc=${PIPESTATUS[0]}

@@ -63,7 +63,7 @@ namespace api {
 
 GroupedMMArgs check_grouped_mm(const mxmoe_tensor* a_, const mxmoe_tensor* a_scale_, const mxmoe_tensor* b_,
                                const mxmoe_tensor* b_scale_, const mxmoe_tensor* offs_, const mxmoe_tensor* bias_,
-                               mxmoe_tensor* out_, void* stream) {
+                               mxmoe_tensor* out_, void* stream, int64_t out_rows) {
   const mxmoe_tensor& a = require(a_, "a");
   check_dtype(a, "a", {MXMOE_DTYPE_E4M3});
   check_ndim(a, "a", {2});
@@ -97,7 +97,7 @@ GroupedMMArgs check_grouped_mm(const mxmoe_tensor* a_, const mxmoe_tensor* a_sca
   }
   const mxmoe_tensor& out = require(out_, "out");
   check_dtype(out, "out", {MXMOE_DTYPE_BF16, MXMOE_DTYPE_F32});
-  check_shape(out, "out", {M, N});
+  check_shape(out, "out", {out_rows >= 0 ? out_rows : M, N});
   check_device(out, "out", a.device);
   check_contiguous(out, "out");
   check_no_overlap_inputs(

@@ -54,10 +54,11 @@ inline void check_offs(const mxmoe_tensor& offs, int32_t device) {
 // Operands of the grouped GEMM with groups of a's rows (mxmoe_grouped_mm_mx, mxmoe_grouped_mm_tile128):
 // a (M, K) e4m3 + a_scale (M, K/32), b (G, N, K) e4m3 + b_scale (G, N, K/32), offs (G) int32, optional
 // bias (G, N), out (M, N) bf16/f32, dense, sharing no memory with an input; all on a's device.
-// Checked in this order, one message each (api.cpp).
+// Checked in this order, one message each (api.cpp). out_rows >= 0: out has that many rows instead of
+// a's (the gather variant: a is the per-token operand, out the routed rows).
 GroupedMMArgs check_grouped_mm(const mxmoe_tensor* a, const mxmoe_tensor* a_scale, const mxmoe_tensor* b,
                                const mxmoe_tensor* b_scale, const mxmoe_tensor* offs, const mxmoe_tensor* bias,
-                               mxmoe_tensor* out, void* stream);
+                               mxmoe_tensor* out, void* stream, int64_t out_rows = -1);
 
 // Operands of the grouped GEMM with groups along the tokens (wgrad; mxmoe_grouped_mm_mx_kgroups,
 // mxmoe_grouped_mm_tile128_kgroups): a (N, M) and b (K, M) e4m3, a_scale (N, cap) and b_scale (K, cap)

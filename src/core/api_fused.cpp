@@ -213,7 +213,28 @@ extern "C" mxmoe_status mxmoe_quantize_fused_source(const mxmoe_fused_source* sr
     if (cols % 2 != 0) fail("src.a: expected an even last dim (gate and up), got ", shape_str(a));
     if (!(s.alpha == s.alpha) || !(s.limit == s.limit) || !(s.up_offset == s.up_offset))
       fail("src.alpha, src.limit, src.up_offset: expected numbers, got NaN");
-    if (s.perm != nullptr || s.row_scale != nullptr) fail("src.perm, src.row_scale: expected NULL for SWIGLU");
+    if (s.kind == MXMOE_SOURCE_SWIGLU && (s.perm != nullptr || s.row_scale != nullptr))
+      fail("src.perm, src.row_scale: expected NULL for SWIGLU");
+    if (s.kind == MXMOE_SOURCE_SWIGLU_BACKWARD && (s.perm == nullptr) != (s.row_scale == nullptr))
+      fail("src.perm, src.row_scale: expected both or neither for SWIGLU_BACKWARD, got ",
+           s.perm ? "perm without row_scale" : "row_scale without perm");
+    if (s.kind == MXMOE_SOURCE_SWIGLU_BACKWARD && s.row_scale != nullptr) {
+      const mxmoe_tensor& rs = require(s.row_scale, "src.row_scale");
+      check_source_tensor(rs, "src.row_scale", {MXMOE_DTYPE_F32}, a.device);
+      check_ndim(rs, "src.row_scale", {2});
+      if (s.k < 1 || rs.shape[1] != s.k) fail("src.k: expected >= 1 and row_scale's dim 1, got k = ", s.k, ", row_scale ", shape_str(rs));
+      if (rs.shape[0] * s.k >= (int64_t{1} << 31)) fail("src.row_scale: expected fewer than 2^31 entries, got ", shape_str(rs));
+      const mxmoe_tensor& perm = require(s.perm, "src.perm");
+      check_source_tensor(perm, "src.perm", {MXMOE_DTYPE_I32}, a.device);
+      check_shape(perm, "src.perm", {rows});
+      src.perm.present = true;
+      src.perm.t = perm;
+      src.row_scale.present = true;
+      src.row_scale.t = rs;
+      src.k = s.k;
+      inputs.push_back({s.perm, "src.perm"});
+      inputs.push_back({s.row_scale, "src.row_scale"});
+    }
     src.layout = s.layout;
     src.alpha = s.alpha;
     src.limit = s.limit;

@@ -171,4 +171,63 @@ mxmoe_status mxmoe_grouped_mm_tile128_kgroups(const mxmoe_tensor* a_, const mxmo
   MXMOE_API_END
 }
 
+int32_t mxmoe_grouped_mm_tile128_gather_available(int64_t m, int64_t n, int64_t k, int64_t g, int64_t t,
+                                                  int64_t fanout, int32_t device) {
+  if (m < 0 || n < 0 || k < 0 || g < 0 || t < 0 || fanout < 1 || device < -1) return 0;
+  if (device < 0) return 1;  // the CPU reference takes every call
+#if defined(MXMOE_WITH_CUDA)
+  try {
+    return cuda::grouped_mm_tile128_gather_available(m, n, k, g, t, fanout, device) ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
+#else
+  return 0;
+#endif
+}
+
+mxmoe_status mxmoe_grouped_mm_tile128_gather(const mxmoe_tensor* a_, const mxmoe_tensor* a_scale_,
+                                             const mxmoe_tensor* gather_, int64_t fanout,
+                                             const mxmoe_tensor* row_scale_, const mxmoe_tensor* b_,
+                                             const mxmoe_tensor* b_scale_, const mxmoe_tensor* offs_,
+                                             const mxmoe_tensor* bias_, mxmoe_tensor* out_, void* stream) {
+  MXMOE_API_BEGIN
+  const mxmoe_tensor& gather = require(gather_, "gather");
+  check_dtype(gather, "gather", {MXMOE_DTYPE_I32});
+  check_ndim(gather, "gather", {1});
+  const int64_t M = gather.shape[0];
+  if (M >= (int64_t{1} << 31)) fail("gather: expected fewer than 2^31 rows, got ", M);
+  GroupedMMGatherArgs args;
+  args.mm = api::check_grouped_mm(a_, a_scale_, b_, b_scale_, offs_, bias_, out_, stream, M);
+  const mxmoe_tensor& a = args.mm.a;
+  const int64_t T = a.shape[0];
+  check_device(gather, "gather", a.device);
+  check_contiguous(gather, "gather");
+  if (fanout < 1 || (T > 0 && fanout > ((int64_t{1} << 31) - 1) / T))
+    fail("fanout: expected 1 <= fanout and T * fanout < 2^31 (T = ", T, "), got ", fanout);
+  check_contiguous(a, "a");
+  check_contiguous(args.mm.a_scale, "a_scale");
+  check_no_overlap(args.mm.out, "out", gather, "gather");
+  if (row_scale_ != nullptr) {
+    const mxmoe_tensor& rs = require(row_scale_, "row_scale");
+    check_dtype(rs, "row_scale", {MXMOE_DTYPE_F32});
+    check_shape(rs, "row_scale", {T, fanout});
+    check_device(rs, "row_scale", a.device);
+    check_contiguous(rs, "row_scale");
+    check_no_overlap(args.mm.out, "out", rs, "row_scale");
+    args.row_scale.present = true;
+    args.row_scale.t = rs;
+  }
+  args.gather = gather;
+  args.fanout = fanout;
+  if (a.device >= 0) {
+#if defined(MXMOE_WITH_CUDA)
+    cuda::grouped_mm_tile128_gather(args);
+#endif
+  } else {
+    cpu::grouped_mm_gather(args);
+  }
+  MXMOE_API_END
+}
+
 }  // extern "C"

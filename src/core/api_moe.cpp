@@ -1,4 +1,4 @@
-// C API of the MoE kernel family (routing, gather, combine, weight grad, group sum, SwiGLU):
+// C API of the MoE kernel family (routing, gather, combine, weight grads, group sum, SwiGLU):
 // validation (messages name the argument and give expected vs actual), then dispatch by device.
 // Nothing is written before validation passes.
 #include <cmath>
@@ -264,6 +264,44 @@ mxmoe_status mxmoe_moe_combine_weight_grad(const mxmoe_tensor* dout_, const mxmo
   a.dw = dw;
   a.stream = stream;
   MXMOE_DISPATCH(dout.device, moe_combine_weight_grad, a);
+  MXMOE_API_END
+}
+
+mxmoe_status mxmoe_moe_swiglu_weight_grad(const mxmoe_tensor* dy_, const mxmoe_tensor* h_, const mxmoe_tensor* inv_,
+                                          int32_t layout, float alpha, float limit, float up_offset, mxmoe_tensor* dw_,
+                                          void* stream) {
+  MXMOE_API_BEGIN
+  const mxmoe_tensor& dy = float_matrix(dy_, "dy");
+  check_backend(dy.device, "dy");
+  const int64_t N = dy.shape[0], I = dy.shape[1];
+  const mxmoe_tensor& h = require(h_, "h");
+  check_dtype(h, "h", {MXMOE_DTYPE_BF16});
+  check_ndim(h, "h", {2});
+  if (h.shape[0] != N || h.shape[1] != 2 * I)
+    fail("h: expected shape (", N, ", ", 2 * I, ") (dy's rows, gate and up: twice dy's columns), got shape ",
+         shape_str(h));
+  check_on(h, "h", dy.device);
+  const mxmoe_tensor& inv = require(inv_, "inv");
+  check_dtype(inv, "inv", {MXMOE_DTYPE_I32});
+  check_ndim(inv, "inv", {2});
+  check_on(inv, "inv", dy.device);
+  const int64_t T = inv.shape[0], K = inv.shape[1];
+  if (T * K > 0 && N == 0)
+    fail("dy: expected at least 1 row (inv has ", T * K, " entries), got shape ", shape_str(dy));
+  check_swiglu_params(layout, alpha, limit, up_offset);
+  const mxmoe_tensor& dw = output(dw_, "dw", {MXMOE_DTYPE_F32}, {T, K}, dy.device);
+  check_separate({{&dw, "dw"}}, {{&dy, "dy"}, {&h, "h"}, {&inv, "inv"}});
+  MoeSwigluWeightGradArgs a;
+  a.dy = dy;
+  a.h = h;
+  a.inv = inv;
+  a.dw = dw;
+  a.layout = layout;
+  a.alpha = alpha;
+  a.limit = limit;
+  a.up_offset = up_offset;
+  a.stream = stream;
+  MXMOE_DISPATCH(dy.device, moe_swiglu_weight_grad, a);
   MXMOE_API_END
 }
 

@@ -59,6 +59,16 @@ struct GroupedMMArgs {
   void* stream = nullptr;
 };
 
+// GroupedMMArgs on routed rows: out row r = A row gather[r] / fanout (a zero row for gather[r] < 0;
+// indices clamped into [0, rows(A) * fanout)), scaled by row_scale[gather[r]] (fp32, before the bias)
+// when given. mm.a / mm.a_scale are the per-token operand (T, K), mm.out is (M, N), M = len(gather).
+struct GroupedMMGatherArgs {
+  GroupedMMArgs mm;
+  mxmoe_tensor gather{};
+  int64_t fanout = 1;
+  OptTensor row_scale;  // (T, fanout) f32
+};
+
 // out (G, N, K) = A (N, M)[:, group] . B (K, M)[:, group]^T; scales grouped compact along M.
 struct GroupedMMKArgs {
   mxmoe_tensor a{}, a_scale{}, b{}, b_scale{}, offs{};
@@ -112,6 +122,7 @@ void scales_to_blocked(const BlockedArgs& args);
 void scales_from_blocked(const BlockedArgs& args);
 void grouped_mm(const GroupedMMArgs& args);
 void grouped_mm_kgroups(const GroupedMMKArgs& args);
+void grouped_mm_gather(const GroupedMMGatherArgs& args);  // routed rows materialized, then grouped_mm
 }  // namespace cpu
 
 #if defined(MXMOE_WITH_CUDA)
@@ -126,6 +137,11 @@ int64_t grouped_mm_tile128_kgroups_workspace_size(int64_t m, int64_t n, int64_t 
                                                   int32_t device);
 void grouped_mm_tile128(const GroupedMMArgs& args, void* workspace, int64_t workspace_bytes);
 void grouped_mm_tile128_kgroups(const GroupedMMKArgs& args, void* workspace, int64_t workspace_bytes);
+// The gather variant of the sm_90a kernel (no CUTLASS path): whether it takes a call of this shape on
+// `device`, and the call (UNSUPPORTED where it does not take it).
+bool grouped_mm_tile128_gather_available(int64_t m, int64_t n, int64_t k, int64_t g, int64_t a_rows,
+                                         int64_t fanout, int32_t device);
+void grouped_mm_tile128_gather(const GroupedMMGatherArgs& args);
 
 void quantize(const QuantizeArgs& args);
 void dequantize(const DequantizeArgs& args);
@@ -197,6 +213,15 @@ struct MoeWeightGradArgs {
   void* stream = nullptr;
 };
 
+// dw[t, j] = <dy[inv[t, j]], swiglu(h[inv[t, j]])> (mxmoe_moe_swiglu_weight_grad).
+struct MoeSwigluWeightGradArgs {
+  mxmoe_tensor dy{}, h{}, inv{};  // (N, I) bf16|f32, (N, 2I) bf16, (T, k)
+  mxmoe_tensor dw{};              // (T, k) f32
+  int32_t layout = 0;
+  float alpha = 1.f, limit = 0.f, up_offset = 0.f;
+  void* stream = nullptr;
+};
+
 struct MoeGroupSumArgs {
   mxmoe_tensor x{}, offs{};  // (M, C), (G,)
   mxmoe_tensor out{};        // (G, C) f32
@@ -218,6 +243,7 @@ void moe_routing(const MoeRoutingArgs& args);
 void moe_gather(const MoeGatherArgs& args);
 void moe_combine(const MoeCombineArgs& args);
 void moe_combine_weight_grad(const MoeWeightGradArgs& args);
+void moe_swiglu_weight_grad(const MoeSwigluWeightGradArgs& args);
 void moe_group_sum(const MoeGroupSumArgs& args);
 void swiglu(const SwigluArgs& args);
 }  // namespace cpu
@@ -229,6 +255,7 @@ void moe_routing(const MoeRoutingArgs& args);
 void moe_gather(const MoeGatherArgs& args);
 void moe_combine(const MoeCombineArgs& args);
 void moe_combine_weight_grad(const MoeWeightGradArgs& args);
+void moe_swiglu_weight_grad(const MoeSwigluWeightGradArgs& args);
 void moe_group_sum(const MoeGroupSumArgs& args);
 void swiglu(const SwigluArgs& args);
 }  // namespace cuda

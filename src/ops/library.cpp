@@ -56,6 +56,8 @@ STABLE_TORCH_LIBRARY(mxmoe, m) {
   m.def("moe_gather(Tensor x, Tensor perm, int k, Tensor? row_scale, ScalarType out_dtype) -> Tensor");
   m.def("moe_combine(Tensor y, Tensor inv, Tensor? weights, ScalarType out_dtype) -> Tensor");
   m.def("moe_combine_weight_grad(Tensor dout, Tensor y, Tensor inv) -> Tensor");
+  m.def("moe_swiglu_weight_grad(Tensor dy, Tensor h, Tensor inv, int layout, float alpha, float limit, "
+        "float up_offset) -> Tensor");
   m.def("moe_group_sum(Tensor x, Tensor offs) -> Tensor");
   m.def("swiglu(Tensor h, int layout, float alpha, float limit, float up_offset) -> Tensor");
   m.def("swiglu_backward(Tensor dy, Tensor h, int layout, float alpha, float limit, float up_offset) -> Tensor");
@@ -95,6 +97,7 @@ STABLE_TORCH_LIBRARY(mxmoe, m) {
   m.impl("moe_gather", TORCH_BOX(&moe_gather));                            \
   m.impl("moe_combine", TORCH_BOX(&moe_combine));                          \
   m.impl("moe_combine_weight_grad", TORCH_BOX(&moe_combine_weight_grad));  \
+  m.impl("moe_swiglu_weight_grad", TORCH_BOX(&moe_swiglu_weight_grad));    \
   m.impl("moe_group_sum", TORCH_BOX(&moe_group_sum));                      \
   m.impl("swiglu", TORCH_BOX(&swiglu));                                    \
   m.impl("swiglu_backward", TORCH_BOX(&swiglu_backward))

@@ -179,6 +179,17 @@ void tile128_mm_into(const Tensor& a, const Tensor& a_scale, const Tensor& b, co
   check(mxmoe_grouped_mm_tile128(&av, &asv, &bv, &bsv, &ov, biasv.get(), &outv, &wsv, L.stream), op);
 }
 
+void tile128_gather_mm_into(const Tensor& a, const Tensor& a_scale, const Tensor& perm, int64_t k,
+                            const OptTensor& row_scale, const Tensor& b, const Tensor& b_scale, const Tensor& offs,
+                            const OptTensor& bias, Tensor& out, const Launch& L, const char* op) {
+  mxmoe_tensor av = view(a, "a", op), asv = view(a_scale, "a_scale", op), pv = view(perm, "perm", op),
+               bv = view(b, "b", op), bsv = view(b_scale, "b_scale", op), ov = view(offs, "offs", op),
+               outv = view(out, "out", op);
+  OptView rsv(row_scale, "row_scale", op), biasv(bias, "bias", op);
+  check(mxmoe_grouped_mm_tile128_gather(&av, &asv, &pv, k, rsv.get(), &bv, &bsv, &ov, biasv.get(), &outv, L.stream),
+        op);
+}
+
 void tile128_mm_kgroups_into(const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale,
                              const Tensor& offs, Tensor& out, const Launch& L, const char* op) {
   Tensor ws = tile128_workspace(mxmoe_grouped_mm_tile128_kgroups_workspace_size, dim_or0(a, 1), dim_or0(a, 0),

@@ -92,6 +92,8 @@ std::tuple<Tensor, Tensor, Tensor> moe_routing(Tensor topk_idx, int64_t num_expe
 Tensor moe_gather(Tensor x, Tensor perm, int64_t k, OptTensor row_scale, ScalarType out_dtype);
 Tensor moe_combine(Tensor y, Tensor inv, OptTensor weights, ScalarType out_dtype);
 Tensor moe_combine_weight_grad(Tensor dout, Tensor y, Tensor inv);
+Tensor moe_swiglu_weight_grad(Tensor dy, Tensor h, Tensor inv, int64_t layout, double alpha, double limit,
+                              double up_offset);
 Tensor moe_group_sum(Tensor x, Tensor offs);
 Tensor swiglu(Tensor h, int64_t layout, double alpha, double limit, double up_offset);
 Tensor swiglu_backward(Tensor dy, Tensor h, int64_t layout, double alpha, double limit, double up_offset);
@@ -103,6 +105,11 @@ Tensor dequantize_into(const Tensor& q, const Tensor& scale, int32_t axis, const
 void zero_rows_into(const Tensor& x, const Tensor& offs, const Launch& L, const char* op);
 void tile128_mm_into(const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale,
                      const Tensor& offs, const OptTensor& bias, Tensor& out, const Launch& L, const char* op);
+// The tile128 forward / dgrad GEMM on routed rows: out row r reads row perm[r] / k of the per-token
+// operand a (mxmoe_grouped_mm_tile128_gather); row_scale (T, k) f32 scales the rows after the GEMM.
+void tile128_gather_mm_into(const Tensor& a, const Tensor& a_scale, const Tensor& perm, int64_t k,
+                            const OptTensor& row_scale, const Tensor& b, const Tensor& b_scale, const Tensor& offs,
+                            const OptTensor& bias, Tensor& out, const Launch& L, const char* op);
 void tile128_mm_kgroups_into(const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale,
                              const Tensor& offs, Tensor& out, const Launch& L, const char* op);
 Tensor clamp_offsets_into(const Tensor& offs, int64_t m, const Launch& L, const char* op);

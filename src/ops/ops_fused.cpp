@@ -170,10 +170,43 @@ std::vector<Tensor> quantize_fused_input(const char* op, const Input& x, const O
 
 // ---- the phases, on a tensor or a computed input ------------------------------------------------------
 
+// Whether a tile128 GEMM on the gathered rows of `a` runs as the gather GEMM (the per-token operand
+// read through perm, no routed copy): a GATHER source, bf16 output, and a build / device that runs it
+// (the sm_90a kernel, or the CPU reference).
+bool gather_gemm(const Input& a, const Tensor& w, const Tensor& offs, ScalarType out_dtype, const Launch& L) {
+  if (a.kind != MXMOE_SOURCE_GATHER || out_dtype != ScalarType::BFloat16 || w.dim() != 3) return false;
+  return mxmoe_grouped_mm_tile128_gather_available(a.rows(), w.size(1), w.size(2), offs.size(0), a.a.size(0), a.k,
+                                                   L.device) == 1;
+}
+
+// The operands of a gather GEMM over the routed rows of `a` (a GATHER source without row scale, x its
+// tensor): x quantized once per token into x_row (1x128 along K: the codes each routed copy of the row
+// would get), and, when a_col wants outputs, the wgrad operand of the routed rows (128x1 along them
+// per group) from a columnwise-only pass over the gathered rows.
+void quantize_gathered(const char* op, const Input& a, const Input& x, const Tensor& offs, int64_t mode,
+                       const Side& x_row, const Side& a_col, const Launch& L) {
+  const Side x_none(x, std::nullopt, false, 0, ScalarType::BFloat16, L.device, op);
+  run_fused(op, x, std::nullopt, 128, 128, false, mode, x_row, x_none, L);
+  if (a_col.bits) {
+    const Side a_none(a, offs, true, 0, ScalarType::BFloat16, L.device, op);
+    run_fused(op, a, offs, 128, 128, false, mode, a_none, a_col, L);
+  }
+}
+
 std::tuple<Tensor, Tensor, Tensor> tile128_forward(const char* op, const Input& a, const Tensor& w_q,
                                                    const Tensor& w_scale, const Tensor& offs, const OptTensor& bias,
                                                    int64_t mode, ScalarType out_dtype, bool want_a_col) {
   Launch L(a.a);
+  if (!a.row_scale && gather_gemm(a, w_q, offs, out_dtype, L)) {
+    const Input x(a.a);
+    Side x_row(x, std::nullopt, true, kQ | kScale, ScalarType::BFloat16, L.device, op);
+    Side a_col(a, offs, false, want_a_col ? (kQT | kScale) : 0, ScalarType::BFloat16, L.device, op);
+    quantize_gathered(op, a, x, offs, mode, x_row, a_col, L);
+    Tensor out = empty({a.rows(), w_q.size(-2)}, out_dtype, L.device);
+    tile128_gather_mm_into(x_row.q(), x_row.scale(), *a.perm, a.k, std::nullopt, w_q, w_scale, offs, bias, out, L,
+                           op);
+    return {out, a_col.out(1), a_col.out(2)};
+  }
   // One read of A: its forward operand (1x128 along K) and its wgrad operand (128x1 along M per group).
   Side a_row(a, offs, true, kQ | kScale, ScalarType::BFloat16, L.device, op);
   Side a_col(a, offs, false, want_a_col ? (kQT | kScale) : 0, ScalarType::BFloat16, L.device, op);
@@ -190,6 +223,20 @@ std::tuple<Tensor, Tensor> tile128_backward(const char* op, const Input& dy, con
   if (need_dw && (!a_qt || !a_scale))
     fail(op, MXMOE_ERR_INVALID_ARGUMENT, "a_qt, a_scale: required when need_dw (A's wgrad operand from the forward)");
   Launch L(dy.a);
+  if (need_da && !dy.row_scale && gather_gemm(dy, w_qt, offs, a_dtype, L)) {
+    // dY's routed rows (the MoE layer's unweighted dO): as in the forward, per token plus the gather GEMM.
+    const Input g(dy.a);
+    Side g_row(g, std::nullopt, true, kQ | kScale, ScalarType::BFloat16, L.device, op);
+    Side dy_col(dy, offs, false, need_dw ? (kQT | kScale) : 0, ScalarType::BFloat16, L.device, op);
+    quantize_gathered(op, dy, g, offs, mode, g_row, dy_col, L);
+    Tensor da = empty({dy.rows(), w_qt.dim() == 3 ? w_qt.size(1) : 0}, a_dtype, L.device);
+    tile128_gather_mm_into(g_row.q(), g_row.scale(), *dy.perm, dy.k, std::nullopt, w_qt, w_scale, offs, std::nullopt,
+                           da, L, op);
+    Tensor dw = need_dw ? empty({offs.size(0), dy.cols(), a_qt->dim() >= 1 ? a_qt->size(0) : 0}, w_dtype, L.device)
+                        : none_output(w_dtype, L.device);
+    if (need_dw) tile128_mm_kgroups_into(dy_col.t[1], dy_col.scale(), *a_qt, *a_scale, offs, dw, L, op);
+    return {da, dw};
+  }
   // One read of dY: the dgrad operand (1x128 along N) and the wgrad operand (128x1 along M per group).
   Side dy_row(dy, offs, true, need_da ? (kQ | kScale) : 0, ScalarType::BFloat16, L.device, op);
   Side dy_col(dy, offs, false, need_dw ? (kQT | kScale) : 0, ScalarType::BFloat16, L.device, op);

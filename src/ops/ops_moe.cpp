@@ -1,7 +1,8 @@
 // torch.ops.mxmoe.* of the MoE kernel family: routing metadata, gather (dispatch), combine and its
-// weight gradient, per-group row sums (bias gradients), SwiGLU forward/backward. Each op allocates
-// its outputs with torch (shapes from the inputs' shapes only, the rules of the fakes in mxmoe/ops.py),
-// lets the core validate every argument and launches on torch's current stream.
+// weight gradient (from the expert outputs, or from the down projection's dgrad and SwiGLU's input),
+// per-group row sums (bias gradients), SwiGLU forward/backward. Each op allocates its outputs with
+// torch (shapes from the inputs' shapes only, the rules of the fakes in mxmoe/ops.py), lets the core
+// validate every argument and launches on torch's current stream.
 #include <cstdint>
 #include <string>
 #include <tuple>
@@ -79,6 +80,19 @@ Tensor moe_combine_weight_grad(Tensor dout, Tensor y, Tensor inv) {
   Tensor dw = empty({size_or0(id, 0), size_or0(id, 1)}, ScalarType::Float, L.device);
   mxmoe_tensor dv = view(dd, "dout", op), yv = view(yd, "y", op), iv = view(id, "inv", op), wv = view(dw, "dw", op);
   check(mxmoe_moe_combine_weight_grad(&dv, &yv, &iv, &wv, L.stream), op);
+  return dw;
+}
+
+Tensor moe_swiglu_weight_grad(Tensor dy, Tensor h, Tensor inv, int64_t layout, double alpha, double limit,
+                              double up_offset) {
+  const char* op = "moe_swiglu_weight_grad";
+  Launch L(dy);
+  const Tensor dd = dense(dy), hd = dense(h), id = dense(inv);
+  Tensor dw = empty({size_or0(id, 0), size_or0(id, 1)}, ScalarType::Float, L.device);
+  mxmoe_tensor dv = view(dd, "dy", op), hv = view(hd, "h", op), iv = view(id, "inv", op), wv = view(dw, "dw", op);
+  check(mxmoe_moe_swiglu_weight_grad(&dv, &hv, &iv, to_i32(layout, "layout", op), to_float(alpha), to_float(limit),
+                                     to_float(up_offset), &wv, L.stream),
+        op);
   return dw;
 }
 

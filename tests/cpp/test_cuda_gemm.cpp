@@ -695,3 +695,71 @@ TEST(CudaGemmTile128, Validation) {
   EXPECT_EQ(mxmoe_grouped_mm_tile128(&va, &vas, &vb, &vbs, &vo, nullptr, &vout, &vhw, nullptr),
             MXMOE_ERR_INVALID_ARGUMENT);
 }
+
+// The gather variant (mxmoe_grouped_mm_tile128_gather, the MoE layer's GEMM on routed rows): the same
+// bits as the M-grouped kernel on the routed copy of the operand (test_util.hpp's routed_copy: padding
+// rows, clamped indices, tail rows), and with a row scale the scaled f32 product rounded once.
+TEST(CudaGemmTile128, GatherSameBitsAsRoutedCopy) {
+  SKIP_WITHOUT_CUDA();
+  struct Case {
+    int64_t t, k, n, fanout;
+    std::vector<int32_t> sizes;
+  };
+  const Case cases[] = {{300, 512, 384, 8, {400, 0, 333, 700, 16, 951}},
+                        {97, 160, 144, 3, {50, 128, 0, 113}},
+                        {1024, 2048, 256, 8, {1000, 2000, 3000, 2192}}};
+  uint32_t seed = 40;
+  for (const Case& c : cases) {
+    std::mt19937 rng(seed++);
+    g_data = Data::kNormal;
+    const int64_t G = static_cast<int64_t>(c.sizes.size());
+    Buffer a = random_e4m3_buffer({c.t, c.k}, rng), as = rowwise_scales_1x128(c.t, c.k, rng);
+    Buffer b = random_e4m3_buffer({G, c.n, c.k}, rng), bs = tile_scales_128x128(G, c.n, c.k, rng);
+    std::vector<int32_t> gather;
+    for (int32_t s : c.sizes)
+      for (int32_t i = 0; i < s; ++i) {
+        const uint32_t u = rng() % 32;
+        gather.push_back(u == 0 ? -1 : (u == 1 ? static_cast<int32_t>(c.t * c.fanout + 3)
+                                               : static_cast<int32_t>(rng() % (c.t * c.fanout))));
+      }
+    for (int i = 0; i < 5; ++i) gather.push_back(static_cast<int32_t>(rng() % (c.t * c.fanout)));  // tail rows
+    const int64_t M = static_cast<int64_t>(gather.size());
+    const std::vector<int32_t> ends = ends_of(c.sizes);
+    Buffer offs = mxtest::offsets(ends), gi({M}, MXMOE_DTYPE_I32), rs({c.t, c.fanout}, MXMOE_DTYPE_F32);
+    std::memcpy(gi.bytes.data(), gather.data(), gather.size() * 4);
+    std::uniform_real_distribution<float> u(0.f, 1.f);
+    for (int64_t i = 0; i < rs.numel(); ++i) rs.set(i, u(rng));
+    const mxtest::RoutedCopy copy = mxtest::routed_copy(a, as, gather, c.fanout);
+    DevBuf da(a), das(as), db(b), dbs(bs), doffs(offs), dgi(gi), drs(rs), dq(copy.q), dqs(copy.scale);
+    auto va = da.view(), vas = das.view(), vb = db.view(), vbs = dbs.view(), vo = doffs.view(), vg = dgi.view(),
+         vrs = drs.view(), vq = dq.view(), vqs = dqs.view();
+    if (!mxmoe_grouped_mm_tile128_gather_available(M, c.n, c.k, G, c.t, c.fanout, 0))
+      GTEST_SKIP() << "the sm_90a gather kernel is not available here";
+    // The M-grouped kernel on the routed copy, bf16 and f32.
+    DevBuf ref16(Buffer({M, c.n}, MXMOE_DTYPE_BF16), false), ref32(Buffer({M, c.n}, MXMOE_DTYPE_F32), false);
+    for (DevBuf* r : {&ref16, &ref32}) {
+      const int64_t need = mxmoe_grouped_mm_tile128_workspace_size(M, c.n, c.k, G, 0);
+      Workspace ws(need);
+      auto vr = r->view(), vws = ws.view();
+      ASSERT_EQ(mxmoe_grouped_mm_tile128(&vq, &vqs, &vb, &vbs, &vo, nullptr, &vr, &vws, nullptr), MXMOE_OK)
+          << mxmoe_last_error();
+    }
+    for (bool scaled : {false, true}) {
+      DevBuf dout(Buffer({M, c.n}, MXMOE_DTYPE_BF16), false);
+      dout.poison();
+      auto vout = dout.view();
+      ASSERT_EQ(mxmoe_grouped_mm_tile128_gather(&va, &vas, &vg, c.fanout, scaled ? &vrs : nullptr, &vb, &vbs, &vo,
+                                                nullptr, &vout, nullptr),
+                MXMOE_OK)
+          << mxmoe_last_error();
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const Buffer got = dout.download();
+      const Buffer want = scaled ? mxtest::row_scaled(ref32.download(), copy, rs, nullptr, ends, MXMOE_DTYPE_BF16)
+                                 : ref16.download();
+      int64_t diff = 0;
+      for (int64_t i = 0; i < got.numel(); ++i) diff += got.data<uint16_t>()[i] != want.data<uint16_t>()[i];
+      EXPECT_EQ(diff, 0) << "T=" << c.t << " K=" << c.k << " N=" << c.n << " scaled=" << scaled;
+    }
+  }
+  g_data = Data::kFullRange;
+}

@@ -772,6 +772,186 @@ TEST(MoeSwiglu, BadInput) {
   }
 }
 
+// ---- SwiGLU weight grad -------------------------------------------------------------------------------
+
+// dw[e] = sum_i dy[r, i] * act_i with r = clamp(inv[e]), in the documented fixed order (tree_sum),
+// from act (N, I) fp32 values: the test's own SwiGLU (ref_swiglu) or a device's mxmoe_swiglu.
+std::vector<float> ref_swiglu_weight_grad(const Buffer& dy, const std::vector<float>& act, const std::vector<int32_t>& iv,
+                                          int64_t N, int64_t I) {
+  std::vector<float> want(iv.size());
+  for (size_t e = 0; e < iv.size(); ++e) {
+    const int64_t r = clampi(iv[e], N);
+    std::vector<float> terms(I);
+    for (int64_t i = 0; i < I; ++i) terms[i] = dy.get(r * I + i) * act[r * I + i];
+    want[e] = tree_sum(terms, 32, 8);
+  }
+  return want;
+}
+
+// act (N, I) of h (N, 2I) by the test's scalar formula.
+std::vector<float> ref_act(const Buffer& h, int64_t N, int64_t I, const Swiglu& p) {
+  std::vector<float> act(N * I);
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t i = 0; i < I; ++i)
+      act[r * I + i] = ref_swiglu(h.get(r * 2 * I + gate_at(p.layout, i, I)), h.get(r * 2 * I + up_at(p.layout, i, I)), p);
+  return act;
+}
+
+// Non-plain parameters: alpha != 1, a finite limit, up_offset != 0 (negative too).
+const Swiglu kSwigluWgradParams[] = {kStandard, kGptOss, Swiglu{0, 1.702f, 7.0f, 1.0f}, Swiglu{1, 0.5f, 0.75f, -0.25f}};
+
+TEST(MoeSwigluWeightGrad, MatchesFixedOrderAndDoubleDot) {
+  const int64_t T = 5, K = 3, N = T * K + 2;  // two rows no entry points at
+  for (const Swiglu& p : kSwigluWgradParams)
+    for (int64_t I : {300, 24, 7, 0})
+      for (mxmoe_dtype dd : {MXMOE_DTYPE_BF16, MXMOE_DTYPE_F32}) {
+        SCOPED_TRACE("layout=" + std::to_string(p.layout) + " alpha=" + std::to_string(p.alpha) + " limit=" +
+                     std::to_string(p.limit) + " I=" + std::to_string(I) + " dy=" + std::to_string(dd));
+        // h: values at and past the clamps; row 0 also holds a NaN and an inf (dw NaN / inf-driven there).
+        Buffer h = I ? swiglu_input(N, 2 * I, MXMOE_DTYPE_BF16, 61, p.limit) : Buffer({N, 0}, MXMOE_DTYPE_BF16);
+        Buffer dy = randn({N, I}, dd, 62);
+        std::vector<int32_t> iv(T * K);
+        std::mt19937 rng(5);
+        for (auto& v : iv) v = static_cast<int32_t>(rng() % (N + 4)) - 2;  // clamped: -2, -1, N, N + 1
+        iv[1] = -7;
+        iv[2] = N + 100;
+        Buffer inv = i32_vec(iv, {T, K}), dw = poisoned({T, K}, MXMOE_DTYPE_F32);
+        mxmoe_tensor dv = dy.view(), hv = h.view(), invv = inv.view(), wv = dw.view();
+        ASSERT_EQ(mxmoe_moe_swiglu_weight_grad(&dv, &hv, &invv, p.layout, p.alpha, p.limit, p.up_offset, &wv, nullptr),
+                  MXMOE_OK)
+            << mxmoe_last_error();
+        const std::vector<float> act = ref_act(h, N, I, p);
+        const std::vector<float> want = ref_swiglu_weight_grad(dy, act, iv, N, I);
+        EXPECT_TRUE(equals(dw, want));
+        for (int64_t e = 0; e < T * K; ++e) {
+          if (std::isnan(dw.get(e))) {
+            EXPECT_EQ(mxtest::bits_of(dw.get(e)), 0x7FC00000u) << "canonical NaN";
+          }
+          if (!std::isfinite(want[e])) continue;
+          const int64_t r = clampi(iv[e], N);
+          double exact = 0, mag = 0;
+          for (int64_t i = 0; i < I; ++i) {
+            exact += double(dy.get(r * I + i)) * double(act[r * I + i]);
+            mag += std::fabs(double(dy.get(r * I + i)) * double(act[r * I + i]));
+          }
+          EXPECT_NEAR(dw.get(e), exact, 2e-6 * (1 + mag));
+        }
+        if (I == 0) {
+          for (int64_t e = 0; e < T * K; ++e) EXPECT_EQ(mxtest::bits_of(dw.get(e)), 0u) << "+0 where nothing is summed";
+        }
+      }
+}
+
+TEST(MoeSwigluWeightGrad, IsTheDotWithSwigluOutput) {
+  // Against the library's own SwiGLU: dw[t, j] = <dy[r], swiglu(h[r])> with swiglu computed in f32
+  // (a bf16 h converted exactly) by mxmoe_swiglu, then the fixed-order dot.
+  const int64_t T = 40, K = 2, N = T * K, I = 72;
+  for (const Swiglu& p : kSwigluWgradParams) {
+    SCOPED_TRACE("layout=" + std::to_string(p.layout) + " limit=" + std::to_string(p.limit));
+    Buffer h = randn({N, 2 * I}, MXMOE_DTYPE_BF16, 71, 3.f), hf({N, 2 * I}, MXMOE_DTYPE_F32), y({N, I}, MXMOE_DTYPE_F32);
+    for (int64_t i = 0; i < h.numel(); ++i) hf.set(i, h.get(i));
+    Buffer dy = randn({N, I}, MXMOE_DTYPE_F32, 72);
+    std::vector<int32_t> iv(T * K);
+    std::iota(iv.begin(), iv.end(), 0);
+    std::shuffle(iv.begin(), iv.end(), std::mt19937(3));
+    Buffer inv = i32_vec(iv, {T, K}), dw = poisoned({T, K}, MXMOE_DTYPE_F32);
+    mxmoe_tensor hfv = hf.view(), yv = y.view(), dv = dy.view(), hv = h.view(), invv = inv.view(), wv = dw.view();
+    ASSERT_EQ(mxmoe_swiglu(&hfv, p.layout, p.alpha, p.limit, p.up_offset, &yv, nullptr), MXMOE_OK) << mxmoe_last_error();
+    ASSERT_EQ(mxmoe_moe_swiglu_weight_grad(&dv, &hv, &invv, p.layout, p.alpha, p.limit, p.up_offset, &wv, nullptr),
+              MXMOE_OK)
+        << mxmoe_last_error();
+    std::vector<float> act(N * I);
+    for (int64_t i = 0; i < N * I; ++i) act[i] = y.get(i);
+    EXPECT_TRUE(equals(dw, ref_swiglu_weight_grad(dy, act, iv, N, I)));
+  }
+}
+
+TEST(MoeSwigluWeightGrad, NanStaysVisible) {
+  // Rows: gate NaN; up NaN under a finite clamp; dy NaN; plain. inv points at each row once.
+  const int64_t N = 4, I = 8;
+  Buffer h = randn({N, 2 * I}, MXMOE_DTYPE_BF16, 81), dy = randn({N, I}, MXMOE_DTYPE_BF16, 82);
+  h.set(0 * 2 * I + 3, std::nanf(""));      // gate 3 of row 0 (concat)
+  h.set(1 * 2 * I + I + 5, std::nanf(""));  // up 5 of row 1
+  dy.set(2 * I + 7, std::nanf(""));
+  Buffer inv = i32_vec({3, 2, 1, 0}, {2, 2}), dw = poisoned({2, 2}, MXMOE_DTYPE_F32);
+  mxmoe_tensor dv = dy.view(), hv = h.view(), invv = inv.view(), wv = dw.view();
+  ASSERT_EQ(mxmoe_moe_swiglu_weight_grad(&dv, &hv, &invv, 0, 1.702f, 7.f, 1.f, &wv, nullptr), MXMOE_OK)
+      << mxmoe_last_error();
+  EXPECT_FALSE(std::isnan(dw.get(0)));
+  for (int64_t e = 1; e < 4; ++e) EXPECT_EQ(mxtest::bits_of(dw.get(e)), 0x7FC00000u) << "entry " << e;
+}
+
+TEST(MoeSwigluWeightGrad, EmptySizes) {
+  for (const std::vector<int64_t>& s : {std::vector<int64_t>{0, 3, 0}, std::vector<int64_t>{4, 0, 5},
+                                        std::vector<int64_t>{0, 0, 8}, std::vector<int64_t>{3, 2, 0}}) {
+    const int64_t T = s[0], K = s[1], I = s[2], N = T * K;
+    SCOPED_TRACE("T=" + std::to_string(T) + " k=" + std::to_string(K) + " I=" + std::to_string(I));
+    Buffer dy({N, I}, MXMOE_DTYPE_F32), h({N, 2 * I}, MXMOE_DTYPE_BF16), dw = poisoned({T, K}, MXMOE_DTYPE_F32);
+    std::vector<int32_t> iv(N);
+    std::iota(iv.begin(), iv.end(), 0);
+    Buffer inv = i32_vec(iv, {T, K});
+    mxmoe_tensor dv = dy.view(), hv = h.view(), invv = inv.view(), wv = dw.view();
+    ASSERT_EQ(mxmoe_moe_swiglu_weight_grad(&dv, &hv, &invv, 1, 1.f, kInf, 0.f, &wv, nullptr), MXMOE_OK)
+        << mxmoe_last_error();
+    for (int64_t e = 0; e < T * K; ++e) EXPECT_EQ(mxtest::bits_of(dw.get(e)), 0u);
+  }
+}
+
+TEST(MoeSwigluWeightGrad, BadInput) {
+  Buffer dy = randn({8, 4}, MXMOE_DTYPE_F32, 1), h = randn({8, 8}, MXMOE_DTYPE_BF16, 2);
+  Buffer inv = i32_vec({0, 1, 2, 3, 4, 5, 6, 7}, {4, 2}), dw({4, 2}, MXMOE_DTYPE_F32, 3);
+  std::vector<Buffer*> outs{&dw};
+  struct P {
+    int32_t layout = 1;
+    float alpha = 1.702f, limit = 7.f, up = 1.f;
+  };
+  using M = std::function<void(mxmoe_tensor&, mxmoe_tensor&, mxmoe_tensor&, mxmoe_tensor&, P&)>;
+  auto call = [&](M mut) {
+    return [&, mut]() {
+      mxmoe_tensor dv = dy.view(), hv = h.view(), iv = inv.view(), wv = dw.view();
+      P p;
+      mut(dv, hv, iv, wv, p);
+      return mxmoe_moe_swiglu_weight_grad(&dv, &hv, &iv, p.layout, p.alpha, p.limit, p.up, &wv, nullptr);
+    };
+  };
+  using T = mxmoe_tensor;
+  ASSERT_EQ(call([](auto&...) {})(), MXMOE_OK) << mxmoe_last_error();
+  expect_rejected(call([](T& d, auto&...) { d.dtype = MXMOE_DTYPE_E8M0; }), "dy", outs, "dy dtype");
+  expect_rejected(call([](T& d, auto&...) { d.ndim = 1; }), "dy", outs, "dy 1-D");
+  expect_rejected(call([](T& d, auto&...) { d.strides[0] = 5; }), "dy", outs, "dy not contiguous");
+  expect_rejected(call([](T&, T& h, auto&...) { h.dtype = MXMOE_DTYPE_F32; }), "h", outs, "h f32");
+  expect_rejected(call([](T&, T& h, auto&...) { h.shape[1] = 7; h.strides[0] = 7; }), "h", outs, "h != 2I columns");
+  expect_rejected(call([](T&, T& h, auto&...) { h.shape[1] = 4; h.strides[0] = 4; }), "h", outs, "h I columns");
+  expect_rejected(call([](T&, T& h, auto&...) { h.shape[0] = 7; }), "h", outs, "h rows");
+  expect_rejected(call([](T&, T& h, auto&...) { h.ndim = 3; }), "h", outs, "h 3-D");
+  expect_rejected(call([](T&, T& h, auto&...) { h.strides[0] = 9; }), "h", outs, "h not contiguous");
+  expect_rejected(call([](T&, T& h, auto&...) { h.data = nullptr; }), "h", outs, "h NULL data");
+  expect_rejected(call([](T&, T&, T& i, auto&...) { i.dtype = MXMOE_DTYPE_I64; }), "inv", outs, "inv int64");
+  expect_rejected(call([](T&, T&, T& i, auto&...) { i.ndim = 1; i.shape[0] = 8; i.strides[0] = 1; }), "inv", outs,
+                  "inv 1-D");
+  expect_rejected(call([](T&, T&, T&, T&, P& p) { p.layout = 2; }), "layout", outs, "layout 2");
+  expect_rejected(call([](T&, T&, T&, T&, P& p) { p.layout = -1; }), "layout", outs, "layout -1");
+  expect_rejected(call([](T&, T&, T&, T&, P& p) { p.alpha = std::nanf(""); }), "alpha", outs, "alpha NaN");
+  expect_rejected(call([](T&, T&, T&, T&, P& p) { p.limit = std::nanf(""); }), "limit", outs, "limit NaN");
+  expect_rejected(call([](T&, T&, T&, T&, P& p) { p.limit = -1.f; }), "limit", outs, "limit < 0");
+  expect_rejected(call([](T&, T&, T&, T&, P& p) { p.up = std::nanf(""); }), "up_offset", outs, "up_offset NaN");
+  expect_rejected(call([](T&, T&, T&, T& w, P&) { w.dtype = MXMOE_DTYPE_BF16; }), "dw", outs, "dw bf16");
+  expect_rejected(call([](T&, T&, T&, T& w, P&) { w.shape[1] = 3; }), "dw", outs, "dw shape");
+  expect_rejected(call([](T&, T&, T&, T& w, P&) { w.strides[0] = 4; }), "dw", outs, "dw not contiguous");
+  expect_rejected(call([](T& d, T&, T&, T& w, P&) { w.data = d.data; }), "dw", outs, "dw overlaps dy");
+  expect_rejected(call([](T&, T& h, T&, T& w, P&) { w.data = h.data; }), "dw", outs, "dw overlaps h");
+  expect_rejected(call([](T&, T&, T& i, T& w, P&) { w.data = i.data; }), "dw", outs, "dw overlaps inv");
+  {  // entries but no rows to read
+    Buffer d0({0, 4}, MXMOE_DTYPE_F32), h0({0, 8}, MXMOE_DTYPE_BF16);
+    expect_rejected(
+        [&]() {
+          mxmoe_tensor dv = d0.view(), hv = h0.view(), iv = inv.view(), wv = dw.view();
+          return mxmoe_moe_swiglu_weight_grad(&dv, &hv, &iv, 0, 1.f, kInf, 0.f, &wv, nullptr);
+        },
+        "dy", outs, "no rows");
+  }
+}
+
 // ==== CUDA == CPU =====================================================================================
 #if defined(MXMOE_WITH_CUDA)
 
@@ -953,6 +1133,86 @@ TEST(CudaMoe, WeightGradAndGroupSumMatchCpu) {
           }
         }
   }
+}
+
+TEST(CudaMoe, SwigluWeightGradMatchesCpu) {
+  REQUIRE_GPU();
+  // The device result equals the fixed-order dot with the device's own SwiGLU values (mxmoe_swiglu of
+  // the exactly converted f32 h: the same swiglu_value code) bit for bit, and the CPU result within
+  // the rounding of act terms whose host and device expf differ (see moe.h); bit for bit where the
+  // rows' act values agree. Aligned (vector) and shifted (scalar) views, I not a multiple of 8, NaN.
+  struct C {
+    int64_t t, k, i;
+  };
+  for (const Swiglu& p : kSwigluWgradParams)
+    for (const C& c : {C{257, 3, 512}, C{257, 3, 300}, C{100, 2, 24}, C{100, 2, 13}, C{31, 4, 0}, C{5000, 8, 64}})
+      for (mxmoe_dtype dd : {MXMOE_DTYPE_BF16, MXMOE_DTYPE_F32})
+        for (size_t shift : {size_t(0), size_t(4)}) {
+          if (c.t == 5000 && (shift || dd == MXMOE_DTYPE_BF16)) continue;  // the grid-stride case once per params
+          const int64_t T = c.t, K = c.k, I = c.i, N = T * K + 3;
+          SCOPED_TRACE("layout=" + std::to_string(p.layout) + " limit=" + std::to_string(p.limit) + " T=" +
+                       std::to_string(T) + " I=" + std::to_string(I) + " dy=" + std::to_string(dd) +
+                       " shift=" + std::to_string(shift));
+          Buffer h = I ? swiglu_input(N, 2 * I, MXMOE_DTYPE_BF16, 91, p.limit) : Buffer({N, 0}, MXMOE_DTYPE_BF16);
+          Buffer dy = randn({N, I}, dd, 92);
+          if (I) dy.set(5 * I + I / 2, std::nanf(""));  // row 5: dw NaN
+          std::vector<int32_t> iv(T * K);
+          for (int64_t e = 0; e < T * K; ++e) iv[e] = static_cast<int32_t>((e * 104729) % (N + 4)) - 2;
+          iv[0] = 5;
+          Buffer inv = i32_vec(iv, {T, K}), dw = poisoned({T, K}, MXMOE_DTYPE_F32);
+          mxmoe_tensor a = dy.view(), b = h.view(), q = inv.view(), w = dw.view();
+          ASSERT_EQ(mxmoe_moe_swiglu_weight_grad(&a, &b, &q, p.layout, p.alpha, p.limit, p.up_offset, &w, nullptr),
+                    MXMOE_OK)
+              << mxmoe_last_error();
+          Dev ddy(dy, shift), dh(h, shift), dinv(inv), ddw(poisoned({T, K}, MXMOE_DTYPE_F32));
+          mxmoe_tensor e = ddy.view(), f = dh.view(), g = dinv.view(), o = ddw.view();
+          ASSERT_EQ(mxmoe_moe_swiglu_weight_grad(&e, &f, &g, p.layout, p.alpha, p.limit, p.up_offset, &o, nullptr),
+                    MXMOE_OK)
+              << mxmoe_last_error();
+          sync();
+          const Buffer got = ddw.download();
+          EXPECT_TRUE(ddw.guards_intact());
+          // The SwiGLU values on each side, in f32 (bf16 -> f32 is exact).
+          Buffer hf({N, 2 * I}, MXMOE_DTYPE_F32), act_h({N, I}, MXMOE_DTYPE_F32);
+          for (int64_t i = 0; i < h.numel(); ++i) hf.set(i, h.get(i));
+          mxmoe_tensor hfv = hf.view(), ahv = act_h.view();
+          ASSERT_EQ(mxmoe_swiglu(&hfv, p.layout, p.alpha, p.limit, p.up_offset, &ahv, nullptr), MXMOE_OK);
+          Dev dhf(hf), dact(poisoned({N, I}, MXMOE_DTYPE_F32));
+          mxmoe_tensor x = dhf.view(), y = dact.view();
+          ASSERT_EQ(mxmoe_swiglu(&x, p.layout, p.alpha, p.limit, p.up_offset, &y, nullptr), MXMOE_OK)
+              << mxmoe_last_error();
+          sync();
+          const Buffer act_d = dact.download();
+          std::vector<float> vh(N * I), vd(N * I);
+          for (int64_t i = 0; i < N * I; ++i) vh[i] = act_h.get(i), vd[i] = act_d.get(i);
+          EXPECT_TRUE(equals(dw, ref_swiglu_weight_grad(dy, vh, iv, N, I)));   // host == its own act
+          EXPECT_TRUE(equals(got, ref_swiglu_weight_grad(dy, vd, iv, N, I)));  // device == its own act
+          for (int64_t en = 0; en < T * K; ++en) {
+            const float gd = got.get(en), gh = dw.get(en);
+            if (std::isnan(gd)) {
+              EXPECT_EQ(mxtest::bits_of(gd), 0x7FC00000u) << "canonical NaN at " << en;
+            }
+            const int64_t r = clampi(iv[en], N);
+            bool same_act = true;
+            double mag = 0;
+            for (int64_t i = 0; i < I; ++i) {
+              same_act = same_act && mxtest::bits_of(vh[r * I + i]) == mxtest::bits_of(vd[r * I + i]);
+              mag += std::fabs(double(dy.get(r * I + i)) * double(vh[r * I + i]));
+            }
+            if (same_act) {
+              ASSERT_TRUE((std::isnan(gd) && std::isnan(gh)) || mxtest::bits_of(gd) == mxtest::bits_of(gh))
+                  << "entry " << en << ": " << gd << " vs " << gh;
+            } else {  // rounding differences only (a few fp32 ulps of the sum of |terms|)
+              ASSERT_EQ(std::isnan(gd), std::isnan(gh)) << "entry " << en;
+              if (std::isfinite(gd) || std::isfinite(gh)) {
+                ASSERT_NEAR(gd, gh, 4e-6 * (1 + mag)) << "entry " << en;
+              } else if (!std::isnan(gd)) {
+                ASSERT_EQ(gd, gh) << "entry " << en;
+              }
+            }
+          }
+          EXPECT_TRUE(std::isnan(got.get(0)) || I == 0);  // iv[0] = 5: the NaN row
+        }
 }
 
 // |a - b| in units in the last place of dtype d at the larger magnitude (NaN == NaN).

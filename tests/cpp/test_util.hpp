@@ -2,6 +2,7 @@
 // bf16 conversion. Deliberately independent of the library's internals.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -112,6 +113,47 @@ inline Buffer random_input(std::vector<int64_t> shape, mxmoe_dtype dtype, uint32
     b.set(i, n(rng) * mag);
   }
   return b;
+}
+
+// The gather GEMM's contract written out (mxmoe_grouped_mm_tile128_gather): the routed copy of a
+// per-token e4m3 operand a (T, K) + 1x32-layout scales (T, K/32), row r = row gather[r] / fanout
+// (indices clamped into [0, T * fanout), a negative one: zero codes with scale 1.0).
+struct RoutedCopy {
+  Buffer q, scale;
+  std::vector<int64_t> index;  // the clamped index of each row, -1 for a padding row
+};
+inline RoutedCopy routed_copy(const Buffer& a, const Buffer& as, const std::vector<int32_t>& gather, int64_t fanout) {
+  const int64_t T = a.shape[0], K = a.shape[1], kb = K / 32, M = static_cast<int64_t>(gather.size());
+  RoutedCopy c{Buffer({M, K}, MXMOE_DTYPE_E4M3, 0), Buffer({M, kb}, MXMOE_DTYPE_E8M0, 127), {}};
+  for (int64_t r = 0; r < M; ++r) {
+    const int64_t i = std::min<int64_t>(gather[static_cast<size_t>(r)], T * fanout - 1);
+    c.index.push_back(i < 0 ? -1 : i);
+    if (i < 0) continue;
+    std::memcpy(&c.q.bytes[static_cast<size_t>(r * K)], &a.bytes[static_cast<size_t>(i / fanout * K)], K);
+    std::memcpy(&c.scale.bytes[static_cast<size_t>(r * kb)], &as.bytes[static_cast<size_t>(i / fanout * kb)], kb);
+  }
+  return c;
+}
+
+// out row r = row_scale.flat[index[r]] * y[r] (+ bias[g]) rounded once, for the rows of the groups
+// (ends), 0 past them: the gather GEMM's row-scaled output from the f32 product y (M, N) without bias.
+inline Buffer row_scaled(const Buffer& y, const RoutedCopy& c, const Buffer& row_scale, const Buffer* bias,
+                         const std::vector<int32_t>& ends, mxmoe_dtype out_dtype) {
+  const int64_t M = y.shape[0], N = y.shape[1];
+  Buffer out({M, N}, out_dtype);
+  int32_t start = 0;
+  for (size_t g = 0; g < ends.size(); ++g) {
+    for (int64_t r = start; r < ends[g]; ++r) {
+      const float w = c.index[static_cast<size_t>(r)] < 0 ? 0.f : row_scale.get(c.index[static_cast<size_t>(r)]);
+      for (int64_t n = 0; n < N; ++n) {
+        float v = y.get(r * N + n) * w;
+        if (bias != nullptr) v = v + bias->get(static_cast<int64_t>(g) * N + n);
+        out.set(r * N + n, v);
+      }
+    }
+    start = std::max(start, ends[g]);
+  }
+  return out;
 }
 
 }  // namespace mxtest

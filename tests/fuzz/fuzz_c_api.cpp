@@ -1349,6 +1349,64 @@ void op_swiglu(FuzzedDataProvider& fdp, bool backward) {
   c.check(mxmoe_swiglu(Call::ptr(h), layout, alpha, limit, up, Call::ptr(y), stream));
 }
 
+// mxmoe_grouped_mm_tile128_gather: the GEMM on routed rows of a per-token operand (indices any
+// int32, negative ones padding rows), with an optional row scale.
+void op_gemm_gather(FuzzedDataProvider& fdp) {
+  g_op = "mxmoe_grouped_mm_tile128_gather";
+  Call c(fdp);
+  int64_t T = c.dim(), K = c.dim(), N = c.dim(), G = c.groups();
+  const int64_t fanout = c.pick(0, 15) == 15 ? c.fdp().ConsumeIntegral<int64_t>() : small_k(c);
+  if (G > 32) G = 32;
+  int64_t M = smul(T, std::max<int64_t>(fanout, 1));
+  if (c.pick(0, 3) == 3) M = sadd(M, c.pick(-3, 40));
+  int64_t GK = G + 1;
+  Call::cap({&M, &N, &K}, kMaxMacs);
+  Call::cap({&T, &K}, kMaxElems / 2);
+  Call::cap({&GK, &N, &K}, kMaxMacs);
+  G = std::min(G, GK);
+  Arg& a = c.add("a", Role::kIn, MXMOE_DTYPE_E4M3, {T, K}, true);
+  Arg& as = c.add("a_scale", Role::kIn, MXMOE_DTYPE_E8M0, {T, K / 32}, true);
+  Arg& gather = c.add_index("gather", MXMOE_DTYPE_I32, {M}, std::max<int64_t>(smul(T, std::max<int64_t>(fanout, 1)), 1));
+  Arg& rs = c.add("row_scale", Role::kIn, MXMOE_DTYPE_F32, {T, std::clamp<int64_t>(fanout, 0, 64)}, false, c.coin());
+  Arg& b = c.add("b", Role::kIn, MXMOE_DTYPE_E4M3, {G, N, K}, true);
+  Arg& bs = c.add("b_scale", Role::kIn, MXMOE_DTYPE_E8M0, {G, N, K / 32}, true);
+  Arg& offs = c.add_offs("offs", G, M);
+  Arg& bias = c.add("bias", Role::kIn, float_dtype(c), {G, N}, true, c.coin());
+  Arg& out = c.add("out", Role::kOut, float_dtype(c), {M, N}, false);
+  void* stream = c.stream();
+  if (!c.prepare()) return;
+  c.verbose_dump();
+  c.check(mxmoe_grouped_mm_tile128_gather(Call::ptr(a), Call::ptr(as), Call::ptr(gather), fanout, Call::ptr(rs),
+                                          Call::ptr(b), Call::ptr(bs), Call::ptr(offs), Call::ptr(bias),
+                                          Call::ptr(out), stream));
+}
+
+// mxmoe_moe_swiglu_weight_grad: the routing weights' grad from the unweighted dgrad and h.
+void op_swiglu_weight_grad(FuzzedDataProvider& fdp) {
+  g_op = "mxmoe_moe_swiglu_weight_grad";
+  Call c(fdp);
+  int64_t T = c.dim(), I = c.dim(), k = small_k(c);
+  Call::cap({&T, &I}, kMaxElems / 4);
+  Call::cap({&T, &k}, kMaxElems / 8);
+  int64_t N = smul(T, k);
+  if (c.pick(0, 3) == 3) N = sadd(N, c.pick(-3, 40));
+  Call::cap({&N, &I}, kMaxElems / 4);
+  const int32_t layout = c.pick(0, 9) == 9 ? c.fdp().ConsumeIntegral<int32_t>() : c.pick(0, 1);
+  const bool gpt = c.coin();
+  const float alpha = activation_param(c, gpt ? 1.702f : 1.0f);
+  const float limit = activation_param(c, gpt ? 7.0f : INFINITY);
+  const float up = activation_param(c, gpt ? 1.0f : 0.0f);
+  Arg& dy = c.add("dy", Role::kIn, float_dtype(c), {N, I}, false);
+  Arg& h = c.add("h", Role::kIn, MXMOE_DTYPE_BF16, {N, smul(2, I)}, false);
+  Arg& inv = c.add_index("inv", MXMOE_DTYPE_I32, {T, k}, std::max<int64_t>(N, 1));
+  Arg& dw = c.add("dw", Role::kOut, MXMOE_DTYPE_F32, {T, k}, false);
+  void* stream = c.stream();
+  if (!c.prepare()) return;
+  c.verbose_dump();
+  c.check(mxmoe_moe_swiglu_weight_grad(Call::ptr(dy), Call::ptr(h), Call::ptr(inv), layout, alpha, limit, up,
+                                       Call::ptr(dw), stream));
+}
+
 // mxmoe_quantize_fused_source: the fused quantizer on a computed (R, C) input (gather of routed
 // rows, SwiGLU, SwiGLU backward), the sides and outputs as op_fused (2D).
 void op_fused_source(FuzzedDataProvider& fdp) {
@@ -1385,6 +1443,13 @@ void op_fused_source(FuzzedDataProvider& fdp) {
     } else {
       a = &c.add("src.a", Role::kIn, MXMOE_DTYPE_BF16, {R, C}, false);
       b = &c.add("src.b", Role::kIn, MXMOE_DTYPE_BF16, {R, C / 2}, false, c.pick(0, 15) != 15);
+      if (c.pick(0, 3) == 3) {  // the routing weights on dy: perm and row_scale (sometimes one alone)
+        int64_t T = c.dim();
+        src.k = small_k(c);
+        Call::cap({&T, &src.k}, kMaxElems / 8);
+        perm = &c.add_index("src.perm", MXMOE_DTYPE_I32, {R}, std::max<int64_t>(smul(T, src.k), 1), c.pick(0, 7) != 7);
+        rs = &c.add("src.row_scale", Role::kIn, MXMOE_DTYPE_F32, {T, src.k}, false, c.pick(0, 7) != 7);
+      }
     }
     if (c.pick(0, 15) == 15) src.k = c.fdp().ConsumeIntegral<int64_t>();  // ignored by these kinds
   }
@@ -1421,10 +1486,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Ops 0-16 are data[0] % 17 as they always were (the corpus and tests/fuzz/regressions keep their
   // meaning); op 16's inputs pick with data[1] between clamp_offsets and the MoE layer's entry
   // points 17-24 (added later: no regression input has op 16).
-  int op = g_knobs.only >= 0 ? g_knobs.only % 25 : data[0] % 17;
+  int op = g_knobs.only >= 0 ? g_knobs.only % 27 : data[0] % 17;
   size_t skip = 1;
   if (g_knobs.only < 0 && op == 16 && size >= 2) {
-    op = data[1] >= 224 ? 24 : 16 + data[1] % 8;  // 24: mxmoe_quantize_fused_source (added after 17-23)
+    // 24: mxmoe_quantize_fused_source (added after 17-23); 25, 26: the gather GEMM and the SwiGLU
+    // weight grad (added later still)
+    op = data[1] >= 248 ? 25 + data[1] % 2 : data[1] >= 224 ? 24 : 16 + data[1] % 8;
     skip = 2;
   }
   FuzzedDataProvider fdp(data + skip, size - skip);
@@ -1464,7 +1531,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 21: op_moe_group_sum(fdp); break;
     case 22: op_swiglu(fdp, false); break;
     case 23: op_swiglu(fdp, true); break;
-    default: op_fused_source(fdp); break;
+    case 24: op_fused_source(fdp); break;
+    case 25: op_gemm_gather(fdp); break;
+    default: op_swiglu_weight_grad(fdp); break;
   }
   return 0;
 }

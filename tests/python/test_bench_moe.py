@@ -10,8 +10,9 @@ import torch
 
 BENCH_MOE = Path(__file__).resolve().parents[2] / "bench" / "bench_moe.py"
 ROW_FIELDS = ["config", "tokens", "impl", "mode", "fwd_bwd_us", "fwd_us", "peak_mib", "ratio_vs_transformers",
-              "ratio_vs_mxmoe_bf16", "date", "commit", "device", "error"]
-TOP_FIELDS = ["rows", "breakdown", "date", "commit", "device", "torch", "transformers", "gpt_oss", "settings"]
+              "ratio_vs_mxmoe_bf16", "sonic_us", "ratio_vs_sonic", "peak_vs_sonic", "first_call_s", "date", "commit",
+              "device", "error"]
+TOP_FIELDS = ["rows", "breakdown", "date", "commit", "device", "torch", "transformers", "sonic", "gpt_oss", "settings"]
 
 
 def _load():
@@ -42,12 +43,25 @@ def test_bench_moe_cpu_tiny(tmp_path, capsys):
     assert d["gpt_oss"]["activation"] in ("swiglu", "gpt_oss")
     rows = d["rows"]
     assert len(rows) == len(doc["rows"]) == 2 * len(bench_moe.IMPLS)  # graph mode is skipped on CPU
-    assert [r["impl"] for r in rows[:len(bench_moe.IMPLS)]] == bench_moe.IMPLS
+    assert [r["impl"] for r in rows[:len(bench_moe.IMPLS)]] == bench_moe.IMPLS  # SonicMoE first
+    assert d["sonic"]["function"].startswith("sonicmoe.moe_TC_softmax_topk_layer(")
+    # SonicMoE needs CUDA (and its wheels): on CPU its rows carry why and the run goes on; never for gpt-oss.
+    sonic_rows = [r for r in rows if r["impl"] == bench_moe.SONIC]
+    assert len(sonic_rows) == 2
+    for r in sonic_rows:
+        assert r["fwd_bwd_us"] is None and r["error"], r
+        if r["config"] == "tiny-bias":
+            assert r["error"].startswith("skipped: SonicMoE has no gpt-oss layer"), r
+        else:  # not installed here, or installed but no GPU
+            assert r["error"].startswith(("sonic-moe not importable", "sonic-moe needs a CUDA device")), r
+    rows = [r for r in rows if r["impl"] != bench_moe.SONIC]
     for r in rows:
         for f in ROW_FIELDS:
             assert f in r, f"missing field {f} in {r}"
         assert r["mode"] == "eager" and r["tokens"] == 64
         assert r["error"] is None, r
+        assert r["first_call_s"] >= 0
+        assert r["sonic_us"] is None and r["ratio_vs_sonic"] is None and r["peak_vs_sonic"] is None
         assert r["fwd_bwd_us"] > 0 and r["fwd_us"] > 0 and r["peak_mib"] is None  # no CUDA memory stats on CPU
         assert r["ratio_vs_transformers"] > 0
         if r["impl"] == bench_moe.BASELINE:
@@ -67,7 +81,41 @@ def test_bench_moe_cpu_tiny(tmp_path, capsys):
         assert "error" not in b, b
         assert b["total_us"] > 0 and b["top"] and set(b["categories_us"]) <= {c for c, _ in bench_moe.CATEGORIES} | {"other"}
     table = capsys.readouterr().out
-    assert "vs transformers" in table and "vs mxmoe_bf16" in table
+    assert "vs transformers" in table and "vs mxmoe_bf16" in table and "vs sonic" in table
+
+
+def test_bench_moe_sonic_ratios_and_untuned():
+    """The SonicMoE plumbing without SonicMoE: every row of a (config, tokens, mode) gets SonicMoE's time,
+    its ratio to it and its peak over SonicMoE's; QuACK's GEMMs are rebound to tuned=False."""
+    bench_moe = _load()
+    base = {"config": "c", "tokens": 64}
+    rows = [dict(base, impl=i, mode=m, fwd_bwd_us=us, fwd_us=None, peak_mib=pk)
+            for i, m, us, pk in [("sonic_bf16", "eager", 100.0, 50.0), ("sonic_bf16", "graph", 80.0, 50.0),
+                                 ("transformers_bf16", "eager", 200.0, 100.0), ("mxmoe_bf16", "eager", 50.0, 75.0),
+                                 ("mxmoe_bf16", "graph", 40.0, 75.0), ("mxmoe_exact", "eager", None, None)]]
+    for r in rows:
+        r.update(ratio_vs_transformers=None, ratio_vs_mxmoe_bf16=None, fwd_ratio_vs_transformers=None,
+                 sonic_us=None, ratio_vs_sonic=None, peak_vs_sonic=None)  # as bench_case's rows
+    bench_moe.add_ratios(rows)
+    got = {(r["impl"], r["mode"]): (r["sonic_us"], r["ratio_vs_sonic"], r["peak_vs_sonic"]) for r in rows}
+    assert got[("sonic_bf16", "eager")] == (100.0, 1.0, 1.0)
+    assert got[("transformers_bf16", "eager")] == (100.0, 0.5, 2.0)
+    assert got[("mxmoe_bf16", "eager")] == (100.0, 2.0, 1.5)
+    assert got[("mxmoe_bf16", "graph")] == (80.0, 2.0, 1.5)
+    assert got[("mxmoe_exact", "eager")] == (100.0, None, None)
+
+    calls = []
+
+    def gemm(*args, tuned=True, **kwargs):
+        calls.append(tuned)
+
+    untuned = bench_moe._untuned(gemm)
+    untuned()
+    untuned(tuned=True)
+    assert calls == [False, True] and bench_moe._untuned(untuned) is untuned
+    cfg = bench_moe.CONFIGS
+    assert bench_moe.sonic_skip_reason(cfg["qwen3-30b-a3b"], "swiglu", "concatenated") is None
+    assert bench_moe.sonic_skip_reason(cfg["gpt-oss-120b"], "gpt_oss", "interleaved").startswith("skipped")
 
 
 def test_bench_moe_configs():

@@ -3,10 +3,9 @@ EPMoEExperts with the experts sharded over the ranks and the tokens dispatched a
 scales match the single-process layer run on every rank's tokens:
   * forward bit-identical (torch.equal) to mxmoe.moe_experts on the rowwise round trip
     dequantize(quantize(x)) of x (tile128, mxfp8_rceil), to moe_experts itself for recipe=None;
-  * dx, d topk_weights, dW13, dW2, d bias13 bit-identical to the single-process layer on the
-    round-tripped x (d bias2 close: tile128's single-process bias grad sums fp32 w * dout, EP's rows
-    come back in bf16); dx and d topk_weights also bit-identical to the single-process layer on x
-    itself, the weights' grads close to it (dW13: its wgrad operand is built from the received rows);
+  * dW2 bit-identical to the single-process layer on the round-tripped x; dx, d topk_weights, dW13,
+    d bias13, d bias2 close to it and to the layer on x (EP applies the routing weights before its
+    local dgrad, the single-process fused layer after it; recipe=None: bit-identical);
   * float32 tokens (rows and grads travel in float32), leading dims through EPMoEExperts, from_experts;
   * the dispatch moves <= 0.55x the bytes of the bf16 dispatch (the exact byte count is pinned);
   * bad routing: out-of-range ids dropped, all tokens on one rank's experts, ranks with no tokens;
@@ -114,23 +113,32 @@ def _check_against_single_process(ep, ref, rank, world, data, recipe):
     msg = f"{recipe} rank {rank}/{world}"
     # forward: bit-identical to the single-process layer on the round-tripped x
     assert torch.equal(out, ref_rt[0][rows]), msg
-    # dx and d topk_weights: the same per-entry rows, the same fp32 sums (j in order)
-    assert torch.equal(dx, ref_rt[1][rows]) and torch.equal(dw, ref_rt[2][rows]), msg
+    # The backward: EP's local layer gets the rows w * dout back through its combine (weights before its
+    # dgrad), the single-process layer applies the weights after the down projection's dgrad (mxmoe/moe
+    # functional.py): dW2 reads w * dout in both and is the same bits; dx, d topk_weights, dW13, d bias13
+    # differ by the quantization of dout vs w * dout (close). recipe=None: the same bf16 data flow.
+    def close(a, b, what, tol=0.2):  # each about 23 dB from fp32 (test_moe_layer): 14 dB apart at most
+        assert _rel(a, b) <= tol, (msg, what, _rel(a, b))
+
+    exact_backward = recipe is None
+    for got, want, what in ((dx, ref_rt[1][rows], "dx"), (dw, ref_rt[2][rows], "d topk_weights")):
+        if exact_backward:
+            assert torch.equal(got, want), (msg, what)
+        else:
+            close(got, want, what)
     for name, p in ep.named_parameters():
         g_rt, g_x = ref_rt[3][name][sl], ref_x[3][name][sl]
         grad = _local(p.grad)
-        if name == "bias2" and recipe == "mxfp8_rceil_tile128":
+        if name == "w2" or (exact_backward and name != "bias2"):
+            assert torch.equal(grad, g_rt), f"{msg} {name}"
+        elif name == "bias2" and recipe == "mxfp8_rceil_tile128":
             # the single-process fused layer sums w * dout in fp32 for this one; EP's rows come back
             # as bf16 (w * dout), the value every GEMM operand of both layers is quantized from
             torch.testing.assert_close(grad, g_rt, rtol=1e-2, atol=1e-2, msg=f"{msg} {name}")
-        else:  # the same operands in the same row order (dW13: the received rows are x's round trip)
-            assert torch.equal(grad, g_rt), f"{msg} {name}"
-        # every grad close to the single-process layer on x itself; dW13 may differ slightly (its
-        # wgrad operand is quantized from the received round-tripped rows instead of from x)
-        tol = 1e-3 if name == "w13" else 1e-2 if name == "bias2" else 0
-        assert _rel(grad, g_x) <= tol, (msg, name, _rel(grad, g_x))
-    # x's round trip changes nothing else: dx, d topk_weights as the single-process layer on x
-    assert torch.equal(dx, ref_x[1][rows]) and torch.equal(dw, ref_x[2][rows]), msg
+        else:
+            close(grad, g_rt, name)
+        # every grad close to the single-process layer on x itself
+        close(grad, g_x, name + " (x)")
 
 
 # ---- the rank bodies (module-level: spawn pickles them by name) ----------------------------------

@@ -175,14 +175,83 @@ def test_fp32_inputs(device):
 @pytest.mark.parametrize("recipe", [TILE, EXACT])
 @pytest.mark.parametrize("layout", ["concatenated", "interleaved"])
 def test_fused_bit_identical_to_grouped_mm_layer(device, recipe, layout):
+    """Where the fused layer computes what the composed one does, the same bits: the output (GEMM1 on x
+    read per token through the routing, SwiGLU, GEMM2, combine) and the down projection's weight grad
+    (dW2 from w * dout). Its backward runs the down projection's dgrad on the unweighted rows and applies
+    the weights after it (dH = act'(h, w * dY')), and takes the weights' grad from dY' and h, where the
+    composed layer quantizes w * dout and reads o: those grads are held to the fp32 bars."""
     if not _fused_ok(device):
         pytest.skip("needs a Hopper GPU and the tile128 GEMMs")
     inp, dout = _inputs(device, T=150, H=128, I=128, E=6, k=3, seed=5)
     out_f, g_f = _run(inp, dout, recipe=recipe, layout=layout, backend="fused")
     out_c, g_c = _run(inp, dout, recipe=recipe, layout=layout, backend="composed", grouped_mm_backend="sm90")
     _same(out_f, out_c, "out")
-    for n in g_f:
-        _same(g_f[n], g_c[n], f"grad of {n}")
+    _same(g_f["w2"], g_c["w2"], "grad of w2")
+    _assert_bars(out_f, g_f, *_reference(inp, dout, layout=layout), BARS[recipe])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", [TILE, EXACT])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("score_before", [False, True])
+def test_saved_for_backward(device, recipe, bias, score_before):
+    """What the fused MX layer keeps for its backward: x, the pre-activation h, act(h)'s wgrad operand,
+    the routing and the weights' forms -- no tensor of T*k*H elements or more besides the weights'
+    (E, ., .) forms: not the expert outputs o (the weights' grad comes from the dgrad and h), not the
+    dispatched x in any dtype (its wgrad operand is built in the backward). H is chosen above 2I."""
+    if not _fused_ok(device):
+        pytest.skip("needs a Hopper GPU and the tile128 GEMMs")
+    T, H, I, E, k = 90, 256, 64, 4, 2  # h (T*k + padding, 2I) stays below T*k*H
+    inp, dout = _inputs(device, T=T, H=H, I=I, E=E, k=k, seed=9, bias=bias)
+    leaves = _leaves(inp)
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = mxmoe.moe_experts(**leaves, recipe=recipe, backend="fused", score_before=score_before)
+    big = [(tuple(t.shape), t.dtype) for t in saved if t.numel() >= T * k * H and not (t.dim() == 3 and t.shape[0] == E)]
+    assert not big, f"saved tensors of T*k*H elements or more: {big}"
+    assert any(t is leaves["x"] or t.data_ptr() == leaves["x"].data_ptr() for t in saved), "x itself is kept"
+    out.backward(dout)  # and the backward runs from what was kept
+    ref_out, ref_grads = _reference(inp, dout, score_before=score_before)
+    _assert_bars(out.detach(), {n: leaves[n].grad for n in GRAD_NAMES if leaves.get(n) is not None}, ref_out,
+                 ref_grads, BARS[recipe])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("scaled", [False, True])
+def test_tile128_phase_on_routed_rows_equals_materialized(device, scaled):
+    """The tile128 phase ops on a GATHER source (the layer's GEMM1 forward and down-projection dgrad): the
+    gather GEMM reading x per token through perm gives the bits of the same phase on the materialized
+    routed rows (1x128 blocks of a row are the token's, the GEMM sums in the same order). With a row
+    scale the phase quantizes the scaled rows (the materialized path)."""
+    if not _fused_ok(device):
+        pytest.skip("needs a Hopper GPU and the tile128 GEMMs")
+    from mxmoe.backends.phases import TILE128
+    from mxmoe import ops
+
+    inp, dout = _inputs(device, T=150, H=128, I=128, E=6, k=3, seed=8)
+    x, w13 = inp["x"], inp["w13"]
+    offs, perm, inv = TILE128.routing(inp["topk_idx"], 6)
+    fwd, _ = TILE128.weights(w13, 0)
+    _, bwd = TILE128.weights(inp["w2"], 0)  # dgrad: dO (rows, H) @ w2
+    rs = inp["topk_weights"].float().contiguous() if scaled else None
+    src = (ops.SOURCE_GATHER, x, None, perm, rs, 3, 0, 1.0, 0.0, 0.0)
+    rows = ops.moe_gather(x, perm, 3, rs, x.dtype)
+    h_g, xq_g, xs_g = ops.moe_tile128_forward(*src, *fwd, offs, None, 0, BF16, True)
+    h_m, xq_m, xs_m = ops.sm90_tile128_forward(rows, *fwd, offs, None, 0, BF16, True)
+    for a, b, n in ((h_g, h_m, "h"), (xq_g, xq_m, "wgrad operand"), (xs_g, xs_m, "its scales")):
+        assert torch.equal(a.view(torch.uint8) if a.dtype.itemsize == 1 else a,
+                           b.view(torch.uint8) if b.dtype.itemsize == 1 else b), n
+    dy = torch.randn(150, 128, generator=torch.Generator().manual_seed(3)).to(BF16).to(device)
+    dsrc = (ops.SOURCE_GATHER, dy, None, perm, None, 3, 0, 1.0, 0.0, 0.0)
+    da_g, _ = ops.moe_tile128_backward(*dsrc, *bwd, None, None, offs, 0, True, False, BF16, BF16)
+    da_m, _ = ops.sm90_tile128_backward(ops.moe_gather(dy, perm, 3, None, BF16), *bwd, None, None, offs, 0, True,
+                                        False, BF16, BF16)
+    assert torch.equal(da_g, da_m)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -194,9 +263,10 @@ def test_fused_biases_match_grouped_mm_layer(device, recipe):
     out_f, g_f = _run(inp, dout, recipe=recipe, backend="fused")
     out_c, g_c = _run(inp, dout, recipe=recipe, backend="composed", grouped_mm_backend="sm90")
     _same(out_f, out_c, "out")
-    for n in ("x", "topk_weights", "w13", "w2"):
-        _same(g_f[n], g_c[n], f"grad of {n}")
-    for n in ("bias13", "bias2"):
+    _same(g_f["w2"], g_c["w2"], "grad of w2")
+    # x, w13, the weights and bias13 through the unweighted dgrad (test_fused_bit_identical_to_grouped_mm_layer)
+    _assert_bars(out_f, g_f, *_reference(inp, dout), BARS[recipe])
+    for n in ("bias2",):
         # Per-group sums of the same rows: grouped_mm sums the bf16-rounded dO, the fused layer its fp32
         # values (w * dout), in other orders.
         d = (g_f[n].float() - g_c[n].float()).abs().max()

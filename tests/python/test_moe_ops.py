@@ -1,7 +1,8 @@
 """The MoE kernel family as torch ops (mxmoe.ops.moe_* / swiglu*): results against plain torch on the
 CPU (routing vs torch.sort(stable=True), gather vs indexing, combine vs an explicit fp32 loop over j,
-SwiGLU vs the torch formula within one bf16 ulp), errors as ValueError naming the argument, opcheck
-on every op, a fullgraph dynamic compile of the chain; on a GPU, CUDA equals CPU."""
+SwiGLU vs the torch formula within one bf16 ulp, the SwiGLU weight grad vs the torch formula and vs
+autograd of a tiny routed MoE), errors as ValueError naming the argument, opcheck on every op, a
+fullgraph dynamic compile of the chain; on a GPU, CUDA equals CPU."""
 import pytest
 import torch
 from torch._dynamo.backends.common import aot_autograd
@@ -184,6 +185,77 @@ def test_weight_grad_and_group_sum():
     torch.testing.assert_close(s.double(), want, rtol=1e-5, atol=1e-5)
 
 
+def ref_swiglu_weight_grad(dy, h, inv, layout, alpha, limit, up_offset):
+    """dw[t, j] = <dy[r], swiglu(h[r])>, r = inv[t, j] clamped into [0, N), in float64 of the fp32 act."""
+    r = inv.long().clamp(0, dy.shape[0] - 1)
+    act = ref_swiglu(h, layout, alpha, limit, up_offset)  # fp32
+    return (dy.double()[r] * act.double()[r]).sum(-1)
+
+
+@pytest.mark.parametrize("params", PARAMS)
+@pytest.mark.parametrize("dy_dtype", [BF16, F32])
+@pytest.mark.parametrize("i", [40, 7])
+def test_swiglu_weight_grad_matches_torch_formula(params, dy_dtype, i):
+    layout, alpha, limit, up = params
+    t, k, n = 9, 3, 30  # n > t*k: padded rows nobody points at
+    dy = torch.randn(n, i, dtype=dy_dtype)
+    h = (torch.randn(n, 2 * i) * 3).to(BF16)
+    if limit != INF:
+        h[0, :4] = torch.tensor([limit, -limit, 1.5 * limit, -1.5 * limit])
+    inv = torch.randint(-2, n + 2, (t, k), dtype=torch.int32)  # clamped into [0, N)
+    dw = ops.moe_swiglu_weight_grad(dy, h, inv, layout, alpha, limit, up)
+    assert dw.dtype == F32 and dw.shape == (t, k)
+    want = ref_swiglu_weight_grad(dy, h, inv, layout, alpha, limit, up)
+    scale = (dy.double()[inv.long().clamp(0, n - 1)].abs() * 50).sum(-1)  # |act| <~ 50 (h ~ 3 sigma 4)
+    assert bool(((dw.double() - want).abs() <= 1e-5 * (1 + scale)).all()), (dw, want)
+
+
+def test_swiglu_weight_grad_nan_and_empty():
+    dy, h = torch.randn(4, 8), torch.randn(4, 16, dtype=BF16)
+    h[1, 3] = float("nan")
+    dy[2, 0] = float("nan")
+    dw = ops.moe_swiglu_weight_grad(dy, h, torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), *GPT_OSS)
+    assert torch.equal(torch.isnan(dw), torch.tensor([[False, True], [True, False]]))
+    empty = ops.moe_swiglu_weight_grad(torch.randn(0, 8), torch.randn(0, 16, dtype=BF16),
+                                       torch.zeros(0, 2, dtype=torch.int32), *STANDARD)
+    assert empty.shape == (0, 2) and empty.dtype == F32
+    zero_i = ops.moe_swiglu_weight_grad(torch.randn(6, 0), torch.randn(6, 0, dtype=BF16),
+                                        torch.arange(6, dtype=torch.int32).view(3, 2), *STANDARD)
+    assert torch.equal(zero_i, torch.zeros(3, 2))
+
+
+def _tiny_moe(params, device, bias):
+    """A tiny routed SwiGLU MoE in plain torch: returns (autograd d loss / d w, the same from
+    moe_swiglu_weight_grad on dy = dO' W2 and the saved bf16 pre-activation, + the caller's bias term)."""
+    layout, alpha, limit, up = params
+    t, k, e, hd, i = 12, 2, 3, 16, 24
+    x = torch.randn(t, hd, device=device)
+    topk = torch.stack([torch.randperm(e)[:k] for _ in range(t)]).to(device)
+    w = torch.rand(t, k, device=device, requires_grad=True)
+    w1 = torch.randn(e, 2 * i, hd, device=device) / hd ** 0.5
+    w2 = torch.randn(e, hd, i, device=device) / i ** 0.5
+    b2 = torch.randn(e, hd, device=device) if bias else torch.zeros(e, hd, device=device)
+    dout = torch.randn(t, hd, device=device)
+    offs, perm, inv = ops.moe_routing(topk, e)
+    tok = perm.long() // k                      # token of each routed row
+    ex = topk.reshape(-1)[perm.long()].long()   # expert of each routed row
+    h = torch.einsum("nh,nch->nc", x[tok], w1[ex]).to(BF16)  # saved pre-activation (bf16)
+    o = torch.einsum("ni,nhi->nh", ref_swiglu(h, layout, alpha, limit, up), w2[ex]) + b2[ex]
+    out = (w[:, :, None] * o[inv.long()]).sum(1)
+    (out * dout).sum().backward()
+    dy = torch.einsum("nh,nhi->ni", dout[tok], w2[ex])  # dO' W2: the down projection's dgrad, unweighted
+    dw = ops.moe_swiglu_weight_grad(dy, h, inv, layout, alpha, limit, up)
+    dw = dw + (dout[:, None, :] * b2[ex][inv.long()]).sum(-1)  # <dout[t], b2[e]>: the caller's term
+    return w.grad, dw
+
+
+@pytest.mark.parametrize("params", [STANDARD, GPT_OSS, (ops.SWIGLU_CONCAT, 0.5, 0.75, -0.25)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_swiglu_weight_grad_is_the_routing_weight_gradient(params, bias):
+    want, got = _tiny_moe(params, "cpu", bias)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 # ---- SwiGLU -----------------------------------------------------------------------------------------
 
 
@@ -241,6 +313,21 @@ def test_swiglu_backward_matches_autograd(params, dtype):
         (lambda: ops.moe_combine_weight_grad(torch.randn(4, 8), torch.randn(8, 6), torch.zeros(4, 2, dtype=torch.int32)),
          "y"),
         (lambda: ops.moe_group_sum(torch.randn(8, 4), torch.tensor([3, 8])), "offs"),
+        (lambda: ops.moe_swiglu_weight_grad(torch.randn(4, 8), torch.randn(4, 16), torch.zeros(2, 2, dtype=torch.int32),
+                                            *STANDARD), "h"),
+        (lambda: ops.moe_swiglu_weight_grad(torch.randn(4, 8), torch.randn(4, 8, dtype=BF16),
+                                            torch.zeros(2, 2, dtype=torch.int32), *STANDARD), "h"),
+        (lambda: ops.moe_swiglu_weight_grad(torch.randn(4, 8), torch.randn(4, 16, dtype=BF16),
+                                            torch.zeros(2, 2, dtype=torch.int64), *STANDARD), "inv"),
+        (lambda: ops.moe_swiglu_weight_grad(torch.randn(4, 8).int(), torch.randn(4, 16, dtype=BF16),
+                                            torch.zeros(2, 2, dtype=torch.int32), *STANDARD), "dy"),
+        (lambda: ops.moe_swiglu_weight_grad(torch.randn(4, 8), torch.randn(4, 16, dtype=BF16),
+                                            torch.zeros(2, 2, dtype=torch.int32), 2, 1.0, INF, 0.0), "layout"),
+        (lambda: ops.moe_swiglu_weight_grad(torch.randn(4, 8), torch.randn(4, 16, dtype=BF16),
+                                            torch.zeros(2, 2, dtype=torch.int32), 0, 1.0, float("nan"), 0.0), "limit"),
+        (lambda: ops.moe_swiglu_weight_grad(torch.randn(4, 8), torch.randn(4, 16, dtype=BF16),
+                                            torch.zeros(2, 2, dtype=torch.int32), 0, 1.0, INF, float("nan")),
+         "up_offset"),
         (lambda: ops.swiglu(torch.randn(4, 7), 0, 1.0, INF, 0.0), "h"),
         (lambda: ops.swiglu(torch.randn(4, 8), 2, 1.0, INF, 0.0), "layout"),
         (lambda: ops.swiglu(torch.randn(4, 8), 0, 1.0, -1.0, 0.0), "limit"),
@@ -271,6 +358,8 @@ def _opcheck_cases():
         ("moe_combine", (y, inv, w, BF16)),
         ("moe_combine", (y, inv, None, F32)),
         ("moe_combine_weight_grad", (torch.randn(t, h), y, inv)),
+        ("moe_swiglu_weight_grad", (y, torch.randn(t * k, 2 * h, dtype=BF16), inv, 1, 1.702, 7.0, 1.0)),
+        ("moe_swiglu_weight_grad", (y.to(BF16), torch.randn(t * k, 2 * h, dtype=BF16), inv, 0, 1.0, INF, 0.0)),
         ("moe_group_sum", (y, torch.tensor([3, 3, 10], dtype=torch.int32))),
         ("swiglu", (torch.randn(5, 32, dtype=BF16), 0, 1.0, INF, 0.0)),
         ("swiglu", (torch.randn(5, 32), 1, 1.702, 7.0, 1.0)),
@@ -339,6 +428,41 @@ def test_cuda_matches_cpu(dtype):
         dh = ops.swiglu_backward(dy, hh, layout, alpha, limit, up)
         assert_within_bf16_ulp(ops.swiglu_backward(dy.cuda(), hh.cuda(), layout, alpha, limit, up).cpu(), dh.float(),
                                atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("params", PARAMS)
+@pytest.mark.parametrize("dy_dtype", [BF16, F32])
+@pytest.mark.parametrize("i", [256, 40, 13])
+def test_cuda_swiglu_weight_grad(params, dy_dtype, i):
+    # CUDA equals the CPU up to act terms whose host and device expf differ by an fp32 ulp (moe.h), and
+    # the torch formula within fp32 rounding; NaN where a row holds one. Aligned and offset views.
+    layout, alpha, limit, up = params
+    t, k, n = 300, 4, 1203
+    dy = torch.randn(n, i, dtype=dy_dtype)
+    h = swiglu_input(n, 2 * i, BF16, limit)  # row 1 holds a NaN
+    inv = torch.randint(-2, n + 2, (t, k), dtype=torch.int32)
+    inv[0, 0] = 1
+    cpu = ops.moe_swiglu_weight_grad(dy, h, inv, layout, alpha, limit, up)
+    for off in (0, 1):  # off 1: 2- or 4-byte shifted data (the kernel's scalar path)
+        dyc = torch.empty(n * i + off, dtype=dy_dtype, device="cuda")[off:].view(n, i).copy_(dy)
+        hc = torch.empty(n * 2 * i + off, dtype=BF16, device="cuda")[off:].view(n, 2 * i).copy_(h)
+        gpu = ops.moe_swiglu_weight_grad(dyc, hc, inv.cuda(), layout, alpha, limit, up).cpu()
+        assert torch.equal(torch.isnan(gpu), torch.isnan(cpu)) and bool(torch.isnan(cpu[0, 0]))
+        scale = (dy.double()[inv.long().clamp(0, n - 1)].abs() * ref_swiglu(h, layout, alpha, limit, up).double()
+                 .nan_to_num(0, 0, 0)[inv.long().clamp(0, n - 1)].abs()).sum(-1)
+        ok = ~torch.isnan(cpu)
+        assert bool(((gpu.double() - cpu.double()).abs()[ok] <= 4e-6 * (1 + scale[ok])).all())
+        # a second call gives the same bits (deterministic)
+        again = ops.moe_swiglu_weight_grad(dyc, hc, inv.cuda(), layout, alpha, limit, up).cpu()
+        assert torch.equal(again.view(torch.int32), gpu.view(torch.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("params", [STANDARD, GPT_OSS])
+def test_cuda_swiglu_weight_grad_is_the_routing_weight_gradient(params):
+    want, got = _tiny_moe(params, "cuda", True)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.gpu

@@ -86,6 +86,36 @@ def test_swiglu_sources(device, blocking, layout, act, backward, I):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("blocking", ["tile128", "exact"])
+@pytest.mark.parametrize("layout", [0, 1])
+@pytest.mark.parametrize("I", [256, 96])
+def test_swiglu_backward_row_scale(device, blocking, layout, I):
+    """SWIGLU_BACKWARD with the routing weights (perm, row_scale, k): dy row r times
+    row_scale.flat[perm[r]] in fp32 (0 for a padding row) before the SwiGLU gradient: the bytes of
+    materializing that fp32 dy, its swiglu_backward and quantizing the result."""
+    from mxmoe.backends.phases import align_routing
+
+    T, k, E = 70, 3, 5
+    offs, perm, inv = align_routing(*_routing(T, k, E, device, seed=7), 16)
+    R = perm.shape[0]
+    h = (torch.randn(R, 2 * I) * 3).to(BF16).to(device)
+    dy = torch.randn(R, I).to(BF16).to(device)
+    rs = torch.rand(T, k).to(device)
+    act = (1.702, 7.0, 1.0)
+    rb, cb, ro, co = BLOCKINGS[blocking]
+    got = ops.quantize_fused_source(ops.SOURCE_SWIGLU_BACKWARD, h, dy, perm, rs, k, layout, *act, offs, rb, cb, False,
+                                    0, ro, co, BF16)
+    factor = ops.moe_gather(torch.ones(T, 1, device=device), perm, k, rs, F32)  # (R, 1), 0 on padding rows
+    assert bool((factor[perm < 0] == 0).all()) and bool((perm < 0).any())
+    dh = ops.swiglu_backward(dy.float() * factor, h, layout, *act)
+    _same_outputs(got, ops.quantize_fused(dh, offs, rb, cb, False, 0, ro, co, BF16))
+    # the weights change the bytes
+    plain = ops.quantize_fused_source(ops.SOURCE_SWIGLU_BACKWARD, h, dy, None, None, 1, layout, *act, offs, rb, cb,
+                                      False, 0, ro, co, BF16)
+    assert not torch.equal(_u8(plain[0 if ro & Q else 4]), _u8(got[0 if ro & Q else 4]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("blocking", ["tile128", "exact"])
 def test_gather_source_padded_routing(device, blocking):
     """The tile128 layer's padded routing (mxmoe.backends.phases.align_routing): perm longer than T*k, -1 on the
     padding rows, which read as zeros; the groups start at multiples of 16."""
@@ -140,6 +170,9 @@ def test_source_errors():
         (dict(src_kind=ops.SOURCE_SWIGLU, perm=None, src_a=x[:, :63]), "src.a"),
         (dict(src_kind=ops.SOURCE_SWIGLU, perm=None, layout=2), "src.layout: expected 0"),
         (dict(src_kind=ops.SOURCE_SWIGLU_BACKWARD, perm=None), "src.b"),
+        (dict(src_kind=ops.SOURCE_SWIGLU_BACKWARD, src_b=x[:, :32].contiguous(), perm=perm[:8]), "src.perm, src.row_scale: expected both"),
+        (dict(src_kind=ops.SOURCE_SWIGLU_BACKWARD, src_b=x[:, :32].contiguous(), perm=perm[:8], row_scale=torch.ones(4, 3)),
+         "src.k"),
         (dict(src_kind=ops.SOURCE_SWIGLU, perm=None, src_a=x.float()), "src.a"),
     ]:
         with pytest.raises(ValueError, match=msg):

@@ -69,6 +69,13 @@ class Tile128Phases:
     def backward(src, bwd, a_q, a_s, offs, mode, need_da, need_dw, w_dtype):
         return ops.moe_tile128_backward(*src, *bwd, a_q, a_s, offs, mode, need_da, need_dw, BF16, w_dtype)
 
+    @staticmethod
+    def wgrad_operand(src, offs, mode):
+        """The forward's wgrad operand of a source (what forward(..., want_col=True) returns), alone:
+        128x1 blocks along the rows per group, transposed (codes, scales)."""
+        outs = ops.quantize_fused_source(*src, offs, 128, 128, False, mode, 0, ops.FUSED_QT | ops.FUSED_SCALE, BF16)
+        return outs[7], outs[8]
+
 
 class ExactPhases:
     """Exact recipes (MX round trips + bf16 GEMMs, as the sm90 backend): the moe_exact_* phase ops."""
@@ -91,6 +98,12 @@ class ExactPhases:
     def backward(src, bwd, a_q, a_s, offs, mode, need_da, need_dw, w_dtype):
         da, dw = ops.moe_exact_backward(*src, *bwd, a_q, a_s, offs, mode, need_da, need_dw)
         return da, _cast(dw, w_dtype)
+
+    @staticmethod
+    def wgrad_operand(src, offs, mode):
+        """As Tile128Phases.wgrad_operand: 32x1 blocks along the rows per group (codes, scales)."""
+        outs = ops.quantize_fused_source(*src, offs, 32, 32, False, mode, 0, ops.FUSED_Q | ops.FUSED_SCALE, BF16)
+        return outs[6], outs[8]
 
 
 TILE128 = Tile128Phases

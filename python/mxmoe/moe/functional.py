@@ -55,6 +55,21 @@ def _gather_src(x, perm, k, row_scale=None):
     return (GATHER, x, None, perm, row_scale, k, 0, 1.0, 0.0, 0.0)
 
 
+def _scale_rows(rows: Tensor, perm: Tensor, rs: Tensor, k: int) -> Tensor:
+    """rows[n] * rs.flat[perm[n]] (0 for padding rows), one fp32 multiply rounded to rows' dtype."""
+    factor = ops.moe_gather(torch.ones(rs.shape[0], 1, dtype=F32, device=rs.device), perm, k, rs, F32)
+    return (rows.float() * factor).to(rows.dtype)
+
+
+def _bias_weight_grad(dout: Tensor, topk_idx: Tensor, b2: Tensor) -> Tensor:
+    """<dout[t], b2[topk_idx[t, j]]> in fp32, 0 for ids outside [0, E) (dropped entries)."""
+    E = b2.shape[0]
+    per_expert = dout.float() @ b2.float().t()  # (T, E)
+    idx = topk_idx.long()
+    kept = (idx >= 0) & (idx < E)
+    return torch.where(kept, per_expert.gather(1, idx.clamp(0, E - 1)), 0.0)
+
+
 # ---- the fused MX paths: one data flow, the recipe family's phase ops ----------------------------
 
 
@@ -70,16 +85,18 @@ class FusedMX(torch.autograd.Function):
         need_w13, need_w2 = ctx.needs_input_grad[3] or ctx.needs_input_grad[11], ctx.needs_input_grad[4]
         w13_f, w13_b = phases.weights(w13 if w_up is None else (w13, w_up), mode)
         w2_f, w2_b = phases.weights(w2, mode)
-        # GEMM1 on the dispatched rows of x (gathered, scaled when score_before, quantized in one pass).
+        # GEMM1 on the dispatched rows of x (gathered, scaled when score_before, quantized as read). The
+        # wgrad operand of those rows is built in the backward from x: nothing of T*k rows x H is kept.
         rs = topk_w.float().contiguous() if score_before else None
-        h, x_q, x_s = phases.forward(_gather_src(x, perm, k, rs), w13_f, offs, b13, mode, need_w13)
+        h, _, _ = phases.forward(_gather_src(x, perm, k, rs), w13_f, offs, b13, mode, False)
         # GEMM2 on act(h), computed by its quantizer.
         swiglu_src = (SWIGLU, h, None, None, None, *_act_args(act, layout))
         o, y_q, y_s = phases.forward(swiglu_src, w2_f, offs, b2, mode, need_w2)
         out = ops.moe_combine(o, inv, None if score_before else topk_w, x.dtype)
-        # The weights' grad reads o (weights after the experts) or x (weights before them).
-        ctx.save_for_backward(h, x if score_before else o, x_q, x_s, y_q, y_s, *w13_b, *w2_b, offs, perm, inv,
-                              topk_w)
+        # The expert outputs o are not kept: with the weights after the experts their grad comes from
+        # the unweighted dgrad and h (backward); with the weights before them, from x.
+        ctx.save_for_backward(h, x, y_q, y_s, *w13_b, *w2_b, offs, perm, inv,
+                              topk_w, *((topk_idx, b2) if b2 is not None and not score_before else (None, None)))
         ctx.cfg = (k, mode, act, layout, x.dtype, w13.dtype, w2.dtype, _dtype(b13), _dtype(b2), phases, len(w13_b),
                    score_before)
         ctx.up_rows = None if w_up is None else w_up.shape[1]
@@ -88,34 +105,57 @@ class FusedMX(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         k, mode, act, layout, x_dtype, w13_dtype, w2_dtype, b13, b2, phases, nb, score_before = ctx.cfg
-        h, o_or_x, x_q, x_s, y_q, y_s, *rest = ctx.saved_tensors
-        w13_b, w2_b, (offs, perm, inv, topk_w) = rest[:nb], rest[nb:2 * nb], rest[2 * nb:]
+        h, x_saved, y_q, y_s, *rest = ctx.saved_tensors
+        w13_b, w2_b, (offs, perm, inv, topk_w, topk_idx, b2_w) = rest[:nb], rest[nb:2 * nb], rest[2 * nb:]
         need_x, _, need_tw, need_w13, need_w2, need_b13, need_b2 = ctx.needs_input_grad[:7]
         need_w13 = need_w13 or ctx.needs_input_grad[11]
         dout = dout.contiguous()
         rs = topk_w.float().contiguous()
-        rs_after = None if score_before else rs  # the weights' factor on dO (weights after the experts)
         d_tw = None
-        if need_tw and not score_before:
-            d_tw = ops.moe_combine_weight_grad(dout, o_or_x, inv).to(topk_w.dtype)
         need_dxs = need_x or (need_tw and score_before)  # the dispatched rows' grad
         need_h = need_dxs or need_w13 or need_b13
         dx = dw13 = dw2 = db13 = db2 = None
-        if need_h or need_w2:
-            # dO = w * gather(dout), quantized as read: dY = dO @ w2 (dgrad) and dW2 = dO^T act(h) (wgrad).
-            d_y, dw2 = phases.backward(_gather_src(dout, perm, k, rs_after), w2_b, y_q if need_w2 else None,
-                                       y_s if need_w2 else None, offs, mode, need_h, need_w2, w2_dtype)
+        if score_before:
+            # dO = gather(dout) (no weights after the experts): dY = dO @ w2 and dW2 = dO^T act(h).
+            if need_h or need_w2:
+                d_y, dw2 = phases.backward(_gather_src(dout, perm, k), w2_b, y_q if need_w2 else None,
+                                           y_s if need_w2 else None, offs, mode, need_h, need_w2, w2_dtype)
+            dy_factor = ()
+        else:
+            # Weights after the experts, dO = w * gather(dout). The dgrad runs on the unweighted rows,
+            # dY' = gather(dout) @ w2 (the rows read per token by the gather GEMM), and the weights are
+            # applied where dY' is read next: dH = act'(h, w * dY'). d w[t, j] = <dout[t], o[n]> =
+            # <dY'[n], act(h[n])> (+ <dout[t], b2[e]>), so o is never kept. The wgrad reads the weighted
+            # rows, dW2 = (w * gather(dout))^T act(h), quantized as read.
+            if need_h or need_tw:
+                d_y, _ = phases.backward(_gather_src(dout, perm, k), w2_b, None, None, offs, mode, True, False,
+                                         w2_dtype)
+            if need_w2:
+                _, dw2 = phases.backward(_gather_src(dout, perm, k, rs), w2_b, y_q, y_s, offs, mode, False, True,
+                                         w2_dtype)
+            if need_tw:
+                d_tw = ops.moe_swiglu_weight_grad(d_y, h, inv, layout, act.alpha, act.limit, act.up_offset)
+                if topk_idx is not None:  # the output bias's share of o
+                    d_tw = d_tw + _bias_weight_grad(dout, topk_idx, b2_w)
+                d_tw = d_tw.to(topk_w.dtype)
+            dy_factor = (perm, rs, k)
         if need_b2:
-            db2 = _bias_grad(ops.moe_gather(dout, perm, k, rs_after, F32), offs, b2)
+            db2 = _bias_grad(ops.moe_gather(dout, perm, k, None if score_before else rs, F32), offs, b2)
         if need_h:
-            # dH = act'(h, dY), quantized as read: dXs = dH @ w13 and dW13 = dH^T dispatch(x).
-            dswiglu_src = (SWIGLU_BACKWARD, h, d_y, None, None, *_act_args(act, layout))
-            dxs, dw13 = phases.backward(dswiglu_src, w13_b, x_q if need_w13 else None, x_s if need_w13 else None,
-                                        offs, mode, need_dxs, need_w13, w13_dtype)
+            # dH = act'(h, [w *] dY), quantized as read: dXs = dH @ w13 and dW13 = dH^T dispatch(x).
+            if dy_factor:
+                dswiglu_src = (SWIGLU_BACKWARD, h, d_y, *dy_factor, *_act_args(act, layout)[1:])
+            else:
+                dswiglu_src = (SWIGLU_BACKWARD, h, d_y, None, None, *_act_args(act, layout))
+            x_q = x_s = None
+            if need_w13:  # dispatch(x)'s wgrad operand, as the forward would have built it
+                x_q, x_s = phases.wgrad_operand(_gather_src(x_saved, perm, k, rs if score_before else None), offs, mode)
+            dxs, dw13 = phases.backward(dswiglu_src, w13_b, x_q, x_s, offs, mode, need_dxs, need_w13, w13_dtype)
             if need_b13:
-                db13 = _bias_grad(ops.swiglu_backward(d_y, h, layout, act.alpha, act.limit, act.up_offset), offs, b13)
+                d_y_w = d_y if score_before else _scale_rows(d_y, perm, rs, k)
+                db13 = _bias_grad(ops.swiglu_backward(d_y_w, h, layout, act.alpha, act.limit, act.up_offset), offs, b13)
             if need_tw and score_before:  # d w[t, j] = <x[t], dXs[inv[t, j]]>
-                d_tw = ops.moe_combine_weight_grad(o_or_x, dxs, inv).to(topk_w.dtype)
+                d_tw = ops.moe_combine_weight_grad(x_saved, dxs, inv).to(topk_w.dtype)
             if need_x:  # dx[t] = sum_j w[t, j] dXs[inv[t, j]] when the weights scaled the rows
                 dx = ops.moe_combine(dxs, inv, rs if score_before else None, x_dtype)
         dw13, dw_up = _split_grad(dw13 if need_w13 else None, ctx.up_rows)

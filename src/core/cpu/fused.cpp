@@ -117,6 +117,7 @@ std::vector<uint8_t> materialize(const FusedSource& s, int64_t R, int64_t C) {
   const bool f32 = s.a.dtype == MXMOE_DTYPE_F32;
   const size_t es = f32 ? 4 : 2;
   std::vector<uint8_t> buf(static_cast<size_t>(R * C) * es);
+  if (R == 0 || C == 0) return buf;  // nothing to compute (R may be huge with C == 0)
   auto get = [](const mxmoe_tensor& t, int64_t i) {
     return t.dtype == MXMOE_DTYPE_F32 ? static_cast<const float*>(t.data)[i]
                                       : bf16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
@@ -152,7 +153,13 @@ std::vector<uint8_t> materialize(const FusedSource& s, int64_t R, int64_t C) {
     g = get(s.a, row + (s.layout == 0 ? i : 2 * i));
     u = get(s.a, row + (s.layout == 0 ? I + i : 2 * i + 1));
   };
+  // SWIGLU_BACKWARD with row_scale: dy row r times row_scale.flat[perm[r]] (clamped; 0 for a padding row).
+  const float* rs = s.row_scale.present ? static_cast<const float*>(s.row_scale.t.data) : nullptr;
+  const int32_t* perm = s.perm.present ? static_cast<const int32_t*>(s.perm.t.data) : nullptr;
+  const int64_t n_entries = rs ? s.row_scale.t.shape[0] * s.k : 0;
   for (int64_t r = 0; r < R; ++r) {
+    float factor = 1.f;
+    if (rs != nullptr) factor = perm[r] < 0 || n_entries == 0 ? 0.f : rs[std::min<int64_t>(perm[r], n_entries - 1)];
     for (int64_t i = 0; i < I; ++i) {
       float g, u;
       gate_up(r, i, g, u);
@@ -160,7 +167,8 @@ std::vector<uint8_t> materialize(const FusedSource& s, int64_t R, int64_t C) {
         put(r * C + i, swiglu_value(g, u, p));
       } else {
         float dg, du;
-        swiglu_grad(g, u, get(s.b, r * I + i), p, &dg, &du);
+        const float dy = get(s.b, r * I + i);
+        swiglu_grad(g, u, rs != nullptr ? mul_rn(dy, factor) : dy, p, &dg, &du);
         put(r * C + (s.layout == 0 ? i : 2 * i), dg);
         put(r * C + (s.layout == 0 ? I + i : 2 * i + 1), du);
       }

@@ -279,5 +279,69 @@ void grouped_mm_kgroups(const GroupedMMKArgs& a) {
   }
 }
 
+namespace {
+mxmoe_tensor make_view(void* data, mxmoe_dtype dtype, std::initializer_list<int64_t> shape) {
+  mxmoe_tensor t{};
+  t.data = data;
+  t.dtype = dtype;
+  t.ndim = static_cast<int32_t>(shape.size());
+  int d = 0;
+  for (int64_t v : shape) t.shape[d++] = v;
+  int64_t stride = 1;
+  for (int i = t.ndim - 1; i >= 0; --i) {
+    t.strides[i] = stride;
+    stride *= t.shape[i];
+  }
+  t.device = -1;
+  return t;
+}
+}  // namespace
+
+void grouped_mm_gather(const GroupedMMGatherArgs& ga) {
+  const GroupedMMArgs& a = ga.mm;
+  if (numel(a.out) == 0) return;
+  const int64_t T = a.a.shape[0], K = a.a.shape[1], M = a.out.shape[0], N = a.b.shape[1], kb = K / kBlock;
+  const int64_t max_index = T * ga.fanout - 1;
+  // The routed rows, materialized: zero codes with scale 1.0 (127) for padding rows.
+  std::vector<uint8_t> q(static_cast<size_t>(M * K), 0), sc(static_cast<size_t>(M * kb), 127);
+  const auto* A = static_cast<const uint8_t*>(a.a.data);
+  const auto* As = static_cast<const uint8_t*>(a.a_scale.data);
+  const auto* idx = static_cast<const int32_t*>(ga.gather.data);
+  std::vector<int64_t> index(static_cast<size_t>(M), -1);
+  for (int64_t r = 0; r < M; ++r) {
+    const int64_t i = std::min<int64_t>(idx[r * ga.gather.strides[0]], max_index);
+    if (i < 0) continue;
+    index[r] = i;
+    const int64_t src = i / ga.fanout;
+    for (int64_t c = 0; c < K; ++c) q[r * K + c] = A[src * a.a.strides[0] + c * a.a.strides[1]];
+    for (int64_t c = 0; c < kb; ++c) sc[r * kb + c] = As[src * a.a_scale.strides[0] + c * a.a_scale.strides[1]];
+  }
+  GroupedMMArgs m = a;
+  m.a = make_view(q.data(), MXMOE_DTYPE_E4M3, {M, K});
+  m.a_scale = make_view(sc.data(), MXMOE_DTYPE_E8M0, {M, kb});
+  if (!ga.row_scale.present) {
+    grouped_mm(m);
+    return;
+  }
+  // out = row_scale[index] * (A B^T) (+ bias), in fp32 and rounded once, as the kernel's epilogue.
+  std::vector<float> y(static_cast<size_t>(M * N));
+  m.bias = OptTensor{};
+  m.out = make_view(y.data(), MXMOE_DTYPE_F32, {M, N});
+  grouped_mm(m);
+  const Groups g = groups_from_offsets(a.offs, M);
+  const mxmoe_tensor& rs = ga.row_scale.t;
+  for (int64_t gi = 0; gi < g.count(); ++gi) {
+    for (int64_t r = g.start[gi]; r < g.end[gi]; ++r) {
+      const float w = index[r] < 0 ? 0.f : load_f32(rs, (index[r] / ga.fanout) * rs.strides[0] + (index[r] % ga.fanout) * rs.strides[1]);
+      for (int64_t c = 0; c < N; ++c) {
+        float v = y[r * N + c] * w;
+        if (a.bias.present) v = v + load_f32(a.bias.t, gi * a.bias.t.strides[0] + c * a.bias.t.strides[1]);
+        store_f32(a.out, r * a.out.strides[0] + c * a.out.strides[1], v);
+      }
+    }
+  }
+  zero_rows(a.out, 0, g.count() ? g.end.back() : 0, M, N);
+}
+
 }  // namespace cpu
 }  // namespace mxmoe

@@ -159,6 +159,35 @@ void moe_combine_weight_grad(const MoeWeightGradArgs& a) {
   });
 }
 
+void moe_swiglu_weight_grad(const MoeSwigluWeightGradArgs& a) {
+  const int64_t N = a.dy.shape[0], I = a.dy.shape[1], T = a.inv.shape[0], K = a.inv.shape[1];
+  const int64_t n = T * K;
+  if (n == 0) return;
+  const SwigluParams p{a.layout, a.alpha, a.limit, a.up_offset};
+  const bool inter = a.layout == kSwigluInterleaved;
+  const auto* inv = static_cast<const int32_t*>(a.inv.data);
+  const auto* h = static_cast<const uint16_t*>(a.h.data);  // bf16
+  auto* dw = static_cast<float*>(a.dw.data);
+  with_input(a.dy, [&](auto dy) {
+    parallel_for(n, row_grain(4 * I), [&](int64_t e0, int64_t e1) {
+      for (int64_t e = e0; e < e1; ++e) {
+        const int64_t r = clamp_index(inv[e], N);
+        const auto* d = dy + r * I;
+        const uint16_t* hr = h + r * 2 * I;
+        float lane[kDotLanes] = {};
+        for (int64_t i = 0; i < I; ++i) {
+          const float act = swiglu_value(ld(hr, inter ? 2 * i : i), ld(hr, inter ? 2 * i + 1 : I + i), p);
+          float& acc = lane[(i / kDotChunk) % kDotLanes];
+          acc = add_rn(acc, mul_rn(ld(d, i), act));
+        }
+        for (int off = kDotLanes / 2; off >= 1; off /= 2)
+          for (int l = 0; l < off; ++l) lane[l] = add_rn(lane[l], lane[l + off]);
+        dw[e] = canon_nan(lane[0]);
+      }
+    });
+  });
+}
+
 void moe_group_sum(const MoeGroupSumArgs& a) {
   const int64_t M = a.x.shape[0], C = a.x.shape[1], G = a.offs.shape[0];
   if (G == 0 || C == 0) return;

@@ -30,6 +30,7 @@
 #include "common/int_math.hpp"
 #include "cuda/gemm/sm90/sm90_grouped_k.hpp"
 #include "cuda/gemm/sm90/sm90_grouped_m.hpp"
+#include "cuda/gemm/sm90/sm90_grouped_m_gather.hpp"
 #include "cuda/gemm/gemm_tile128.cuh"
 #include "mxmoe/mx_format.hpp"
 #include "ops.hpp"
@@ -686,6 +687,67 @@ void grouped_mm_tile128_kgroups(const GroupedMMKArgs& a, void* workspace, int64_
   else
     tile128::kg_run_f32(p, sched);
 #endif
+}
+
+bool grouped_mm_tile128_gather_available(int64_t m, int64_t n, int64_t k, int64_t g, int64_t a_rows,
+                                         int64_t fanout, int32_t device) {
+#if defined(MXMOE_HAVE_CUTLASS)
+  // K rows of A are read in place with 16-byte copies: lda = K.
+  return gemm::sm90_grouped_m_gather_takes(m, n, k, g, a_rows, k, fanout, true, device);
+#else
+  (void)m, (void)n, (void)k, (void)g, (void)a_rows, (void)fanout, (void)device;
+  return false;
+#endif
+}
+
+void grouped_mm_tile128_gather(const GroupedMMGatherArgs& ga) {
+  const char* what = "grouped_mm_tile128_gather";
+  const GroupedMMArgs& a = ga.mm;
+  const int64_t T = a.a.shape[0], K = a.a.shape[1], M = a.out.shape[0], N = a.b.shape[1];
+  const int G = static_cast<int>(a.offs.shape[0]);
+  const DeviceProps props = require_hopper(a.a.device, what);
+  DeviceGuard guard(a.a.device, what);
+  if (a.out.dtype != MXMOE_DTYPE_BF16)
+    fail_status(MXMOE_ERR_UNSUPPORTED, what, ": out: the gather kernel writes bfloat16 only, got float32");
+#if defined(MXMOE_HAVE_CUTLASS)
+  gemm::GroupedMGatherRun r;
+  r.m = M;
+  r.n = N;
+  r.k = K;
+  r.groups = G;
+  r.a = static_cast<const uint8_t*>(a.a.data);
+  r.a_scale = static_cast<const uint8_t*>(a.a_scale.data);
+  r.as_s0 = a.a_scale.strides[0];
+  r.b = static_cast<const uint8_t*>(a.b.data);
+  r.b_scale = static_cast<const uint8_t*>(a.b_scale.data);
+  r.bs_s0 = a.b_scale.strides[0];
+  r.bs_s1 = a.b_scale.strides[1];
+  r.offs = static_cast<const int32_t*>(a.offs.data);
+  r.offs_s = a.offs.strides[0];
+  r.bias = a.bias.present ? a.bias.t.data : nullptr;
+  r.bias_bf16 = a.bias.present && a.bias.t.dtype == MXMOE_DTYPE_BF16;
+  r.bias_s0 = a.bias.present ? a.bias.t.strides[0] : 0;
+  r.bias_s1 = a.bias.present ? a.bias.t.strides[1] : 0;
+  r.out = a.out.data;
+  r.out_bf16 = true;
+  r.sm_count = props.sm_count;
+  r.device = a.a.device;
+  r.stream = static_cast<cudaStream_t>(a.stream);
+  r.gather = static_cast<const int32_t*>(ga.gather.data);
+  r.fanout = ga.fanout;
+  r.a_rows = T;
+  r.lda = a.a.strides[0];
+  r.row_scale = ga.row_scale.present ? static_cast<const float*>(ga.row_scale.t.data) : nullptr;
+  if (G == 0) {
+    if (M * N > 0) cudaMemsetAsync(a.out.data, 0, static_cast<size_t>(M * N * 2), r.stream);
+    check_launch(what);
+    return;
+  }
+  if (gemm::sm90_grouped_m_gather(r)) return;
+#endif
+  fail_status(MXMOE_ERR_UNSUPPORTED, what, ": the sm_90a gather kernel does not take M = ", M, ", N = ", N,
+              ", K = ", K, ", G = ", G, ", T = ", T, ", fanout = ", ga.fanout,
+              " (mxmoe_grouped_mm_tile128_gather_available says which calls it takes)");
 }
 
 }  // namespace cuda

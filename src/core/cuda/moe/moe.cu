@@ -1,10 +1,11 @@
 // The MoE kernel family on the device: routing (CUB radix sort + one finishing kernel), gather,
-// combine, combine weight grad, per-group row sums and SwiGLU forward/backward. Each kernel is one
-// pass over its operands, 16-byte vector accesses when rows and pointers allow (8 elements per
-// access unit, scalar fallback otherwise: the same values either way), launches on the caller's
-// stream, never syncs the host and allocates nothing (CUDA-graph safe). Results equal the CPU
-// reference (cpu/moe.cpp) bit for bit: the same separately rounded fp32 operations in the same order
-// (fixed reduction trees from common/moe_activation.hpp, no float atomics); SwiGLU up to expf.
+// combine, combine weight grad, SwiGLU weight grad, per-group row sums and SwiGLU forward/backward.
+// Each kernel is one pass over its operands, 16-byte vector accesses when rows and pointers allow (8
+// elements per access unit, scalar fallback otherwise: the same values either way), launches on the
+// caller's stream, never syncs the host and allocates nothing (CUDA-graph safe). Results equal the
+// CPU reference (cpu/moe.cpp) bit for bit: the same separately rounded fp32 operations in the same
+// order (fixed reduction trees from common/moe_activation.hpp, no float atomics); SwiGLU and the
+// SwiGLU weight grad up to expf.
 #include <cuda_runtime.h>
 
 // CUB inside our own namespace: no symbol of ours can collide with the CUB of another library in the
@@ -313,6 +314,49 @@ __global__ void weight_grad_kernel(const TD* __restrict__ dout, const TY* __rest
   }
 }
 
+// ==== SwiGLU weight grad ================================================================================
+// weight_grad_kernel's lanes and tree with the products dy[r, i] * swiglu(h[r])_i, r = inv[t, j]: one
+// warp per (t, j), lane l sums the 8-element chunks c = l, l + 32, ... in increasing order.
+template <bool kVec, bool kInter, class TD>
+__global__ void swiglu_weight_grad_kernel(const TD* __restrict__ dy, const uint16_t* __restrict__ h, int64_t n_rows,
+                                          int64_t I, const int32_t* __restrict__ inv, int64_t n, SwigluParams p,
+                                          float* __restrict__ dw) {
+  static_assert(kDotLanes == 32 && kDotChunk == 8, "one warp, 8-element chunks");
+  const int lane = threadIdx.x & 31;
+  const int64_t chunks = cdiv(I, kDotChunk);
+  for (int64_t e = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5); e < n;
+       e += int64_t(gridDim.x) * kWarpsPerBlock) {
+    const int64_t r = clamp_index(__ldg(inv + e), n_rows);
+    const TD* d = dy + r * I;
+    const uint16_t* hr = h + r * 2 * I;
+    float acc = 0.f;
+    for (int64_t c = lane; c < chunks; c += 32) {
+      if constexpr (kVec) {
+        float g[8], u[8], v[8];
+        if constexpr (kInter) {
+          float a[8], b[8];
+          ld8(hr + c * 16, a);
+          ld8(hr + c * 16 + 8, b);
+          for (int q = 0; q < 4; ++q) g[q] = a[2 * q], u[q] = a[2 * q + 1], g[q + 4] = b[2 * q], u[q + 4] = b[2 * q + 1];
+        } else {
+          ld8(hr + c * 8, g);
+          ld8(hr + I + c * 8, u);
+        }
+        ld8(d + c * 8, v);
+        for (int q = 0; q < 8; ++q) acc = add_rn(acc, mul_rn(v[q], swiglu_value(g[q], u[q], p)));
+      } else {
+        const int64_t i1 = min(I, c * 8 + 8);
+        for (int64_t i = c * 8; i < i1; ++i) {
+          const float g = ld1(hr, kInter ? 2 * i : i), u = ld1(hr, kInter ? 2 * i + 1 : I + i);
+          acc = add_rn(acc, mul_rn(ld1(d, i), swiglu_value(g, u, p)));
+        }
+      }
+    }
+    for (int off = 16; off >= 1; off >>= 1) acc = add_rn(acc, __shfl_xor_sync(0xFFFFFFFFu, acc, off));
+    if (lane == 0) dw[e] = canon_nan(acc);
+  }
+}
+
 // ==== group sum =======================================================================================
 // One block per (group, 256-column tile): 32 column threads x kSumLanes row lanes; thread (c, i) sums
 // 8 columns over the group's rows s + i, s + i + 16, ...; the lanes meet in shared memory in the tree.
@@ -559,6 +603,30 @@ void moe_combine_weight_grad(const MoeWeightGradArgs& a) {
     });
   });
   check_launch("moe_combine_weight_grad");
+}
+
+void moe_swiglu_weight_grad(const MoeSwigluWeightGradArgs& a) {
+  const int64_t N = a.dy.shape[0], I = a.dy.shape[1], T = a.inv.shape[0], K = a.inv.shape[1];
+  const int64_t n = T * K;
+  if (n == 0) return;
+  DeviceScope scope(a.dy.device);
+  cudaStream_t s = as_stream(a.stream);
+  const SwigluParams p{a.layout, a.alpha, a.limit, a.up_offset};
+  const bool inter = a.layout == kSwigluInterleaved;
+  const bool vec = I % 8 == 0 && aligned16(a.dy.data) && aligned16(a.h.data);
+  const int64_t want = cdiv(n, kWarpsPerBlock), cap = int64_t(sm_count(a.dy.device)) * 16;
+  const unsigned grid = static_cast<unsigned>(std::min(want, cap));
+  const auto* inv = static_cast<const int32_t*>(a.inv.data);
+  const auto* h = static_cast<const uint16_t*>(a.h.data);  // bf16
+  auto* dw = static_cast<float*>(a.dw.data);
+  typed_in(a.dy, [&](auto d) {
+    using TD = std::remove_const_t<std::remove_pointer_t<decltype(d)>>;
+    if (vec && inter) swiglu_weight_grad_kernel<true, true, TD><<<grid, kThreads, 0, s>>>(d, h, N, I, inv, n, p, dw);
+    else if (vec) swiglu_weight_grad_kernel<true, false, TD><<<grid, kThreads, 0, s>>>(d, h, N, I, inv, n, p, dw);
+    else if (inter) swiglu_weight_grad_kernel<false, true, TD><<<grid, kThreads, 0, s>>>(d, h, N, I, inv, n, p, dw);
+    else swiglu_weight_grad_kernel<false, false, TD><<<grid, kThreads, 0, s>>>(d, h, N, I, inv, n, p, dw);
+  });
+  check_launch("moe_swiglu_weight_grad");
 }
 
 void moe_group_sum(const MoeGroupSumArgs& a) {

@@ -220,7 +220,10 @@ void quantize_fused(const FusedArgs& a) {
   p.src.perm = s.perm.present ? static_cast<const int32_t*>(s.perm.t.data) : nullptr;
   p.src.row_scale = s.row_scale.present ? static_cast<const float*>(s.row_scale.t.data) : nullptr;
   p.src.k = s.k;
-  p.src.perm_n = s.kind == MXMOE_SOURCE_GATHER ? s.a.shape[0] * s.k : 1;
+  // Entries perm indexes: GATHER's rows of a times k; SWIGLU_BACKWARD's row_scale (T, k).
+  p.src.perm_n = s.kind == MXMOE_SOURCE_GATHER ? s.a.shape[0] * s.k
+                 : s.row_scale.present        ? s.row_scale.t.shape[0] * s.k
+                                              : 1;
   p.src.act = SwigluParams{s.layout, s.alpha, s.limit, s.up_offset};
   mxmoe_tensor x = a.x;
   x.data = s.a.data;  // launch() reads the pointer, dtype and (logical) shape

@@ -19,8 +19,8 @@ namespace qk {
 struct SourceP {
   int kind = 0;                      // mxmoe_source_kind, 0: x itself
   const uint16_t* dy = nullptr;      // SWIGLU_BACKWARD: dy (R, C/2) bf16
-  const int32_t* perm = nullptr;     // GATHER: sorted position -> flat entry t*k+j
-  const float* row_scale = nullptr;  // GATHER, optional: (T, k) f32
+  const int32_t* perm = nullptr;     // GATHER (SWIGLU_BACKWARD with row_scale): row -> flat entry t*k+j
+  const float* row_scale = nullptr;  // GATHER, SWIGLU_BACKWARD, optional: (T, k) f32
   long long k = 1, perm_n = 1;       // GATHER: entries per row of x; rows of x * k (0: all rows zero)
   SwigluParams act{};
 };
@@ -45,14 +45,25 @@ __device__ __forceinline__ void unpack8(const uint4 w, float (&v)[8]) {
   }
 }
 
+// SWIGLU_BACKWARD with row_scale: the factor of dy's row r (0 for a padding row).
+__device__ __forceinline__ float dy_row_factor(const SourceP& s, long long r) {
+  const long long e = gather_entry(s, r);
+  return e < 0 ? 0.f : __ldg(s.row_scale + e);
+}
+
 // SWIGLU_BACKWARD, concatenated halves: gate g, up u and dy of logical row r at half-column i0 .. i0+7
-// (h (R, C), dy (R, C/2)).
+// (h (R, C), dy (R, C/2)); dy times its row factor when the source has row_scale.
 __device__ __forceinline__ void swiglu_bwd_inputs8(const uint16_t* h, long long C, const SourceP& s, long long r,
                                                    long long i0, float (&g)[8], float (&u)[8], float (&dy)[8]) {
   const long long I = C / 2;
   unpack8(__ldg(reinterpret_cast<const uint4*>(h + r * C + i0)), g);
   unpack8(__ldg(reinterpret_cast<const uint4*>(h + r * C + I + i0)), u);
   unpack8(__ldg(reinterpret_cast<const uint4*>(s.dy + r * I + i0)), dy);
+  if (s.row_scale != nullptr) {
+    const float f = dy_row_factor(s, r);
+#pragma unroll
+    for (int q = 0; q < 8; ++q) dy[q] = __fmul_rn(dy[q], f);
+  }
 }
 
 // SWIGLU / SWIGLU_BACKWARD (bf16 only, C % 8 == 0, checked on the host): the fp32 values of logical
@@ -108,8 +119,13 @@ __device__ __forceinline__ void swiglu_source8(const uint16_t* h, long long C, c
     float a0[8];
     unpack8(__ldg(reinterpret_cast<const uint4*>(h + r * C + c)), a0);
     const uint2 d = __ldg(reinterpret_cast<const uint2*>(s.dy + r * I + c / 2));
-    const float dy[4] = {__uint_as_float(d.x << 16), __uint_as_float(d.x & 0xFFFF0000u), __uint_as_float(d.y << 16),
-                         __uint_as_float(d.y & 0xFFFF0000u)};
+    float dy[4] = {__uint_as_float(d.x << 16), __uint_as_float(d.x & 0xFFFF0000u), __uint_as_float(d.y << 16),
+                   __uint_as_float(d.y & 0xFFFF0000u)};
+    if (s.row_scale != nullptr) {
+      const float f = dy_row_factor(s, r);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) dy[q] = __fmul_rn(dy[q], f);
+    }
 #pragma unroll
     for (int q = 0; q < 4; ++q) swiglu_grad<PLAIN>(a0[2 * q], a0[2 * q + 1], dy[q], s.act, &v[2 * q], &v[2 * q + 1]);
   }

@@ -60,6 +60,17 @@ struct GroupedMParams {
   int64_t bias_s0, bias_s1;
   void* out;  // (M, N) contiguous, bf16 or f32
   FastDiv band_div;  // division by the tiles of a full band, kBand * ceil(N / BlockN) (host-computed)
+  // The gather variant only (GroupedMGather; appended so the other kernels' parameters keep their
+  // offsets). GEMM row r reads row gather[r] / fanout of `a` (a_rows rows of K bytes, row stride lda)
+  // through cp.async, the index clamped to max_index = a_rows * fanout - 1; a negative index reads a
+  // zero row with scale 1 (routing padding). row_scale (optional): out row r = row_scale[index] *
+  // (A B^T)[r] (+ bias) in fp32, 0 for a zero row (the routing weight applied after the GEMM).
+  const int32_t* gather;
+  const uint8_t* a;
+  int64_t lda;
+  int max_index;
+  FastDiv fanout_div;
+  const float* row_scale;
 };
 
 template <int BlockN_, int Stages_, class Out_, int Cluster_ = 1, bool Lean_ = false, bool WarpProducer_ = false>
@@ -73,7 +84,7 @@ struct GroupedM {
   // Lean: no static shared memory (CUB's scan storage lives in the epilogue buffer, free before the
   // first tile) and no alignment slack (the dynamic array is declared 1024-aligned instead): the
   // ~3.7 KB one more stage needs at BlockN 128 (the default at K >= 4096 with the warp producer:
-  // sm90_tile_heuristics.hpp; docs/design/gemm-sm90.md "Kernel choice").
+  // sm90_config.hpp; docs/design/gemm-sm90.md "Kernel choice").
   static constexpr bool kLean = Lean_;
   // Warp producer: all of warp 0 runs the producer loop, its coordinates broadcast from lane 0 (warp-
   // uniform for the compiler), and one lane chosen by elect.sync issues, so the TMA operands sit in
@@ -83,6 +94,8 @@ struct GroupedM {
   // "Kernel choice"). The default at K >= 4096; at K <= 1536 it measured 1-3% slower than the thread producer.
   static constexpr bool kWarpProducer = WarpProducer_;
   static_assert(kCluster == 1 || kCluster == 2, "cluster of 1 or 2 CTAs");
+  // A rows read through an index by the producer warpgroup (GroupedMGather), not by TMA.
+  static constexpr bool kGather = false;
   static constexpr int kBlockM = 128, kBlockK = 128;
   static constexpr int kThreads = 384;  // producer warpgroup + two math warpgroups
   static constexpr int kABytes = kBlockM * kBlockK;
@@ -123,9 +136,40 @@ struct GroupedM {
   }
 };
 
+// The gather variant (the MoE layer's GEMM on routed rows of a per-token operand): A's tile rows are
+// loaded by the 128 producer threads with cp.async from the rows an index names, 16 bytes each into
+// the 128-byte swizzled layout the wgmmas read (thread t: row t / 8 + 16 i, chunk t % 8), each thread's
+// copies arriving on the stage's full barrier when they land (cp.async.mbarrier.arrive.noinc); B
+// stays a TMA load. No T*k-row copy of the operand exists. One CTA per cluster, the thread layout of
+// the other warps as in GroupedM.
+template <int BlockN_, int Stages_, class Out_>
+struct GroupedMGather : GroupedM<BlockN_, Stages_, Out_> {
+  static constexpr bool kGather = true;
+  static constexpr int kCopyThreads = 128;  // the producer warpgroup
+};
+
 struct TileCoord {
   int g, row0, rows, n0;
 };
+
+// 16 bytes global -> shared by cp.async (L2 only); `bytes` 0 writes zeros without reading.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(bytes) : "memory");
+}
+
+// Arrives on `bar` once every cp.async this thread issued before has landed (not counted at init).
+__device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
+// The routed index of a gather-variant GEMM row, clamped to max_index (negative: a padding row).
+__device__ __forceinline__ int gather_index(const GroupedMParams& p, int r) { return min(p.gather[r], p.max_index); }
+
+// The A row a gather-variant GEMM row reads: index / fanout, or -1 (a zero row) for a negative index.
+__device__ __forceinline__ int gather_row(const GroupedMParams& p, int r) {
+  const int idx = gather_index(p, r);
+  return idx < 0 ? -1 : static_cast<int>(fast_div(static_cast<uint32_t>(idx), p.fanout_div));
+}
 
 // A position in the ring of shared-memory stages: stage s, in a pass of parity ph. Every side takes the
 // k-blocks in order, so a position only ever advances by one (no division by the stage count).
@@ -236,7 +280,12 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   const int cluster = blockIdx.x / K::kCluster, clusters = gridDim.x / K::kCluster;
   if (tid == 0) {
     for (int s = 0; s < K::kStages; ++s) {
-      cutlass::arch::ClusterBarrier::init(&full[s], 1);
+      if constexpr (K::kGather) {
+        // the B load's expect-tx arrival and one cp.async arrival per producer thread
+        cutlass::arch::ClusterBarrier::init(&full[s], 1 + K::kCopyThreads);
+      } else {
+        cutlass::arch::ClusterBarrier::init(&full[s], 1);
+      }
       // lane 0 of each of the 8 math warps of every CTA of the cluster: every k-block is released
       // to both producers, shared or not, so the CTAs of a cluster stay within one ring of each
       // other and no arrival can land in a later phase
@@ -318,7 +367,50 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   if (wg == 0) {
     // Producer: one thread streams every tile's k-blocks through the stage ring.
     cutlass::arch::warpgroup_reg_dealloc<40>();
-    if constexpr (K::kWarpProducer) {
+    if constexpr (K::kGather) {
+      // Thread t copies chunk t % 8 of tile rows t / 8 + 16 i (i < 8); thread 0 also loads B by TMA.
+      // Row r's chunk c sits at chunk c ^ (r % 8) of its 128-byte row (the TMA swizzle), and r % 8 is
+      // the same for all 8 rows of a thread. Rows past the group, padding rows and columns past K are
+      // written as zeros (src-size 0).
+      static_assert(K::kCluster == 1 && K::kBlockM == 128 && K::kBlockK == 128, "gather: 128 x 128 A tiles, no cluster");
+      const int row_lo = tid / 8, chunk = tid % 8;
+      const int dst_off = row_lo * K::kBlockK + ((chunk ^ (row_lo & 7)) << 4);
+      RingPos<K::kStages> rp;
+      int g_mine = 0, g_peer = 0;
+      for (int P = cluster; P < slots; P += clusters) {
+        const Slot sl = slot(P, g_mine, g_peer);
+        if (!sl.store) break;
+        const int brow = sl.c.g * p.n + sl.c.n0;
+        uint32_t src_off[8];  // byte offsets of this thread's rows in a (a_rows * lda < 2^32, checked)
+        uint32_t live = 0;    // bit i: row i reads data
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int lr = row_lo + 16 * i;
+          const int src = lr < sl.c.rows ? gather_row(p, sl.c.row0 + lr) : -1;
+          src_off[i] = src >= 0 ? static_cast<uint32_t>(src) * static_cast<uint32_t>(p.lda) + 16u * chunk : 0u;
+          live |= src >= 0 ? (1u << i) : 0u;
+        }
+        for (int kb = 0; kb < kblocks; ++kb, rp.advance()) {
+          const int s = rp.s;
+          cutlass::arch::ClusterBarrier::wait(&empty[s], rp.ph ^ 1);
+          const int k0 = kb * K::kBlockK;
+          if (tid == 0) {
+            cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[s], K::kBBytes);
+            uint8_t* b = smem_b + s * K::kBBytes;
+            tma_load_2d(&tma_b, &full[s], b, k0, brow);
+            tma_load_2d(&tma_b, &full[s], b + kHalfB, k0, brow + K::kBlockN / 2);
+          }
+          const bool col_in = k0 + 16 * chunk < p.k;
+          uint8_t* a_dst = smem_a + s * K::kABytes + dst_off;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const bool on = col_in && ((live >> i) & 1u);
+            cp_async_16(a_dst + 16 * i * K::kBlockK, p.a + src_off[i] + (on ? k0 : 0), on ? 16 : 0);
+          }
+          cp_async_arrive_noinc(&full[s]);
+        }
+      }
+    } else if constexpr (K::kWarpProducer) {
       if (tid < 32) {
         auto uniform = [](int v) { return __shfl_sync(0xffffffffu, v, 0); };
         const bool leader = cute::elect_one_sync();
@@ -391,7 +483,16 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       const TileCoord& c = sl.c;
 #pragma unroll
       for (int i = 0; i < K::kAcc; ++i) fin[i] = 0.f;
-      const int ar0 = min(c.row0 + r0, p.m - 1), ar1 = min(c.row0 + r0 + 8, p.m - 1);
+      int ar0 = min(c.row0 + r0, p.m - 1), ar1 = min(c.row0 + r0 + 8, p.m - 1);
+      // Gather: the rows' A rows (-1: a zero row, whose scale byte is taken as 127 = 1.0 so that a NaN
+      // scale elsewhere cannot reach it).
+      int src0 = 0, src1 = 0;
+      if constexpr (K::kGather) {
+        src0 = r0 < c.rows ? gather_row(p, c.row0 + r0) : -1;
+        src1 = r0 + 8 < c.rows ? gather_row(p, c.row0 + r0 + 8) : -1;
+        ar0 = max(src0, 0);
+        ar1 = max(src1, 0);
+      }
       const uint8_t* sa0 = p.a_scale + static_cast<int64_t>(ar0) * p.as_s0;
       const uint8_t* sa1 = p.a_scale + static_cast<int64_t>(ar1) * p.as_s0;
       const int ib0 = c.n0 / 128, ib1 = min(ib0 + 1, nb - 1);
@@ -414,6 +515,10 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         ScaleBytes e;
         e.a0 = __ldg(sa0 + 4 * kb);
         e.a1 = __ldg(sa1 + 4 * kb);
+        if constexpr (K::kGather) {
+          if (src0 < 0) e.a0 = 127u;
+          if (src1 < 0) e.a1 = 127u;
+        }
         e.b0 = __ldg(sb0 + 4 * kb);
         e.b1 = K::kBlockN > 128 ? __ldg(sb1 + 4 * kb) : 0u;
         return e;
@@ -451,6 +556,8 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         const int s = ri.s;
         cutlass::arch::ClusterBarrier::wait(&full[s], ri.ph);
         ri.advance();
+        // cp.async wrote A through the generic proxy; the wgmmas read it through the async proxy.
+        if constexpr (K::kGather) fence_async_shared();
 #pragma unroll
         for (int q = 0; q < K::kAcc; ++q) cute::warpgroup_fence_operand(a[q]);
         cute::warpgroup_arrive();
@@ -539,6 +646,20 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         const int b0 = 2 * (lane % 4) * kS;   // byte of the pair in column 8 j's 8 columns
         const int v = lr * K::kEpiBoxBytes + 16 * ((b0 / 16) ^ epi_swizzle<K>(lr)) + b0 % 16;
         asm volatile("mov.b32 %0, %1;" : "=r"(t) : "r"(v));
+      }
+      if constexpr (K::kGather) {
+        // out row = row_scale[gather[row]] * acc (+ bias): the routing weight after the GEMM.
+        if (p.row_scale) {
+          const float rs0 = src0 >= 0 ? p.row_scale[gather_index(p, c.row0 + r0)] : 0.f;
+          const float rs1 = src1 >= 0 ? p.row_scale[gather_index(p, c.row0 + r0 + 8)] : 0.f;
+#pragma unroll
+          for (int j = 0; j < K::kAcc / 4; ++j) {
+            fin[4 * j + 0] = __fmul_rn(fin[4 * j + 0], rs0);
+            fin[4 * j + 1] = __fmul_rn(fin[4 * j + 1], rs0);
+            fin[4 * j + 2] = __fmul_rn(fin[4 * j + 2], rs1);
+            fin[4 * j + 3] = __fmul_rn(fin[4 * j + 3], rs1);
+          }
+        }
       }
 #pragma unroll
       for (int j = 0; j < K::kAcc / 4; ++j) {
