@@ -370,8 +370,11 @@ def generic(doc) -> str:
 
 
 def models(path: str) -> str:
-    """bench/bench_models.py's JSON: the per-recipe summary and each profile's GPU time per step."""
+    """bench/bench_models.py's JSON: the per-recipe summary and each profile's GPU time per step (the
+    speed preset's, --shape: tokens/s per recipe and mode with its ratios and targets)."""
     d = _load(path)
+    if d.get("shape"):
+        return _models_speed(d)
     m = d.get("model") or {}
     text = []
     if m:
@@ -401,6 +404,38 @@ def models(path: str) -> str:
                                      for p in profs.values()])
         text.append("\nGPU time per training step (ms, torch.profiler):\n\n" +
                     _md(["kind"] + list(profs), body))
+    return "\n".join(text)
+
+
+def _models_speed(d) -> str:
+    m = d.get("model") or {}
+    g = lambda v, fmt: fmt.format(v) if isinstance(v, (int, float)) and v == v else "-"  # noqa: E731
+    text = [f"Model ({d.get('shape')}): transformers Qwen3-MoE, hidden {m.get('dim')}, {m.get('n_heads')} / "
+            f"{m.get('kv_heads')} heads of {m.get('head_dim')}, {m.get('num_experts')} experts top-{m.get('top_k')} "
+            f"of width {m.get('moe_hidden')}, {m.get('n_layers')} layers, vocab {m.get('vocab')}, "
+            f"{d.get('params_b', 0):.2f}B parameters, {d.get('tokens_per_step')} tokens a step; random init and "
+            f"tokens (speed only, no loss verdict); eager {d.get('steps')} steps ({d.get('timing_warmup')} untimed), "
+            f"compiled {d.get('compile_steps')} ({d.get('compile_warmup')} untimed); "
+            f"transformers {d.get('transformers', NOT_RECORDED)}.\n"]
+    body = []
+    for mode in ("eager", "compiled"):
+        for recipe, sm in (d.get("summary") or {}).items():
+            tps = sm.get(f"tokens_per_s_{mode}")
+            if not (isinstance(tps, (int, float)) and tps == tps):
+                continue
+            body.append([recipe, mode, g(tps, "{:,.0f}"), g(sm.get(f"step_ms_{mode}"), "{:.1f}"),
+                         g(sm.get(f"vs_bf16_{mode}"), "{:.2f}x"), g(sm.get(f"vs_mxmoe_bf16_{mode}"), "{:.2f}x"),
+                         g(sm.get(f"peak_mem_gib_{mode}"), "{:.2f}"), g(sm.get(f"peak_vs_bf16_{mode}"), "{:.2f}x")])
+    text.append(_md(["recipe", "mode", "tokens/s", "ms/step", "x transformers bf16", "x mxmoe bf16", "peak GiB",
+                     "x bf16"], body))
+    targets = []
+    for t in d.get("targets") or []:
+        met = "not measured" if t.get("met") is None else ("met" if t["met"] else "not met")
+        ref = "transformers bf16" if t.get("vs") == "bf16" else "mxmoe bf16"
+        targets.append(f"- target: {t.get('recipe')} {t.get('mode')} >= {t.get('target')}x {ref}: "
+                       f"{g(t.get('ratio'), '{:.2f}x')}, {met}")
+    if targets:
+        text.append("\n" + "\n".join(targets))
     return "\n".join(text)
 
 
@@ -462,7 +497,7 @@ SECTIONS = [
      "A transformers Qwen3-MoE trained with transformers' bf16 `grouped_mm` experts and with "
      "`experts_implementation=\"mxmoe\"` (bench/bench_models.py): held-out loss over seeds, tokens/s eager "
      "and compiled, peak memory, and a per-kernel profile.",
-     [("models.json", models), ("models-compiled.json", models)]),
+     [("models.json", models), ("models-compiled.json", models), ("models-qwen3-30b-a3b.json", models)]),
     ("TorchTitan", "55-torchtitan",
      "torchao's reference MoE and TorchTitan's Trainer on its debug MoE model, bf16 against "
      "`mxmoe.convert` / `MXMoEConverter` (bench/bench_torchtitan.py).",

@@ -31,14 +31,16 @@ class _LoadCounter:
 
 def qwen3_moe_config(*, vocab_size: int, dim: int, n_layers: int, n_heads: int, num_experts: int, top_k: int,
                      moe_hidden: int, max_seq_len: int, kv_heads: Optional[int] = None,
-                     experts_implementation: str = "grouped_mm", mxmoe_recipe: Optional[str] = None):
+                     experts_implementation: str = "grouped_mm", mxmoe_recipe: Optional[str] = None,
+                     head_dim: Optional[int] = None):
+    """head_dim: None for dim // n_heads (Qwen3-30B-A3B: 32 heads of 128 at hidden 2048)."""
     from transformers import Qwen3MoeConfig
 
     kw = {} if mxmoe_recipe is None else {"mxmoe_recipe": mxmoe_recipe}
     return Qwen3MoeConfig(
         vocab_size=vocab_size, hidden_size=dim, intermediate_size=4 * dim, moe_intermediate_size=moe_hidden,
         num_hidden_layers=n_layers, num_attention_heads=n_heads, num_key_value_heads=kv_heads or max(1, n_heads // 4),
-        head_dim=dim // n_heads, num_experts=num_experts, num_experts_per_tok=top_k, norm_topk_prob=True,
+        head_dim=head_dim or dim // n_heads, num_experts=num_experts, num_experts_per_tok=top_k, norm_topk_prob=True,
         decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=max_seq_len, tie_word_embeddings=False,
         output_router_logits=True, router_aux_loss_coef=0.001, use_cache=False, bos_token_id=0, eos_token_id=None,
         pad_token_id=None, experts_implementation=experts_implementation, **kw)
