@@ -506,7 +506,7 @@ SECTIONS = [
      "fwd+bwd of one MoE layer's experts (dispatch, SwiGLU experts, combine; grads of x, routing weights, "
      "weights) for the benchmark's MoE configs, against SonicMoE's bf16 layer (where the run measured it) "
      "and transformers' bf16 `grouped_mm` experts on the same weights (bench/bench_moe.py).",
-     [("moe_layer.json", "moe"), ("moe_layer-qwen3.json", "moe")]),
+     [("moe_layer.json", "moe")]),
     ("End to end", "40-e2e",
      "One `mxmoe.grouped_mm` forward+backward against bf16 `torch._grouped_mm` (`python -m mxmoe bench`); "
      "each row from the newest run that measured it.",
