@@ -436,6 +436,38 @@ int64_t grouped_mm_tile128_kgroups_workspace_size(int64_t m, int64_t n, int64_t 
   return kg_layout(nullptr, m, n, k, g, p.sm_count).bytes;
 }
 
+#if defined(MXMOE_HAVE_CUTLASS)
+namespace {
+// The own M-grouped kernel's call from the validated arguments; M: the output's rows (a's, or the
+// gather variant's routed rows).
+void fill_grouped_m_run(const GroupedMMArgs& a, int64_t M, int sm_count, cudaStream_t stream, gemm::GroupedMRun& r) {
+  const bool bias = a.bias.present;
+  r.m = M;
+  r.n = a.b.shape[1];
+  r.k = a.a.shape[1];
+  r.groups = static_cast<int>(a.offs.shape[0]);
+  r.a = static_cast<const uint8_t*>(a.a.data);
+  r.a_scale = static_cast<const uint8_t*>(a.a_scale.data);
+  r.as_s0 = a.a_scale.strides[0];
+  r.b = static_cast<const uint8_t*>(a.b.data);
+  r.b_scale = static_cast<const uint8_t*>(a.b_scale.data);
+  r.bs_s0 = a.b_scale.strides[0];
+  r.bs_s1 = a.b_scale.strides[1];
+  r.offs = static_cast<const int32_t*>(a.offs.data);
+  r.offs_s = a.offs.strides[0];
+  r.bias = bias ? a.bias.t.data : nullptr;
+  r.bias_bf16 = bias && a.bias.t.dtype == MXMOE_DTYPE_BF16;
+  r.bias_s0 = bias ? a.bias.t.strides[0] : 0;
+  r.bias_s1 = bias ? a.bias.t.strides[1] : 0;
+  r.out = a.out.data;
+  r.out_bf16 = a.out.dtype == MXMOE_DTYPE_BF16;
+  r.sm_count = sm_count;
+  r.device = a.a.device;
+  r.stream = stream;
+}
+}  // namespace
+#endif
+
 void grouped_mm_tile128(const GroupedMMArgs& a, void* workspace, int64_t workspace_bytes) {
   const char* what = "grouped_mm_tile128";
   const int64_t M = a.a.shape[0], K = a.a.shape[1], N = a.b.shape[1];
@@ -462,28 +494,7 @@ void grouped_mm_tile128(const GroupedMMArgs& a, void* workspace, int64_t workspa
 #if defined(MXMOE_HAVE_CUTLASS)
   if (cfg.impl == gemm::Sm90Impl::kOwn) {
     gemm::GroupedMRun r;
-    r.m = M;
-    r.n = N;
-    r.k = K;
-    r.groups = G;
-    r.a = static_cast<const uint8_t*>(a.a.data);
-    r.a_scale = static_cast<const uint8_t*>(a.a_scale.data);
-    r.as_s0 = a.a_scale.strides[0];
-    r.b = static_cast<const uint8_t*>(a.b.data);
-    r.b_scale = static_cast<const uint8_t*>(a.b_scale.data);
-    r.bs_s0 = a.b_scale.strides[0];
-    r.bs_s1 = a.b_scale.strides[1];
-    r.offs = static_cast<const int32_t*>(a.offs.data);
-    r.offs_s = a.offs.strides[0];
-    r.bias = bias ? a.bias.t.data : nullptr;
-    r.bias_bf16 = bias_bf16;
-    r.bias_s0 = bias ? a.bias.t.strides[0] : 0;
-    r.bias_s1 = bias ? a.bias.t.strides[1] : 0;
-    r.out = a.out.data;
-    r.out_bf16 = a.out.dtype == MXMOE_DTYPE_BF16;
-    r.sm_count = props.sm_count;
-    r.device = a.a.device;
-    r.stream = stream;
+    fill_grouped_m_run(a, M, props.sm_count, stream, r);
     if (gemm::sm90_grouped_m(r, cfg)) {
       gemm::note_config(cfg);
       return;
@@ -711,28 +722,7 @@ void grouped_mm_tile128_gather(const GroupedMMGatherArgs& ga) {
     fail_status(MXMOE_ERR_UNSUPPORTED, what, ": out: the gather kernel writes bfloat16 only, got float32");
 #if defined(MXMOE_HAVE_CUTLASS)
   gemm::GroupedMGatherRun r;
-  r.m = M;
-  r.n = N;
-  r.k = K;
-  r.groups = G;
-  r.a = static_cast<const uint8_t*>(a.a.data);
-  r.a_scale = static_cast<const uint8_t*>(a.a_scale.data);
-  r.as_s0 = a.a_scale.strides[0];
-  r.b = static_cast<const uint8_t*>(a.b.data);
-  r.b_scale = static_cast<const uint8_t*>(a.b_scale.data);
-  r.bs_s0 = a.b_scale.strides[0];
-  r.bs_s1 = a.b_scale.strides[1];
-  r.offs = static_cast<const int32_t*>(a.offs.data);
-  r.offs_s = a.offs.strides[0];
-  r.bias = a.bias.present ? a.bias.t.data : nullptr;
-  r.bias_bf16 = a.bias.present && a.bias.t.dtype == MXMOE_DTYPE_BF16;
-  r.bias_s0 = a.bias.present ? a.bias.t.strides[0] : 0;
-  r.bias_s1 = a.bias.present ? a.bias.t.strides[1] : 0;
-  r.out = a.out.data;
-  r.out_bf16 = true;
-  r.sm_count = props.sm_count;
-  r.device = a.a.device;
-  r.stream = static_cast<cudaStream_t>(a.stream);
+  fill_grouped_m_run(a, M, props.sm_count, static_cast<cudaStream_t>(a.stream), r);
   r.gather = static_cast<const int32_t*>(ga.gather.data);
   r.fanout = ga.fanout;
   r.a_rows = T;

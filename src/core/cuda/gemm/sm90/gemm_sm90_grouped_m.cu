@@ -25,23 +25,7 @@ bool launch(const GroupedMRun& r) {
   const CUtensorMap ma = kmajor_map(r.a, r.k, r.m, r.k, 128);
   const CUtensorMap mb = kmajor_map(r.b, r.k, static_cast<uint64_t>(r.groups) * r.n, r.k, K::kBlockN / 2);
   const CUtensorMap mo = output_map(r.out, r.out_bf16, r.m, r.n, K::kEpiBoxBytes);
-  sm90::GroupedMParams p{};
-  p.offs = r.offs;
-  p.offs_s = r.offs_s;
-  p.groups = r.groups;
-  p.m = static_cast<int>(r.m);
-  p.n = static_cast<int>(r.n);
-  p.k = static_cast<int>(r.k);
-  p.a_scale = r.a_scale;
-  p.as_s0 = r.as_s0;
-  p.b_scale = r.b_scale;
-  p.bs_s0 = r.bs_s0;
-  p.bs_s1 = r.bs_s1;
-  p.bias = r.bias;
-  p.bias_bf16 = r.bias_bf16 ? 1 : 0;
-  p.bias_s0 = r.bias_s0;
-  p.bias_s1 = r.bias_s1;
-  p.out = r.out;
+  sm90::GroupedMParams p = sm90::grouped_m_params(r);
   const int64_t nt = (r.n + K::kBlockN - 1) / K::kBlockN;
   // The tile decode's divisor: the tiles of a full band (N = 0: no tiles, any divisor >= 1).
   p.band_div = sm90::make_fast_div(static_cast<uint32_t>(K::kBand * std::max<int64_t>(nt, 1)));

@@ -38,6 +38,7 @@
 #include "cutlass/arch/barrier.h"
 #include "cutlass/arch/reg_reconfig.h"
 #include "cuda/gemm/sm90/sm90_fp8_common.cuh"
+#include "cuda/gemm/sm90/sm90_grouped_m.hpp"
 #include "mxmoe/mx_format.hpp"
 
 namespace mxmoe {
@@ -72,6 +73,28 @@ struct GroupedMParams {
   FastDiv fanout_div;
   const float* row_scale;
 };
+
+// The device arguments of a call (host; band_div and the gather fields are the launcher's).
+inline GroupedMParams grouped_m_params(const GroupedMRun& r) {
+  GroupedMParams p{};
+  p.offs = r.offs;
+  p.offs_s = r.offs_s;
+  p.groups = r.groups;
+  p.m = static_cast<int>(r.m);
+  p.n = static_cast<int>(r.n);
+  p.k = static_cast<int>(r.k);
+  p.a_scale = r.a_scale;
+  p.as_s0 = r.as_s0;
+  p.b_scale = r.b_scale;
+  p.bs_s0 = r.bs_s0;
+  p.bs_s1 = r.bs_s1;
+  p.bias = r.bias;
+  p.bias_bf16 = r.bias_bf16 ? 1 : 0;
+  p.bias_s0 = r.bias_s0;
+  p.bias_s1 = r.bias_s1;
+  p.out = r.out;
+  return p;
+}
 
 template <int BlockN_, int Stages_, class Out_, int Cluster_ = 1, bool Lean_ = false, bool WarpProducer_ = false>
 struct GroupedM {
