@@ -35,7 +35,7 @@ import torch
 
 RECIPE = "mxfp8_rceil_tile128"
 
-SHAPES = [  # name, M, N, K, G list, jagged
+SHAPES = [  # name, M, N, K, G list, jagged (True: random sizes; "routed": a top-8 router's, each padded to 16)
     ("seeds", 16640, 8192, 5120, [1, 4, 16, 64], False),
     ("llama4-scout", 128000, 8192, 5120, [1, 8], False),
     ("deepseek-v3", 128000, 2048, 7168, [1, 8], False),
@@ -46,6 +46,10 @@ SHAPES = [  # name, M, N, K, G list, jagged
     ("fine-down", 32768, 1024, 768, [16], False),
     ("qwen3-30b-gate-up", 131072, 1536, 2048, [128], True),
     ("qwen3-30b-down", 131072, 2048, 768, [128], True),
+    # the same as the MoE layer hands them over: 16K tokens routed top-8 at random, each expert's rows
+    # padded to 16 (the layer's alignment, so the wgrad reads every group in place)
+    ("qwen3-30b-gate-up-routed", 131072, 1536, 2048, [128], "routed"),
+    ("qwen3-30b-down-routed", 131072, 2048, 768, [128], "routed"),
 ]
 
 
@@ -146,6 +150,11 @@ def mx_kg_call(a, a_s, b, b_s, offs, out, ws):
 
 # ---- inputs ----------------------------------------------------------------------------------------
 def group_sizes(m, g, jagged, seed):
+    if jagged == "routed":  # m / 8 tokens, top-8 of random scores; sizes padded to 16 (sum >= m)
+        gen = torch.Generator().manual_seed(seed)
+        idx = torch.rand(m // 8, g, generator=gen).topk(8, dim=1).indices
+        counts = torch.bincount(idx.flatten(), minlength=g)
+        return [(int(c) + 15) // 16 * 16 for c in counts]
     if not jagged:  # as equal as possible, in multiples of 128
         tiles = m // 128
         sizes = [128 * (tiles // g + (1 if i < tiles % g else 0)) for i in range(g)]
@@ -348,6 +357,7 @@ def bench_variants(mx, variants):
 
 def run_shape(name, M, N, K, G, jagged, passes, profile, sweep=False, variants=()):
     sizes = group_sizes(M, G, jagged, seed=M + N + K + G)
+    M = sum(sizes)  # "routed" pads every group
     offs = torch.tensor(sizes, dtype=torch.int64).cumsum(0).to(torch.int32).cuda()
     flops = 2.0 * M * N * K
     rows = []
@@ -546,7 +556,8 @@ def main():
                          f"{fmt(r['fp8_rowwise_tflops'], '.0f')} | {fmt(r['deepgemm_us'], '.0f')} | "
                          f"{fmt(r['ratio_vs_bf16'], '.2f')}x | "
                          f"{fmt(r['deepgemm_us'] / r['mxmoe_us'] if r['deepgemm_us'] and r['mxmoe_us'] else None, '.2f')}x |")
-        lines.append("(* jagged: random group sizes, some empty, not multiples of 32)")
+        lines.append("(* jagged: random group sizes, some empty, not multiples of 32; or routed: a random "
+                     "top-8 router's, each padded to 16)")
         with open(args.table, "w") as f:
             f.write("\n".join(lines) + "\n")
         return lines

@@ -19,6 +19,8 @@
 //   forward: GroupInfo[G] | sfa f32 [M * kb] | sfb f32 [G * nb * kb] | bias f32 [G * N] | CUTLASS
 //   wgrad:   GroupInfo[G] | sfa f32 [N * cap128] | sfb f32 [K * cap128] | A stage [N * lds] |
 //            B stage [K * lds] | CUTLASS           (cap128 = ceil(M/128) + G, lds = staging stride)
+//            or, for the own sm_90a kernel, its prepared scales (sm90_grouped_k_workspace_size) from
+//            the start: the size is the larger of the two
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -412,6 +414,11 @@ KgLayout kg_layout(void* ws, int64_t m, int64_t n, int64_t k, int64_t g, int sm_
 #endif
   l.desc = c.take<char>(desc);
   l.bytes = c.bytes();
+#if defined(MXMOE_HAVE_CUTLASS)
+  Carver own(nullptr);
+  own.take<char>(gemm::sm90_grouped_k_workspace_size(m, n, k, g));
+  l.bytes = std::max(l.bytes, own.bytes());
+#endif
   return l;
 }
 
@@ -608,6 +615,9 @@ void grouped_mm_tile128_kgroups(const GroupedMMKArgs& a, void* workspace, int64_
     r.sm_count = props.sm_count;
     r.device = a.a.device;
     r.stream = stream;
+    Carver own(workspace);
+    r.workspace_bytes = gemm::sm90_grouped_k_workspace_size(M, N, K, G);
+    r.workspace = own.take<char>(r.workspace_bytes);
     if (gemm::sm90_grouped_k(r, cfg)) {
       gemm::note_config(cfg);
       return;

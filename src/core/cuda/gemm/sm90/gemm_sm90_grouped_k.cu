@@ -16,14 +16,30 @@ namespace cuda {
 namespace gemm {
 namespace {
 
+// The workspace's two regions: A's and B's prepared scales (sm90::GroupedKScales).
+struct Scratch {
+  float* sf_a;
+  float* sf_b;
+  int64_t bytes;
+};
+Scratch scratch(int64_t m, int64_t n, int64_t k, int64_t g, void* base) {
+  const int64_t a = sm90::GroupedKScales::a_floats(m, n, g) * 4, b = sm90::GroupedKScales::b_floats(m, k, g) * 4;
+  char* p = static_cast<char*>(base);
+  return {reinterpret_cast<float*>(p), reinterpret_cast<float*>(p ? p + a : nullptr), a + b};  // a % 512 == 0
+}
+Scratch scratch(const GroupedKRun& r) { return scratch(r.m, r.n, r.k, r.groups, r.workspace); }
+
 template <class K>
 bool launch(const GroupedKRun& r) {
-  void (*kernel)(const CUtensorMap, const CUtensorMap, const sm90::GroupedKParams) = sm90::grouped_k_kernel<K>;
+  void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const sm90::GroupedKParams) =
+      sm90::grouped_k_kernel<K>;
   const int limit = sm90_prepare_smem(reinterpret_cast<const void*>(kernel), r.device);
   const size_t smem = K::smem_bytes(r.groups);
   if (smem > static_cast<size_t>(limit)) return false;
   const CUtensorMap ma = kmajor_map(r.a, r.m, r.n, r.lda, K::kBlockM);
   const CUtensorMap mb = kmajor_map(r.b, r.m, r.k, r.ldb, K::kBlockN / 2);  // B boxes in two halves
+  // The output as (G N, K) rows: a warpgroup's 64 rows of a tile are stored by TMA when all are < N.
+  const CUtensorMap mo = output_map(r.out, r.out_bf16, static_cast<uint64_t>(r.groups) * r.n, r.k, K::kEpiBoxBytes);
   const int64_t mt = (r.n + K::kBlockM - 1) / K::kBlockM, nt = (r.k + K::kBlockN - 1) / K::kBlockN;
   sm90::GroupedKParams p{};
   p.offs = r.offs;
@@ -32,10 +48,9 @@ bool launch(const GroupedKRun& r) {
   p.m = static_cast<int>(r.m);
   p.n = static_cast<int>(r.n);
   p.k = static_cast<int>(r.k);
-  p.a_scale = r.a_scale;
-  p.as_s0 = r.as_s0;
-  p.b_scale = r.b_scale;
-  p.bs_s0 = r.bs_s0;
+  const Scratch ws = scratch(r);
+  p.sf_a = ws.sf_a;
+  p.sf_b = ws.sf_b;
   p.out = r.out;
   p.group_tiles = static_cast<int>((mt * nt + K::kCluster - 1) / K::kCluster * K::kCluster);
   p.group_div = sm90::make_fast_div(static_cast<uint32_t>(p.group_tiles));
@@ -56,7 +71,24 @@ bool launch(const GroupedKRun& r) {
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, ma, mb, p);
+  // Each k-block's scales as fp32 in the producer's order (grouped_k_prepare_scales), then the GEMM.
+  sm90::GroupedKScales sp{};
+  sp.offs = r.offs;
+  sp.offs_s = r.offs_s;
+  sp.groups = r.groups;
+  sp.m = p.m;
+  sp.n = p.n;
+  sp.k = p.k;
+  sp.a_scale = r.a_scale;
+  sp.as_s0 = r.as_s0;
+  sp.b_scale = r.b_scale;
+  sp.bs_s0 = r.bs_s0;
+  sp.sf_a = ws.sf_a;
+  sp.sf_b = ws.sf_b;
+  const dim3 prep_grid(static_cast<unsigned>(mt + nt), static_cast<unsigned>(r.groups));
+  sm90::grouped_k_prepare_scales<<<prep_grid, 128, 0, r.stream>>>(sp);
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) e = cudaLaunchKernelEx(&cfg, kernel, ma, mb, mo, p);
   if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess)
     fail_status(MXMOE_ERR_CUDA, "grouped_mm_tile128_kgroups: kernel launch failed: ", cudaGetErrorString(e));
@@ -86,7 +118,16 @@ bool sm90_grouped_k(const GroupedKRun& r, const Sm90GemmConfig& c) {
   if (reinterpret_cast<uintptr_t>(r.out) % 16 != 0) return false;
   if (r.m >= (int64_t{1} << 31) || r.n >= (int64_t{1} << 31) || r.k >= (int64_t{1} << 31)) return false;
   if (r.groups * ((r.n + 127) / 128 * ((r.k + 127) / 128) + 1) >= (int64_t{1} << 31)) return false;
+  if (r.groups * r.n >= (int64_t{1} << 31)) return false;  // the output's TMA row coordinate
+  // The prepared scales: a workspace of the size query's bytes, 16-byte aligned (bulk copies); grid.y = G.
+  if (r.groups > 65535 || reinterpret_cast<uintptr_t>(r.workspace) % 16 != 0 ||
+      r.workspace_bytes < sm90_grouped_k_workspace_size(r.m, r.n, r.k, r.groups))
+    return false;
   return r.out_bf16 ? dispatch<__nv_bfloat16>(r, c) : dispatch<float>(r, c);
+}
+
+int64_t sm90_grouped_k_workspace_size(int64_t m, int64_t n, int64_t k, int64_t groups) {
+  return scratch(m, n, k, groups, nullptr).bytes;
 }
 
 }  // namespace gemm

@@ -58,7 +58,7 @@ constexpr int grouped_m_stages(int block_n, int out_bytes) {
 constexpr int kGroupedKScaleFloats = 128 + 4 * 36;
 constexpr int grouped_k_stages(int out_bytes) {
   const int stage = 2 * 128 * 128 + kGroupedKScaleFloats * 4;
-  const int epi = 2 * 64 * (128 * out_bytes + (out_bytes == 2 ? 16 : 32));
+  const int epi = 2 * 64 * 128 * out_bytes;
   const int n = (210 * 1024 - epi) / stage;
   return n > 6 ? 6 : n;
 }

@@ -86,6 +86,15 @@ __device__ __forceinline__ void tma_load_2d_multicast(const CUtensorMap* map, ui
       : "memory");
 }
 
+// A contiguous global range of `bytes` (a multiple of 16, both addresses 16-byte aligned) into this
+// CTA's shared memory, counted on bar like a TMA box.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               :
+               : "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
+
 // TMA store of a staged shared-memory box to the tensor at (c0, c1), in this thread's bulk group;
 // elements outside the tensor are not written.
 __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int c0, int c1) {

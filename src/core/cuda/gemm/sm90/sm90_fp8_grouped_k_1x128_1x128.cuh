@@ -18,9 +18,13 @@
 //     landed (patch_rows: the first start % 16 slots take the next box's first tokens, tokens past the
 //     group are zeroed; tokens past M are zero from TMA), fence them for the async proxy and release
 //     the stage on a second barrier;
-//   - the per-row (A) and per-column (B) scales of a k-block differ across the tile, so the helpers
-//     also convert the k-block's 128 + 128 E8M0 bytes to fp32 into a per-stage scale slot; the math
-//     threads read them there before issuing the k-block's wgmmas and release the stage after the wait;
+//   - the per-row (A) and per-column (B) scales of a k-block differ across the tile: a first kernel
+//     (grouped_k_prepare_scales) writes them as fp32 in k-block-major order, so the producer loads a
+//     k-block's 128 + 128 scales with two bulk copies into the stage's scale slot, on the stage's
+//     barrier; the math threads read them there before issuing the k-block's wgmmas and release the
+//     stage after the wait. (Read as E8M0 bytes by the helpers, 256 rows one row stride apart per
+//     k-block, the scales kept the helpers busy on every k-block and the math waited on them 40% of
+//     its time, ncu on Qwen3-30B-A3B's down projection.) The helpers now only patch;
 //   - optional clusters of 2 CTAs on neighbouring m-tiles of one group and n-tile: each loads half of
 //     the B box and multicasts it to both (24 KB per k-block per CTA instead of 32 KB; the large
 //     shapes are bound by L2 -> SM bytes), every box released to both producers.
@@ -56,15 +60,105 @@ struct GroupedKParams {
   int64_t offs_s;
   int groups;
   int m, n, k;              // m tokens; out[g] is (n, k)
-  const uint8_t* a_scale;   // (N, cap) E8M0, row stride as_s0
-  int64_t as_s0;
-  const uint8_t* b_scale;   // (K, cap) E8M0, row stride bs_s0
-  int64_t bs_s0;
+  const float* sf_a;        // prepared scales (GroupedKScales): [k-block][ceil(N / 128) 128]
+  const float* sf_b;        // [k-block][ceil(K / 128)][kColSlot] in the math threads' column order
   void* out;                // (G, N, K) contiguous, bf16 or f32
   int group_tiles;          // tile slots per group: ceil(N / 128) ceil(K / 128), rounded up to the cluster size
   FastDiv group_div;        // division by group_tiles
   FastDiv band_div;         // division by the tiles of a full band, kBand ceil(K / 128)
 };
+
+// The prepared scales (grouped_k_prepare_scales): k-block j of the whole call is block kb of group g
+// with j = sum_{h<g} ceil(len_h / 128) + kb (fewer than ceil(M / 128) + G of them). Row n of A in
+// k-block j: sf_a[j na + n] (na = ceil(N / 128) 128, rows past N 0); column c of B: sf_b[(j kc + c / 128)
+// kColSlot + col_slot(c % 128)] (kc = ceil(K / 128), columns past K 0).
+struct GroupedKScales {
+  const int32_t* offs;
+  int64_t offs_s;
+  int groups;
+  int m, n, k;
+  const uint8_t* a_scale;  // (N, cap) E8M0, row stride as_s0: the recipe's grouped compact layout
+  int64_t as_s0;
+  const uint8_t* b_scale;  // (K, cap) E8M0, row stride bs_s0
+  int64_t bs_s0;
+  float* sf_a;
+  float* sf_b;
+  static constexpr int kColGroup = 36;           // floats per lane%4 group of columns: 32 + 4 of bank padding
+  static constexpr int kColSlot = 4 * kColGroup;  // one 128-column chunk's slot
+  static int64_t kblocks_bound(int64_t m, int64_t g) { return (m + 127) / 128 + g; }
+  static int64_t a_floats(int64_t m, int64_t n, int64_t g) { return kblocks_bound(m, g) * ((n + 127) / 128 * 128); }
+  static int64_t b_floats(int64_t m, int64_t k, int64_t g) { return kblocks_bound(m, g) * ((k + 127) / 128 * kColSlot); }
+};
+
+// Where column c (0..127) of a chunk sits in its slot: math thread lane holds columns 8 j + 2 (lane % 4)
+// + e (j < 16, e < 2), so those 32 are made contiguous (eight 16-byte loads instead of sixteen 8-byte
+// ones) and the four lane % 4 groups sit kColGroup floats apart, which puts them in different banks.
+__device__ __forceinline__ int col_slot(int c) {
+  return GroupedKScales::kColGroup * ((c & 7) >> 1) + 2 * (c >> 3) + (c & 1);
+}
+
+// Block (x, g): 128 rows of A (x < ceil(N / 128)) or columns of B (the rest), every k-block of group g.
+// The group's start, length and scale column come from a block scan of offs (as the GEMM's tables).
+__global__ void __launch_bounds__(128) grouped_k_prepare_scales(const GroupedKScales p) {
+  using Scan = cub::BlockScan<int, 128>;
+  __shared__ typename Scan::TempStorage scan_tmp;
+  const int g = blockIdx.y, tid = threadIdx.x;
+  // Over groups h <= g: end_h = min(M, max(end_{h-1}, offs[h])); carried: end_{g-1}, the 32-runs and
+  // the 128-blocks of the groups before g.
+  int carry_end = 0, carry_blk = 0, carry_kb = 0, start = 0, end = 0;
+  for (int base = 0; base <= g; base += 128) {
+    const int h = base + tid;
+    int e = 0;
+    if (h <= g) {
+      const int o = p.offs[h * p.offs_s];
+      e = o < 0 ? 0 : (o > p.m ? p.m : o);
+    }
+    int prev, agg;
+    Scan(scan_tmp).ExclusiveScan(e, prev, carry_end, MaxOp(), agg);
+    __syncthreads();
+    const int hend = max(prev, e);
+    const int len = h < g ? hend - prev : 0;
+    int blk_before, blk_total, kb_before, kb_total;
+    Scan(scan_tmp).ExclusiveSum((len + 31) / 32, blk_before, blk_total);
+    __syncthreads();
+    Scan(scan_tmp).ExclusiveSum((len + 127) / 128, kb_before, kb_total);
+    __syncthreads();
+    (void)blk_before;
+    (void)kb_before;
+    if (h == g) {  // this thread holds group g: broadcast below
+      start = prev;
+      end = hend;
+    }
+    carry_end = max(carry_end, agg);
+    carry_blk += blk_total;
+    carry_kb += kb_total;
+  }
+  __shared__ int s_start, s_end;
+  if (tid == (g & 127)) {
+    s_start = start;
+    s_end = end;
+  }
+  __syncthreads();
+  const int len = s_end - s_start;
+  const int blocks = (len + 127) / 128;
+  const int na = (p.n + 127) / 128, kc = (p.k + 127) / 128;
+  const bool is_a = static_cast<int>(blockIdx.x) < na;
+  const int chunk = is_a ? blockIdx.x : blockIdx.x - na;
+  const int row = chunk * 128 + tid;
+  const bool inside = row < (is_a ? p.n : p.k);
+  const uint8_t* src = (is_a ? p.a_scale + static_cast<int64_t>(row) * p.as_s0 : p.b_scale + static_cast<int64_t>(row) * p.bs_s0) + carry_blk;
+  for (int kb = 0; kb < blocks; ++kb) {
+    const int64_t j = carry_kb + kb;
+    const float v = inside ? e8m0_f32(__ldg(src + 4 * kb)) : 0.f;
+    if (is_a) {
+      p.sf_a[j * na * 128 + row] = v;
+    } else {
+      float* slot = p.sf_b + (j * kc + chunk) * GroupedKScales::kColSlot;
+      slot[col_slot(tid)] = v;
+      if (tid < 16) slot[GroupedKScales::kColGroup * (tid >> 2) + 32 + (tid & 3)] = 0.f;  // bank padding
+    }
+  }
+}
 
 template <int Stages_, class Out_, int Cluster_ = 1, bool WarpProducer_ = false>
 struct GroupedK {
@@ -85,18 +179,26 @@ struct GroupedK {
   static constexpr int kBBytes = kBlockN * kBlockK;
   static constexpr int kStageBytes = kABytes + kBBytes;
   // A k-block's fp32 scales: A's 128 rows, then B's 128 columns in math-thread order (kColScale).
-  static constexpr int kColGroup = 36;  // floats per lane%4 group of columns: 32 + 4 of bank padding
-  static constexpr int kScaleFloats = kBlockM + 4 * kColGroup;
+  static constexpr int kColGroup = GroupedKScales::kColGroup;
+  static constexpr int kScaleFloats = kBlockM + GroupedKScales::kColSlot;
+  static constexpr uint32_t kScaleBytes = kScaleFloats * sizeof(float);  // a k-block's two bulk copies
   static constexpr int kAcc = kBlockN / 2;                // fp32 accumulators per math thread
   static constexpr int kBand = 8;                         // m-tiles per band of the tile order
   static constexpr int kHelpers = 96;                     // warps 1-3 of the producer warpgroup
   static_assert(kStageBytes % 1024 == 0, "stages must keep the 1024-byte swizzle alignment");
-  static constexpr int kEpiRowBytes = kBlockN * static_cast<int>(sizeof(Out)) + (sizeof(Out) == 2 ? 16 : 32);
-  static constexpr int kEpiBytes = 2 * 64 * kEpiRowBytes;
+  // Epilogue staging: each math warpgroup's 64 x 128 outputs as the boxes of a TMA store, 64 rows x
+  // 128 bytes each, 128-byte swizzled (16-byte chunk c of row r at c ^ (r % 8)), which also keeps the
+  // accumulator-layout writes free of bank conflicts (as the M-grouped kernel's).
+  static constexpr int kRowBytes = kBlockN * static_cast<int>(sizeof(Out));
+  static constexpr int kEpiBoxBytes = 128;
+  static constexpr int kEpiBoxes = kRowBytes / kEpiBoxBytes;
+  static constexpr int kEpiBoxCols = kEpiBoxBytes / static_cast<int>(sizeof(Out));
+  static constexpr int kEpiWgBytes = 64 * kRowBytes;
+  static constexpr int kEpiBytes = 2 * kEpiWgBytes;
   static_assert(kEpiBytes % 1024 == 0, "the epilogue buffer keeps the stages 1024-byte aligned");
 
   // Dynamic shared memory: 1024 alignment slack | stages | epilogue | scale slots | full / ready /
-  // empty barriers | group tables (ends, scale columns, non-empty list).
+  // empty barriers | group tables (ends, first k-blocks, non-empty list).
   static constexpr size_t smem_bytes(int groups) {
     return 1024 + static_cast<size_t>(kStages) * kStageBytes + kEpiBytes +
            static_cast<size_t>(kStages) * kScaleFloats * sizeof(float) + 3 * kStages * sizeof(uint64_t) +
@@ -109,7 +211,7 @@ struct GroupedK {
 // off a 16-byte boundary: an illegal instruction). Box kb is patched into block kb (patch_rows), which
 // for d > 0 needs the first d tokens of box kb + 1: the last block may need one box more (boxes).
 struct KTile {
-  int g, start, len, blk, row0, col0;
+  int g, start, len, kb0, row0, col0;  // kb0: the group's first k-block among the call's (prepared scales)
   int d, blocks, boxes;
   bool store;  // false: a ghost slot (a group's tile count is odd at cluster 2), its peer's tile re-run
 };
@@ -121,7 +223,7 @@ struct KTile {
 // group's last slot is a ghost that re-runs the tile before it without storing.
 template <class K>
 __device__ __forceinline__ KTile ktile(int t, const GroupedKParams& p, int mt, int nt, const int* s_end,
-                                       const int* s_blk, const int* s_ne) {
+                                       const int* s_kb, const int* s_ne) {
   static_assert(K::kBand <= 8, "div_small divides by at most 8");
   const int q = static_cast<int>(fast_div(static_cast<uint32_t>(t), p.group_div));
   int local = t - q * p.group_tiles;
@@ -136,7 +238,7 @@ __device__ __forceinline__ KTile ktile(int t, const GroupedKParams& p, int mt, i
   c.g = s_ne[q];
   c.start = c.g ? s_end[c.g - 1] : 0;
   c.len = s_end[c.g] - c.start;
-  c.blk = s_blk[c.g];
+  c.kb0 = s_kb[c.g];
   c.row0 = m_idx * K::kBlockM;
   c.col0 = n_idx * K::kBlockN;
   c.d = c.start & 15;
@@ -153,15 +255,6 @@ __device__ __forceinline__ uint32_t byte_range_mask(int w, int lo, int hi) {
   const uint32_t below_b = b >= 4 ? 0xFFFFFFFFu : ((1u << (8 * b)) - 1u);
   const uint32_t below_a = (1u << (8 * a)) - 1u;  // a <= 3
   return below_b & ~below_a;
-}
-
-// Where column c (0..127) of B's scales sits in a k-block's scale slot, after A's 128 rows: math thread
-// lane holds columns 8 j + 2 (lane % 4) + e (j < 16, e < 2), so those 32 are made contiguous (eight
-// 16-byte loads instead of sixteen 8-byte ones) and the four lane % 4 groups sit kColGroup floats
-// apart, which puts them in different banks.
-template <class K>
-__device__ __forceinline__ int col_scale_slot(int c) {
-  return K::kBlockM + K::kColGroup * ((c & 7) >> 1) + 2 * (c >> 3) + (c & 1);
 }
 
 // Turns box kb (tokens a0 + 128 kb + q in slot q) of K-major 128-byte rows, written by TMA with 128-byte
@@ -227,10 +320,22 @@ __device__ __forceinline__ void patch_rows(uint8_t* a_cur, const uint8_t* a_next
   }
 }
 
+// Zeroes 16-byte chunks [c0, 8) (tokens 16 c0 on) of the 2 x 128 rows (A's, then B's) of a stage's
+// boxes, 128-byte swizzled as patch_rows reads them: threads first, first + stride, ... of the
+// (row, chunk) pairs. No loads: the block's tokens end at a 16-token boundary.
+__device__ __forceinline__ void zero_chunks_from(uint8_t* a, uint8_t* b, int c0, int first, int stride) {
+  const int n = 8 - c0;
+#pragma unroll 1
+  for (int q = first; q < 256 * n; q += stride) {
+    const int r = q / n, ch = c0 + (q - r * n);
+    *reinterpret_cast<uint4*>((r < 128 ? a : b) + (r & 127) * 128 + ((ch ^ (r & 7)) << 4)) = make_uint4(0, 0, 0, 0);
+  }
+}
+
 template <class K>
 __global__ void __launch_bounds__(K::kThreads, 1)
     grouped_k_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
-                     const GroupedKParams p) {
+                     const __grid_constant__ CUtensorMap tma_out, const GroupedKParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Op = typename WgmmaOp<K::kBlockN>::Op;
   using Out = typename K::Out;
@@ -245,8 +350,8 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   uint64_t* ready = full + K::kStages;
   uint64_t* empty = ready + K::kStages;
   int* s_end = reinterpret_cast<int*>(empty + K::kStages);  // [G] clamped group ends
-  int* s_blk = s_end + p.groups;                            // [G] first scale column (32-runs before g)
-  int* s_ne = s_blk + p.groups;                             // [G] the non-empty groups, in order
+  int* s_kb = s_end + p.groups;                             // [G] first k-block (128-blocks before g)
+  int* s_ne = s_kb + p.groups;                              // [G] the non-empty groups, in order
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -257,7 +362,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   if (tid == 0) {
     for (int s = 0; s < K::kStages; ++s) {
       cutlass::arch::ClusterBarrier::init(&full[s], 1);    // the TMA thread's expect-tx
-      cutlass::arch::ClusterBarrier::init(&ready[s], kHelpers);  // every helper thread (scales, patch)
+      cutlass::arch::ClusterBarrier::init(&ready[s], kHelpers);  // every helper thread (patch done or none needed)
       // lane 0 of each math warp of every CTA of the cluster: every box is released to both
       // producers (shared or not), so the two rings stay in step
       cutlass::arch::ClusterBarrier::init(&empty[s], 8 * K::kCluster);
@@ -265,13 +370,13 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     cutlass::arch::fence_barrier_init();
   }
 
-  // Group tables: end_g = min(M, max(end_{g-1}, offs[g])), blk_g = sum_{h<g} ceil(len_h / 32), and
-  // the non-empty groups compacted in order.
+  // Group tables: end_g = min(M, max(end_{g-1}, offs[g])), kb_g = sum_{h<g} ceil(len_h / 128) (as
+  // grouped_k_prepare_scales counts them), and the non-empty groups compacted in order.
   __shared__ int s_nonempty;
   {
     using Scan = cub::BlockScan<int, K::kThreads>;
     __shared__ typename Scan::TempStorage scan_tmp;
-    int carry_end = 0, carry_blk = 0, carry_ne = 0;
+    int carry_end = 0, carry_kb = 0, carry_ne = 0;
     for (int base = 0; base < p.groups; base += K::kThreads) {
       const int g = base + tid;
       int e = 0;
@@ -284,19 +389,19 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       __syncthreads();
       const int end = max(prev, e);
       const int len = g < p.groups ? end - prev : 0;
-      int blk_before, blk_total;
-      Scan(scan_tmp).ExclusiveSum((len + 31) / 32, blk_before, blk_total);
+      int kb_before, kb_total;
+      Scan(scan_tmp).ExclusiveSum((len + 127) / 128, kb_before, kb_total);
       __syncthreads();
       int ne_before, ne_total;
       Scan(scan_tmp).ExclusiveSum(len > 0 ? 1 : 0, ne_before, ne_total);
       __syncthreads();
       if (g < p.groups) {
         s_end[g] = end;
-        s_blk[g] = carry_blk + blk_before;
+        s_kb[g] = carry_kb + kb_before;
         if (len > 0) s_ne[carry_ne + ne_before] = g;
       }
       carry_end = max(carry_end, agg);
-      carry_blk += blk_total;
+      carry_kb += kb_total;
       carry_ne += ne_total;
     }
     if (tid == 0) s_nonempty = carry_ne;
@@ -319,13 +424,20 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   };
 
   if (wg == 0) {
-    // 104 registers for the helper threads (tile decode, three k-blocks' scale bytes, the patch's batched
-    // loads: 72 and 88 spilled) and 200 for the math (one accumulator set, the promoted sum, 32 column
+    // 104 registers for the helper threads (tile decode, the patch's batched loads) and 200 for the math (one accumulator set, the promoted sum, 32 column
     // scales): 104 + 2 x 200 <= 3 x 168, the launch's share (setmaxnreg moves registers within it).
     cutlass::arch::warpgroup_reg_dealloc<104>();
     const int warp = tid / 32;
     if (K::kWarpProducer ? warp == 0 : tid == 0) {
       constexpr int kHalfB = K::kBBytes / 2;  // the B box is loaded as two halves of 64 rows
+      // k-block j's prepared scales (this CTA's rows and columns) into stage s's slot.
+      const int na = (p.n + 127) / 128 * 128, kc = (p.k + 127) / 128;
+      auto load_scales = [&](int s, int j, int row0, int col0) {
+        float* sf = smem_sf + s * K::kScaleFloats;
+        bulk_load(sf, p.sf_a + static_cast<int64_t>(j) * na + row0, K::kBlockM * sizeof(float), &full[s]);
+        bulk_load(sf + K::kBlockM, p.sf_b + (static_cast<int64_t>(j) * kc + col0 / K::kBlockN) * GroupedKScales::kColSlot,
+                  GroupedKScales::kColSlot * sizeof(float), &full[s]);
+      };
       if constexpr (K::kWarpProducer) {
         // Warp 0: every tile's k-blocks through the stage ring, the tile fields taken from lane 0
         // (known warp-uniform to the compiler), one elected lane issuing.
@@ -333,18 +445,21 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         const bool leader = cute::elect_one_sync();
         uint32_t it = 0;
         for (int P = cluster; K::kCluster * P < total; P += clusters) {
-          const KTile c = ktile<K>(K::kCluster * P + rank, p, mt, nt, s_end, s_blk, s_ne);
+          const KTile c = ktile<K>(K::kCluster * P + rank, p, mt, nt, s_end, s_kb, s_ne);
           // Both CTAs of a cluster decode both slots, so they agree on every multicast.
           const bool shared = uniform(
-              K::kCluster > 1 && ktile<K>(K::kCluster * P + peer, p, mt, nt, s_end, s_blk, s_ne).col0 == c.col0);
+              K::kCluster > 1 && ktile<K>(K::kCluster * P + peer, p, mt, nt, s_end, s_kb, s_ne).col0 == c.col0);
           const int a0 = uniform(c.start - c.d), row0 = uniform(c.row0), col0 = uniform(c.col0);
-          const int boxes = uniform(c.boxes);
+          const int boxes = uniform(c.boxes), blocks = uniform(c.blocks), kb0 = uniform(c.kb0);
           for (int j = 0; j < boxes; ++j, ++it) {
             const int s = it % K::kStages;
             const uint32_t ph = (it / K::kStages) & 1;
             cutlass::arch::ClusterBarrier::wait(&empty[s], ph ^ 1);
             if (leader) {
-              cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[s], K::kStageBytes);
+              const bool scales = j < blocks;  // a tile's extra box has no k-block of its own
+              cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
+                  &full[s], K::kStageBytes + (scales ? K::kScaleBytes : 0u));
+              if (scales) load_scales(s, kb0 + j, row0, col0);
               const int t0 = a0 + j * K::kBlockK;
               tma_load_2d(&tma_a, &full[s], smem_a + s * K::kABytes, t0, row0);
               uint8_t* b = smem_b + s * K::kBBytes;
@@ -363,15 +478,18 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         // TMA thread: every tile's k-blocks through the stage ring.
         uint32_t it = 0;
         for (int P = cluster; K::kCluster * P < total; P += clusters) {
-          const KTile c = ktile<K>(K::kCluster * P + rank, p, mt, nt, s_end, s_blk, s_ne);
+          const KTile c = ktile<K>(K::kCluster * P + rank, p, mt, nt, s_end, s_kb, s_ne);
           // Both CTAs of a cluster decode both slots, so they agree on every multicast.
           const bool shared =
-              K::kCluster > 1 && ktile<K>(K::kCluster * P + peer, p, mt, nt, s_end, s_blk, s_ne).col0 == c.col0;
+              K::kCluster > 1 && ktile<K>(K::kCluster * P + peer, p, mt, nt, s_end, s_kb, s_ne).col0 == c.col0;
           for (int j = 0; j < c.boxes; ++j, ++it) {
             const int s = it % K::kStages;
             const uint32_t ph = (it / K::kStages) & 1;
             cutlass::arch::ClusterBarrier::wait(&empty[s], ph ^ 1);
-            cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[s], K::kStageBytes);
+            const bool scales = j < c.blocks;  // a tile's extra box has no k-block of its own
+            cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
+                &full[s], K::kStageBytes + (scales ? K::kScaleBytes : 0u));
+            if (scales) load_scales(s, c.kb0 + j, c.row0, c.col0);
             const int t0 = c.start - c.d + j * K::kBlockK;
             tma_load_2d(&tma_a, &full[s], smem_a + s * K::kABytes, t0, c.row0);
             uint8_t* b = smem_b + s * K::kBBytes;
@@ -386,62 +504,35 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         }
       }
     } else if (warp >= 1) {
-      // Helper threads (warps 1-3, 96 threads, all on every k-block): the k-block's scales into the
-      // stage's slot; the box patched into the block's tokens once it (and, for an unaligned group,
-      // the next box) has landed; then the stage is ready for the math. A tile's extra box (used only
-      // for its first tokens) is released here. The scale bytes (256 rows, one row stride apart, 3
-      // per thread) are loaded two k-blocks ahead: one warp loading 8 bytes each, one after another
-      // (v1a) or one k-block ahead (v1b), bounded the kernel (~6.6k / ~2.1k cycles per k-block).
+      // Helper threads (warps 1-3, 96 threads, all on every k-block): once the math has released the
+      // stage's previous use (which also keeps the parity waits on full[s] and ready[s] within one
+      // phase), a k-block whose box holds tokens outside it (the group starts off a 16-token boundary:
+      // every block; or ends inside the block: its last) is patched into the block's tokens when the
+      // box (and, for an unaligned group, the next box) has landed; then the stage is ready for the
+      // math. Other k-blocks are ready at once, so the helpers run up to kStages k-blocks ahead. A
+      // tile's extra box (used only for its first tokens) is released here, once every helper is done
+      // reading it.
       const int ht = tid - 32;
-      constexpr int kScaleRows = K::kBlockM + K::kBlockN;
-      constexpr int kPer = (kScaleRows + kHelpers - 1) / kHelpers;
-      static_assert(K::kBlockM == 128 && K::kBlockN == 128 && kScaleRows == 256, "patch_rows: 2 x 128 rows");
-      auto load_scale_bytes = [&](const KTile& c, int kb, uint32_t(&e)[kPer]) {
-        const int col = c.blk + 4 * kb;
-#pragma unroll
-        for (int q = 0; q < kPer; ++q) {
-          const int r = ht + kHelpers * q;
-          const bool is_a = r < K::kBlockM;
-          const int row = is_a ? c.row0 + r : c.col0 + r - K::kBlockM;
-          const uint8_t* base = is_a ? p.a_scale : p.b_scale;
-          const int64_t stride = is_a ? p.as_s0 : p.bs_s0;
-          e[q] = r < kScaleRows && row < (is_a ? p.n : p.k)
-                     ? static_cast<uint32_t>(__ldg(base + static_cast<int64_t>(row) * stride + col))
-                     : 0x100u;  // a row past N / K: scale 0
-        }
-      };
+      static_assert(K::kBlockM == 128 && K::kBlockN == 128, "patch_rows: 2 x 128 rows");
+      constexpr int kPer = (K::kBlockM + K::kBlockN + kHelpers - 1) / kHelpers;
       uint32_t it = 0;
       for (int P = cluster; K::kCluster * P < total; P += clusters) {
-        const KTile c = ktile<K>(K::kCluster * P + rank, p, mt, nt, s_end, s_blk, s_ne);
-        uint32_t n1[kPer], n2[kPer];
-        load_scale_bytes(c, 0, n1);
-        if (c.blocks > 1) load_scale_bytes(c, 1, n2);
+        const KTile c = ktile<K>(K::kCluster * P + rank, p, mt, nt, s_end, s_kb, s_ne);
         for (int kb = 0; kb < c.blocks; ++kb) {
           const uint32_t i = it + kb;
           const int s = i % K::kStages;
           const uint32_t ph = (i / K::kStages) & 1;
-          uint32_t e[kPer];
-#pragma unroll
-          for (int q = 0; q < kPer; ++q) {
-            e[q] = n1[q];
-            n1[q] = n2[q];
-          }
-          if (kb + 2 < c.blocks) load_scale_bytes(c, kb + 2, n2);
           cutlass::arch::ClusterBarrier::wait(&empty[s], ph ^ 1);
-          float* sf = smem_sf + s * K::kScaleFloats;
-#pragma unroll
-          for (int q = 0; q < kPer; ++q) {
-            const int r = ht + kHelpers * q;
-            if (r < kScaleRows)  // A rows, then B columns in the math threads' order
-              sf[r < K::kBlockM ? r : col_scale_slot<K>(r - K::kBlockM)] = e[q] == 0x100u ? 0.f : e8m0_f32(e[q]);
-          }
           const int keep = c.len - kb * K::kBlockK;
           if (c.d > 0 || keep < K::kBlockK) {
             cutlass::arch::ClusterBarrier::wait(&full[s], ph);
             const int sn = (i + 1) % K::kStages;
             if (keep > K::kBlockK - c.d) cutlass::arch::ClusterBarrier::wait(&full[sn], ((i + 1) / K::kStages) & 1);
-            patch_rows<kPer>(smem_a + s * K::kABytes, smem_a + sn * K::kABytes, smem_b + s * K::kBBytes,
-                             smem_b + sn * K::kBBytes, c.d, keep, ht, kHelpers);
+            if (c.d == 0 && keep % 16 == 0)  // an aligned group's last block (the MoE layer's): zero chunks
+              zero_chunks_from(smem_a + s * K::kABytes, smem_b + s * K::kBBytes, keep / 16, ht, kHelpers);
+            else
+              patch_rows<kPer>(smem_a + s * K::kABytes, smem_a + sn * K::kABytes, smem_b + s * K::kBBytes,
+                               smem_b + sn * K::kBBytes, c.d, keep, ht, kHelpers);
             cutlass::arch::fence_view_async_shared();  // the wgmmas read through the async proxy
           }
           cutlass::arch::ClusterBarrier::arrive(&ready[s]);
@@ -449,6 +540,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         if (c.boxes > c.blocks) {  // landed (waited above); keep every barrier of the stage in phase
           const int s = (it + c.blocks) % K::kStages;
           cutlass::arch::ClusterBarrier::arrive(&ready[s]);
+          asm volatile("bar.sync 3, %0;" ::"r"(kHelpers) : "memory");
           if (ht < 8) release(s);  // as the 8 math warps would
         }
         it += c.boxes;
@@ -463,11 +555,11 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     float acc[K::kAcc], fin[K::kAcc];
     uint32_t it = 0;
     for (int P = cluster; K::kCluster * P < total; P += clusters) {
-      const KTile c = ktile<K>(K::kCluster * P + rank, p, mt, nt, s_end, s_blk, s_ne);
+      const KTile c = ktile<K>(K::kCluster * P + rank, p, mt, nt, s_end, s_kb, s_ne);
       const int kblocks = c.blocks;
 #pragma unroll
       for (int i = 0; i < K::kAcc; ++i) fin[i] = 0.f;
-      // Per k-block: wait for the stage (TMA landed, scales and tail ready), read the k-block's row and
+      // Per k-block: wait for the stage (TMA landed with the scales, a patched block ready), read the k-block's row and
       // column scales from the stage's slot (before the wgmmas start reading the stage: issued after
       // them, at v1, the 17 loads queued behind the wgmmas' shared-memory reads and the promotion
       // waited on them), issue the 4 wgmmas, wait, promote with the scales' outer product, release the
@@ -516,24 +608,47 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       }
       it += c.boxes;  // the extra box, if any, was released by the helper
       if (!c.store) continue;  // a ghost slot: its k-blocks ran only to keep the cluster in step
-      // Epilogue, staged through shared memory as in the M-grouped kernel: rows past N and columns
-      // past K are masked (K % 8 == 0, so a 16-byte chunk is all in or all out).
-      uint8_t* epi = smem_epi + mw * 64 * K::kEpiRowBytes;
-      asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");  // the previous tile's read-out is done
-#pragma unroll
-      for (int j = 0; j < K::kAcc / 4; ++j) {
-        const int cl = 8 * j + c0;
-        const int lr = warp * 16 + lane / 4;
-        store2(reinterpret_cast<Out*>(epi + lr * K::kEpiRowBytes) + cl, fin[4 * j + 0], fin[4 * j + 1]);
-        store2(reinterpret_cast<Out*>(epi + (lr + 8) * K::kEpiRowBytes) + cl, fin[4 * j + 2], fin[4 * j + 3]);
-      }
-      asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");
+      // Epilogue, staged in this warpgroup's swizzled boxes, then stored: by TMA when the warpgroup's
+      // 64 rows are all < N (the output as (G N, K) rows; columns past K are clipped by the tensor
+      // map; one thread issues the boxes and the warpgroup goes on to the next tile while the copy
+      // engine writes them: read back and stored by the threads, the epilogue took 16% of the math
+      // warps' time on Qwen3-30B-A3B's down projection), else read back as rows of 16-byte chunks and
+      // stored masked by N and K (rows of the next group must not be written; K % 8 == 0, so a
+      // 16-byte chunk is all in or all out).
+      uint8_t* epi = smem_epi + mw * K::kEpiWgBytes;
+      if (lt == 0) bulk_wait_group_read0();  // the previous tile's boxes have been read out
+      asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");  // (by TMA or by the threads)
       {
-        constexpr int kChunksPerRow = K::kBlockN * static_cast<int>(sizeof(Out)) / 16;
+        constexpr int kS = static_cast<int>(sizeof(Out));
+        const int lr = warp * 16 + lane / 4;  // row in this warpgroup's 64; row lr + 8 has the same swizzle
+        const int b0 = c0 * kS;               // byte of the pair in column 8 j's 8 columns
+        const int t = lr * K::kEpiBoxBytes + 16 * ((b0 / 16) ^ (lr & 7)) + b0 % 16;
+#pragma unroll
+        for (int j = 0; j < K::kAcc / 4; ++j) {
+          const int chunk = j * 8 * kS / 16;  // column 8 j's 16-byte chunk in the row
+          uint8_t* box = epi + chunk / 8 * 64 * K::kEpiBoxBytes;
+          const int cx = 16 * (chunk % 8);
+          store2(reinterpret_cast<Out*>(box + (t ^ cx)), fin[4 * j + 0], fin[4 * j + 1]);
+          store2(reinterpret_cast<Out*>(box + ((t + 8 * K::kEpiBoxBytes) ^ cx)), fin[4 * j + 2], fin[4 * j + 3]);
+        }
+      }
+      const int rows_here = p.n - c.row0 - mw * 64;
+      const bool whole = rows_here >= 64;
+      if (whole) fence_async_shared();  // the staged boxes, written by this thread, are read by TMA next
+      asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");
+      if (whole) {
+        if (lt == 0) {
+#pragma unroll
+          for (int b = 0; b < K::kEpiBoxes; ++b)
+            tma_store_2d(&tma_out, epi + b * 64 * K::kEpiBoxBytes, c.col0 + b * K::kEpiBoxCols,
+                         c.g * p.n + c.row0 + mw * 64);
+          bulk_commit_group();
+        }
+      } else if (rows_here > 0) {
+        constexpr int kChunksPerRow = K::kRowBytes / 16;
         constexpr int kChunks = 64 * kChunksPerRow / 128;
         constexpr int kBatch = kChunks <= 8 ? kChunks : 8;
         static_assert(kChunks % kBatch == 0, "copy-out chunks per thread");
-        const int rows_here = p.n - c.row0 - mw * 64;
         const int cols_left = p.k - c.col0;
         Out* og = static_cast<Out*>(p.out) + static_cast<int64_t>(c.g) * p.n * p.k;
 #pragma unroll
@@ -543,7 +658,8 @@ __global__ void __launch_bounds__(K::kThreads, 1)
           for (int i = 0; i < kBatch; ++i) {
             const int q = lt + 128 * (i0 + i);
             const int lr = q / kChunksPerRow, ch = q - lr * kChunksPerRow;
-            v[i] = *reinterpret_cast<const uint4*>(epi + lr * K::kEpiRowBytes + 16 * ch);
+            v[i] = *reinterpret_cast<const uint4*>(epi + ch / 8 * 64 * K::kEpiBoxBytes + lr * K::kEpiBoxBytes +
+                                                   16 * ((ch % 8) ^ (lr & 7)));
           }
 #pragma unroll
           for (int i = 0; i < kBatch; ++i) {
@@ -556,6 +672,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         }
       }
     }
+    if (lt == 0) bulk_wait_group0();  // the stores are done before the CTA's shared memory goes
     // Empty groups' outputs are zero (the math threads of every CTA, 16-byte stores).
     const int64_t per_group = static_cast<int64_t>(p.n) * p.k * static_cast<int64_t>(sizeof(Out)) / 16;
 #pragma unroll 1

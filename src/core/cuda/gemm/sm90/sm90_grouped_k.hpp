@@ -30,16 +30,24 @@ struct GroupedKRun {
   int64_t offs_s = 1;
   void* out = nullptr;
   bool out_bf16 = true;
+  // Device scratch for the prepared scales, at least sm90_grouped_k_workspace_size(m, n, k, groups) bytes,
+  // 16-byte aligned.
+  void* workspace = nullptr;
+  int64_t workspace_bytes = 0;
   int sm_count = 0;
   int device = 0;
   cudaStream_t stream = nullptr;
 };
 
-// Launches the kernel instantiation of config c (select_sm90_config, impl own) on r.stream and returns
-// true, or returns false having launched nothing when the call is outside what the kernel takes (M = 0,
-// row strides or bases not 16-byte aligned, K not a multiple of 8, too many groups for the shared
-// tables); the caller then runs the CUTLASS path.
+// Launches the scale preparation and the kernel instantiation of config c (select_sm90_config, impl
+// own) on r.stream and returns true, or returns false having launched nothing when the call is
+// outside what the kernel takes (M = 0, row strides or bases not 16-byte aligned, K not a multiple of
+// 8, too many groups for the shared tables, a workspace too small); the caller then runs CUTLASS.
 bool sm90_grouped_k(const GroupedKRun& r, const Sm90GemmConfig& c);
+
+// The scratch the own kernel needs: each k-block's scales as fp32, in the order the producer loads
+// them (sm90::GroupedKScales).
+int64_t sm90_grouped_k_workspace_size(int64_t m, int64_t n, int64_t k, int64_t groups);
 
 }  // namespace gemm
 }  // namespace cuda
