@@ -4,6 +4,9 @@
 #
 #   On the dev machine (nvcc 13.0 is there):  bash scripts/device_run.sh --build-only
 #   Then on the device, carrying build-cuda:  bash scripts/device_run.sh [STEP ...]
+#   Or pack the build first (--pack: .carry/build, ~10 MB with the large files xz-compressed, which
+#   leaves room in a call's 64 MiB for wheels) and on the device, carrying .carry:
+#     MXMOE_BUILD=$PWD/.carry/build bash scripts/device_run.sh [STEP ...]
 #
 # Steps are scripts/device.d/NN-name.sh, run in order (all when none is named); each gets
 # MXMOE_BUILD (the build dir), MXMOE_LIBRARY (libmxmoe.so), MXMOE_OPS_LIBRARY (libmxmoe_torch.so,
@@ -27,6 +30,21 @@ build() {
 }
 
 if [[ "${1:-}" == "--build-only" ]]; then build; echo "built $MXMOE_BUILD"; exit 0; fi
+# The three files the steps use (libraries and the GoogleTest binary), the large two compressed.
+packed=(src/core/libmxmoe.so src/ops/libmxmoe_torch.so tests/cpp/mxmoe_tests)
+if [[ "${1:-}" == "--pack" ]]; then
+  rm -rf .carry/build
+  for f in "${packed[@]}"; do
+    [[ -f "$MXMOE_BUILD/$f" ]] || { echo "--pack: $MXMOE_BUILD/$f missing (build first)"; exit 1; }
+    mkdir -p ".carry/build/$(dirname "$f")" && cp "$MXMOE_BUILD/$f" ".carry/build/$f"
+    [[ $f == src/ops/* ]] || xz -T0 -6 ".carry/build/$f"
+  done
+  du -sh .carry/build; echo "carry .carry; on the device: MXMOE_BUILD=\$PWD/.carry/build bash scripts/device_run.sh [STEP ...]"
+  exit 0
+fi
+for f in "${packed[@]}"; do  # a build packed by --pack
+  [[ -f "$MXMOE_BUILD/$f.xz" && ! -f "$MXMOE_BUILD/$f" ]] && xz -dk "$MXMOE_BUILD/$f.xz"
+done
 [[ -f "$MXMOE_BUILD/src/ops/libmxmoe_torch.so" ]] || build
 export MXMOE_LIBRARY="$MXMOE_BUILD/src/core/libmxmoe.so"
 export MXMOE_OPS_LIBRARY="$MXMOE_BUILD/src/ops/libmxmoe_torch.so"
