@@ -126,6 +126,58 @@ def _moe_vs_sonic(d, by, cell) -> list:
             "gets, and its output's relative error against transformers' on the same weights.\n"]
 
 
+# Where the tile128 layer's time goes (one eager fwd+bwd, weights written first): the profile's top
+# kernels grouped into the layer's pieces, each with the work it must do (N = tokens x top_k routed
+# rows, H hidden, I intermediate, E experts; FLOPs for GEMMs, bytes read + written once for the memory
+# passes, a gather's reads once per routed row) and the rate that gives. Kernel names as the profiler
+# truncates them; the quantize pass's template argument names its source (quantize.h: 1 gather with
+# row scale, 2 SwiGLU, 3 SwiGLU backward; tile128_bf16.cu: 100 gather, 102 / 103 their plain-layout
+# instances; 0 with tile: the weights' 128x128 pass).
+_TILE128_PIECES = [
+    # column, name patterns, work(N, H, I, E) -> (amount, unit), what it is and the next step
+    ("fwd+dgrad GEMMs", ("grouped_m_kernel",), lambda n, h, i, e: (12 * n * h * i, "flop"),
+     "the 4 forward / dgrad GEMMs, 12 N H I FLOPs; next: SwiGLU into GEMM1's epilogue, dSwiGLU and the "
+     "weights' grad into the down projection dgrad's"),
+    ("wgrad GEMMs", ("GemmUniversal", "grouped_k_kernel", "grouped_k_prepare", "kg_prologue"),
+     lambda n, h, i, e: (6 * n * h * i, "flop"),
+     "6 N H I; next: the own kernel with 2-CTA clusters at ~1K-token groups, the promotion overlapped"),
+    ("weights' pass", ("tile128_pass_kernel<0, true>",), lambda n, h, i, e: (12 * e * h * i, "byte"),
+     "W read, q and qt written, 12 E H I bytes; next: once per optimizer step (cached W) or in the GEMM producer"),
+    ("SwiGLU pass", ("tile128_pass_kernel<102,", "tile128_pass_kernel<2,"), lambda n, h, i, e: (6 * n * i, "byte"),
+     "h read, act's two FP8 forms written, 6 N I; next: GEMM1's epilogue"),
+    ("dSwiGLU pass", ("tile128_pass_kernel<103,", "tile128_pass_kernel<3,"), lambda n, h, i, e: (10 * n * i, "byte"),
+     "dY' and h read, dH's two forms written, 10 N I; next: the down projection dgrad's epilogue"),
+    ("x wgrad operand", ("tile128_pass_kernel<100,",), lambda n, h, i, e: (3 * n * h, "byte"),
+     "routed x read, its 128x1 form written, 3 N H; next: GEMM1's producer"),
+    ("w*dout wgrad operand", ("tile128_pass_kernel<1,",), lambda n, h, i, e: (3 * n * h, "byte"),
+     "3 N H; next: the down projection dgrad's producer"),
+    ("weights' grad", ("swiglu_weight_grad",), lambda n, h, i, e: (6 * n * i, "byte"),
+     "dY' and h read, 6 N I; next: the down projection dgrad's epilogue"),
+]
+
+
+def _tile128_bound(d) -> list:
+    """One row per tile128 breakdown: per piece 'us, rate', then the rest of the kernel time."""
+    shape = {(r["config"], r["tokens"]): r for r in d["rows"] if r.get("hidden")}
+    out = []
+    for b in d.get("breakdown", []):
+        if b.get("error") or b["impl"] != "mxmoe_tile128" or (b["config"], b["tokens"]) not in shape:
+            continue
+        r = shape[(b["config"], b["tokens"])]
+        n, h, i, e = b["tokens"] * r["top_k"], r["hidden"], r["intermediate"], r["experts"]
+        left, cells = list(b["top"]), []
+        for _, pats, work, _ in _TILE128_PIECES:
+            hit = [t for t in left if any(p in t["kernel"] for p in pats)]
+            left = [t for t in left if t not in hit]
+            us = sum(t["us"] for t in hit)
+            amount, unit = work(n, h, i, e)
+            cells.append("-" if not hit else f"{us:.0f}, " + (f"{amount / us / 1e6:.0f} TF/s" if unit == "flop"
+                                                             else f"{amount / us / 1e6:.2f} TB/s"))
+        rest = b["total_us"] - sum(t["us"] for t in b["top"]) + sum(t["us"] for t in left)
+        out.append([b["config"], b["tokens"], f"{b['total_us']:.0f}"] + cells + [f"{rest:.0f}"])
+    return out
+
+
 def moe(path: str, full: bool = True) -> str:
     """bench/bench_moe.py's moe_layer.json: the table against SonicMoE (where the run measured it), a
     summary (each impl's fwd+bwd ratio vs transformers' bf16 grouped_mm experts, eager with graph in
@@ -191,6 +243,13 @@ def moe(path: str, full: bool = True) -> str:
                             [[b["config"], b["tokens"], b["impl"], f"{b['total_us']:.0f}"] +
                              [f"{b['categories_us'][c]:.0f}" if c in b["categories_us"] else "-" for c in cats]
                              for b in bds]))
+        bound = _tile128_bound(d)
+        if bound:
+            text.append("\nWhere tile128's time goes (the same eager fwd+bwd; per piece us, and the rate of the work "
+                        "it must do: N = tokens x top_k routed rows, bytes read + written once, a gather's reads "
+                        "once per routed row; this H200 copies ~4.3 TB/s; -: not among the 10 largest kernels, in rest):\n")
+            text.append(_md(["config", "tokens", "total us"] + [c for c, *_ in _TILE128_PIECES] + ["rest"], bound))
+            text.append("\n" + "; ".join(f"**{c}**: {what}" for c, _, _, what in _TILE128_PIECES) + ".\n")
         return "\n".join(text)
     full = []
     for r in rows:
