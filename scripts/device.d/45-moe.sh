@@ -14,9 +14,16 @@
 # /tmp/sonic/nvidia_cutlass_dsl/python_packages on PYTHONPATH; without them its rows say "sonic-moe not
 # importable". Its first call per config JIT-compiles (6-65 s, QuACK's default GEMM configs; cached in
 # /tmp while the machine stays warm), so split the configs over calls with MXMOE_MOE_ARGS.
+# SONIC_JIT_CACHE=DIR (opt-in, not yet tried on the device): CuTe DSL keeps SonicMoE's compiled kernels
+# in DIR (CUTE_DSL_CACHE_DIR, cutlass-dsl >= 4.3.2) and the step returns DIR as $OUT/sonic-jit-cache.tgz,
+# so a later call (another session) can carry DIR back and skip the JIT's 8-65 s per config.
 set -uo pipefail
 status=0
 SECONDS=0
+if [[ -n "${SONIC_JIT_CACHE:-}" ]]; then
+  mkdir -p "$SONIC_JIT_CACHE" && export CUTE_DSL_CACHE_DIR="$(cd "$SONIC_JIT_CACHE" && pwd)"
+  echo "SonicMoE JIT cache: $CUTE_DSL_CACHE_DIR ($(du -sh "$CUTE_DSL_CACHE_DIR" | cut -f1) before)"
+fi
 source scripts/sonic_wheels.sh auto
 python3 -c 'import transformers; print("transformers", transformers.__version__)' 2>&1 | tail -1
 python3 -c 'import sonicmoe, quack; print("sonic-moe", sonicmoe.__version__, "quack", quack.__version__)' 2>&1 | tail -1
@@ -25,6 +32,9 @@ timeout ${MXMOE_MOE_TIMEOUT:-480} python3 -m mxmoe bench --moe --moe-profile --o
 rc=${PIPESTATUS[0]}
 [[ $rc -eq 0 ]] || { echo "bench_moe exit $rc"; status=1; }
 echo "bench_moe after ${SECONDS}s"
+if [[ -n "${SONIC_JIT_CACHE:-}" ]]; then
+  tar -C "$CUTE_DSL_CACHE_DIR" -czf "$OUT/sonic-jit-cache.tgz" . && ls -l "$OUT/sonic-jit-cache.tgz"
+fi
 sed -n '/^== MoE expert layer/,$p' "$OUT/bench-moe.log" > "$OUT/table-moe.txt"
 [[ -s "$OUT/table-moe.txt" ]] || echo "MoE layer bench: no table (exit $rc)" > "$OUT/table-moe.txt"
 if [[ -f "$OUT/moe_layer.json" ]]; then
