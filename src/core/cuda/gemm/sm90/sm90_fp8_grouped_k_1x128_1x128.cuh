@@ -29,7 +29,7 @@
 //     the B box and multicasts it to both (24 KB per k-block per CTA instead of 32 KB; the large
 //     shapes are bound by L2 -> SM bytes), every box released to both producers.
 // Offsets are read on the device (no host sync): every CTA scans offs into shared tables (group
-// ends, scale-column offsets, the list of non-empty groups); a slot's tile is decoded without
+// ends, first k-blocks, the list of non-empty groups); a slot's tile is decoded without
 // integer division. Empty groups' outputs are zero-filled by the math threads after the tile loop.
 #pragma once
 
