@@ -29,6 +29,20 @@ Scratch scratch(int64_t m, int64_t n, int64_t k, int64_t g, void* base) {
 }
 Scratch scratch(const GroupedKRun& r) { return scratch(r.m, r.n, r.k, r.groups, r.workspace); }
 
+// What the scale preparation's and the GEMM's device arguments share: the group ends, the shape and
+// the prepared scales' two regions.
+template <class P>
+void fill_shared(P& p, const GroupedKRun& r, const Scratch& ws) {
+  p.offs = r.offs;
+  p.offs_s = r.offs_s;
+  p.groups = r.groups;
+  p.m = static_cast<int>(r.m);
+  p.n = static_cast<int>(r.n);
+  p.k = static_cast<int>(r.k);
+  p.sf_a = ws.sf_a;
+  p.sf_b = ws.sf_b;
+}
+
 template <class K>
 bool launch(const GroupedKRun& r) {
   void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const sm90::GroupedKParams) =
@@ -41,16 +55,9 @@ bool launch(const GroupedKRun& r) {
   // The output as (G N, K) rows: a warpgroup's 64 rows of a tile are stored by TMA when all are < N.
   const CUtensorMap mo = output_map(r.out, r.out_bf16, static_cast<uint64_t>(r.groups) * r.n, r.k, K::kEpiBoxBytes);
   const int64_t mt = (r.n + K::kBlockM - 1) / K::kBlockM, nt = (r.k + K::kBlockN - 1) / K::kBlockN;
-  sm90::GroupedKParams p{};
-  p.offs = r.offs;
-  p.offs_s = r.offs_s;
-  p.groups = r.groups;
-  p.m = static_cast<int>(r.m);
-  p.n = static_cast<int>(r.n);
-  p.k = static_cast<int>(r.k);
   const Scratch ws = scratch(r);
-  p.sf_a = ws.sf_a;
-  p.sf_b = ws.sf_b;
+  sm90::GroupedKParams p{};
+  fill_shared(p, r, ws);
   p.out = r.out;
   p.group_tiles = static_cast<int>((mt * nt + K::kCluster - 1) / K::kCluster * K::kCluster);
   p.group_div = sm90::make_fast_div(static_cast<uint32_t>(p.group_tiles));
@@ -73,18 +80,11 @@ bool launch(const GroupedKRun& r) {
   cfg.numAttrs = 1;
   // Each k-block's scales as fp32 in the producer's order (grouped_k_prepare_scales), then the GEMM.
   sm90::GroupedKScales sp{};
-  sp.offs = r.offs;
-  sp.offs_s = r.offs_s;
-  sp.groups = r.groups;
-  sp.m = p.m;
-  sp.n = p.n;
-  sp.k = p.k;
+  fill_shared(sp, r, ws);
   sp.a_scale = r.a_scale;
   sp.as_s0 = r.as_s0;
   sp.b_scale = r.b_scale;
   sp.bs_s0 = r.bs_s0;
-  sp.sf_a = ws.sf_a;
-  sp.sf_b = ws.sf_b;
   const dim3 prep_grid(static_cast<unsigned>(mt + nt), static_cast<unsigned>(r.groups));
   sm90::grouped_k_prepare_scales<<<prep_grid, 128, 0, r.stream>>>(sp);
   cudaError_t e = cudaGetLastError();
