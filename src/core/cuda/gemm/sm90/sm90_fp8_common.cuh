@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <utility>
 
+#include <cub/block/block_scan.cuh>
+
 #include "cute/arch/mma_sm90_desc.hpp"
 #include "cute/arch/mma_sm90_gmma.hpp"
 // The N = 160 wgmma shapes (BlockN 160) are in CuTe's extended set, which mma_sm90_gmma.hpp includes
@@ -132,6 +134,27 @@ __device__ __forceinline__ float e8m0_f32(uint32_t e) {
 struct MaxOp {
   __device__ int operator()(int a, int b) const { return a > b ? a : b; }
 };
+
+// Chunk [base, base + NT) of the groups' rows, by the rule of groups_from_offsets: end_g = min(M,
+// max(end_{g-1}, offs[g])), offs[g] < 0 read as 0. Thread tid holds group g = base + tid (len 0 past
+// the last group); carry_end holds the end before the chunk and is moved past it. The scan storage is
+// free again when it returns.
+template <int NT>
+__device__ __forceinline__ void group_rows_chunk(const int32_t* offs, int64_t offs_s, int groups, int m, int g,
+                                                 typename cub::BlockScan<int, NT>::TempStorage& tmp, int& carry_end,
+                                                 int& start, int& len) {
+  int e = 0;
+  if (g < groups) {
+    const int o = offs[g * offs_s];
+    e = o < 0 ? 0 : (o > m ? m : o);
+  }
+  int prev, agg;
+  cub::BlockScan<int, NT>(tmp).ExclusiveScan(e, prev, carry_end, MaxOp(), agg);
+  __syncthreads();
+  start = prev;
+  len = g < groups ? max(prev, e) - prev : 0;
+  carry_end = max(carry_end, agg);
+}
 
 template <class Out>
 __device__ __forceinline__ void store2(Out* p, float x, float y);

@@ -108,16 +108,9 @@ __global__ void __launch_bounds__(128) grouped_k_prepare_scales(const GroupedKSc
   int carry_end = 0, carry_blk = 0, carry_kb = 0, start = 0, end = 0;
   for (int base = 0; base <= g; base += 128) {
     const int h = base + tid;
-    int e = 0;
-    if (h <= g) {
-      const int o = p.offs[h * p.offs_s];
-      e = o < 0 ? 0 : (o > p.m ? p.m : o);
-    }
-    int prev, agg;
-    Scan(scan_tmp).ExclusiveScan(e, prev, carry_end, MaxOp(), agg);
-    __syncthreads();
-    const int hend = max(prev, e);
-    const int len = h < g ? hend - prev : 0;
+    int hstart, hlen;
+    group_rows_chunk<128>(p.offs, p.offs_s, g + 1, p.m, h, scan_tmp, carry_end, hstart, hlen);
+    const int len = h < g ? hlen : 0;
     int blk_before, blk_total, kb_before, kb_total;
     Scan(scan_tmp).ExclusiveSum((len + 31) / 32, blk_before, blk_total);
     __syncthreads();
@@ -126,10 +119,9 @@ __global__ void __launch_bounds__(128) grouped_k_prepare_scales(const GroupedKSc
     (void)blk_before;
     (void)kb_before;
     if (h == g) {  // this thread holds group g: broadcast below
-      start = prev;
-      end = hend;
+      start = hstart;
+      end = hstart + hlen;
     }
-    carry_end = max(carry_end, agg);
     carry_blk += blk_total;
     carry_kb += kb_total;
   }
@@ -379,16 +371,8 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     int carry_end = 0, carry_kb = 0, carry_ne = 0;
     for (int base = 0; base < p.groups; base += K::kThreads) {
       const int g = base + tid;
-      int e = 0;
-      if (g < p.groups) {
-        const int o = p.offs[g * p.offs_s];
-        e = o < 0 ? 0 : (o > p.m ? p.m : o);
-      }
-      int prev, agg;
-      Scan(scan_tmp).ExclusiveScan(e, prev, carry_end, MaxOp(), agg);
-      __syncthreads();
-      const int end = max(prev, e);
-      const int len = g < p.groups ? end - prev : 0;
+      int start, len;
+      group_rows_chunk<K::kThreads>(p.offs, p.offs_s, p.groups, p.m, g, scan_tmp, carry_end, start, len);
       int kb_before, kb_total;
       Scan(scan_tmp).ExclusiveSum((len + 127) / 128, kb_before, kb_total);
       __syncthreads();
@@ -396,11 +380,10 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       Scan(scan_tmp).ExclusiveSum(len > 0 ? 1 : 0, ne_before, ne_total);
       __syncthreads();
       if (g < p.groups) {
-        s_end[g] = end;
+        s_end[g] = start + len;
         s_kb[g] = carry_kb + kb_before;
         if (len > 0) s_ne[carry_ne + ne_before] = g;
       }
-      carry_end = max(carry_end, agg);
       carry_kb += kb_total;
       carry_ne += ne_total;
     }

@@ -324,24 +324,16 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     int carry_end = 0, carry_tiles = 0;
     for (int base = 0; base < p.groups; base += K::kThreads) {
       const int g = base + tid;
-      int e = 0;
-      if (g < p.groups) {
-        const int o = p.offs[g * p.offs_s];
-        e = o < 0 ? 0 : (o > p.m ? p.m : o);
-      }
-      int prev, agg;
-      Scan(scan_tmp).ExclusiveScan(e, prev, carry_end, MaxOp(), agg);
-      __syncthreads();
-      const int end = max(prev, e);
-      const int mt = g < p.groups ? (end - prev + K::kBlockM - 1) / K::kBlockM : 0;
+      int start, len;
+      group_rows_chunk<K::kThreads>(p.offs, p.offs_s, p.groups, p.m, g, scan_tmp, carry_end, start, len);
+      const int mt = (len + K::kBlockM - 1) / K::kBlockM;
       int before, tiles;
       Scan(scan_tmp).ExclusiveSum(mt, before, tiles);
       __syncthreads();
       if (g < p.groups) {
-        s_end[g] = end;
+        s_end[g] = start + len;
         s_tiles[g] = carry_tiles + before;
       }
-      carry_end = max(carry_end, agg);
       carry_tiles += tiles;
     }
     if (tid == 0) s_tiles[p.groups] = carry_tiles;
