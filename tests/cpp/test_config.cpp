@@ -304,20 +304,25 @@ TEST(Sm90Config, KernelFamilyChoice) {
   EXPECT_EQ(c.swizzle, 4);
 }
 
-// K-grouped (wgrad): the own kernel at K <= 1024, CUTLASS above; CTA pairs when groups average
-// >= 4096 tokens; the thread producer unless forced.
+// K-grouped (wgrad): the own kernel at K <= 1024, and at K <= 2048 for ~1K-token groups (1024 <= M / G
+// < 4096), CUTLASS otherwise; CTA pairs when groups average >= 1024 tokens; the thread producer unless
+// forced.
 TEST(Sm90Config, GroupedKByShape) {
   for (int64_t k : {768, 1024}) {
-    const auto c = wgrad(131072, 2048, k, 128);
+    const auto c = wgrad(131072, 2048, k, 256);  // 512 tokens a group
     EXPECT_EQ(c.impl, Sm90Impl::kOwn) << k;
     EXPECT_EQ(c.cluster, 1);
     EXPECT_FALSE(c.warp_producer);
     EXPECT_EQ(c.stages, 5);
   }
   for (int64_t k : {1056, 2048, 5120, 7168}) EXPECT_EQ(wgrad(16640, 8192, k, 4).impl, Sm90Impl::kCutlass) << k;
+  EXPECT_EQ(wgrad(131072, 1536, 2048, 128).impl, Sm90Impl::kOwn);      // 1024 tokens a group (Qwen3-30B-A3B)
+  EXPECT_EQ(wgrad(131072, 1536, 2048, 129).impl, Sm90Impl::kCutlass);  // 1016
+  EXPECT_EQ(wgrad(131072, 1536, 2048, 32).impl, Sm90Impl::kCutlass);   // 4096
+  EXPECT_EQ(wgrad(131072, 1536, 2056, 128).impl, Sm90Impl::kCutlass);  // K past 2048
   EXPECT_EQ(wgrad(131072, 2048, 768, 16).cluster, 2);   // 8192 tokens a group
-  EXPECT_EQ(wgrad(131072, 2048, 768, 32).cluster, 2);   // 4096
-  EXPECT_EQ(wgrad(131072, 2048, 768, 33).cluster, 1);
+  EXPECT_EQ(wgrad(131072, 2048, 768, 128).cluster, 2);  // 1024
+  EXPECT_EQ(wgrad(131072, 2048, 768, 129).cluster, 1);
   EXPECT_EQ(wgrad(131072, 2048, 768, 0).cluster, 1);
   EXPECT_EQ(wgrad(32768, 1024, 768, 16, false).stages, 4);
   Settings s;
@@ -340,13 +345,13 @@ TEST(Sm90Config, ToString) {
   EXPECT_EQ(fwd(32768, 1024, 768, 16, false).to_string(),
             "gemm sm90 pass=fwd/dgrad m=32768 n=1024 k=768 g=16 out=f32 -> impl=own block_n=128 stages=4 "
             "producer=thread cluster=1 fallback=cutlass");
-  EXPECT_EQ(wgrad(16384, 4096, 2048, 8, false).to_string(),
-            "gemm sm90 pass=wgrad m=16384 n=4096 k=2048 g=8 out=f32 -> impl=cutlass block_n=128 stages=auto "
+  EXPECT_EQ(wgrad(16384, 4096, 2048, 2, false).to_string(),
+            "gemm sm90 pass=wgrad m=16384 n=4096 k=2048 g=2 out=f32 -> impl=cutlass block_n=128 stages=auto "
             "cluster=2 raster=m swizzle=1");
   Settings s;
   s.gemm_sm90 = GemmSm90::kOwnOnly;
-  EXPECT_EQ(wgrad(131072, 2048, 768, 128, true, s).to_string(),
-            "gemm sm90 pass=wgrad m=131072 n=2048 k=768 g=128 out=bf16 -> impl=own block_n=128 stages=5 "
+  EXPECT_EQ(wgrad(131072, 2048, 768, 256, true, s).to_string(),
+            "gemm sm90 pass=wgrad m=131072 n=2048 k=768 g=256 out=bf16 -> impl=own block_n=128 stages=5 "
             "producer=thread cluster=1 fallback=error");
   auto c = fwd(300, 160, 224, 1);
   c.use_cutlass();

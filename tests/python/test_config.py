@@ -32,7 +32,9 @@ def test_sm90_gemm_config_follows_the_heuristics():
     short_k = mxmoe.sm90_gemm_config("dgrad", 131072, 768, 2048, 128, torch.float32)
     assert "out=f32 -> impl=own block_n=128 stages=4 producer=thread cluster=1" in short_k, short_k
     assert "impl=own" in mxmoe.sm90_gemm_config("wgrad", 32768, 1536, 1024, 16)
-    cutlass = mxmoe.sm90_gemm_config("wgrad", 16384, 4096, 2048, 8)
+    qwen3 = mxmoe.sm90_gemm_config("wgrad", 131072, 1536, 2048, 128)  # ~1K-token groups: own, CTA pairs
+    assert "impl=own" in qwen3 and "cluster=2" in qwen3, qwen3
+    cutlass = mxmoe.sm90_gemm_config("wgrad", 16384, 4096, 2048, 2)
     assert cutlass.endswith("-> impl=cutlass block_n=128 stages=auto cluster=2 raster=m swizzle=1"), cutlass
 
 

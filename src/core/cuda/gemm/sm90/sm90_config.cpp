@@ -21,7 +21,14 @@ using env::Settings;
 //   K-grouped (wgrad): the own kernel where its output rows are short, K <= 1024: 1.07-1.17x CUTLASS
 //     there (fine-grained gate_up / down, Qwen3-30B-A3B's down, unaligned group starts too); CUTLASS
 //     elsewhere (own 0.76-0.94x on the seeds, Llama-4-Scout, DeepSeek-V3, jagged, Qwen3-30B gate_up).
-bool prefer_own(Sm90Pass pass, int64_t k) { return pass == Sm90Pass::kGroupedM || k <= 1024; }
+//   K-grouped at ~1K-token groups (1024 <= M / G < 4096) with K <= 2048, on 2-CTA clusters (below):
+//     Qwen3-30B-A3B's gate_up as the MoE layer hands it over (groups ~1030 tokens, padded to 16) 1332 us
+//     own vs 1521 CUTLASS (the own kernel at cluster 1: 1510).
+bool prefer_own(Sm90Pass pass, int64_t m, int64_t k, int64_t groups) {
+  if (pass == Sm90Pass::kGroupedM || k <= 1024) return true;
+  const int64_t avg = groups > 0 ? m / groups : 0;
+  return k <= 2048 && avg >= 1024 && avg < 4096;
+}
 
 // M-grouped tile width: 128. The wider tiles (fewer L2 -> SM bytes per FLOP, one accumulator set
 // instead of the overlapped two) measured slower on every benchmark shape (BlockN 160: 0.87-0.94x of
@@ -41,10 +48,12 @@ int grouped_m_cluster(const Settings& s, int64_t k) {
   return s.gemm_cluster != Settings::kUnset ? s.gemm_cluster : (k >= 4096 ? 2 : 1);
 }
 
-// K-grouped CTAs per cluster: 2 (pairs share B boxes) when the groups average >= 4096 tokens (32
-// k-blocks per tile, where the forward kernel's pairs pay off), 1 below.
+// K-grouped CTAs per cluster: 2 (pairs share B boxes) when the groups average >= 1024 tokens, 1 below.
+// With the scales prepared ahead (no helper work per k-block) the kernel waits on TMA at ~1K-token
+// groups (L2 75% busy, ncu), and the pairs' halved B bytes pay: Qwen3-30B-A3B's down projection as the
+// layer hands it over 779 -> 708 us, gate_up 1510 -> 1332 us.
 int grouped_k_cluster(const Settings& s, int64_t m, int64_t groups) {
-  return s.gemm_cluster != Settings::kUnset ? s.gemm_cluster : (groups > 0 && m / groups >= 4096 ? 2 : 1);
+  return s.gemm_cluster != Settings::kUnset ? s.gemm_cluster : (groups > 0 && m / groups >= 1024 ? 2 : 1);
 }
 
 // K-grouped producer: one thread; the warp producer is forced only. It measured 0.95-1.04x the
@@ -74,7 +83,7 @@ Sm90GemmConfig select_sm90_config(Sm90Pass pass, int64_t m, int64_t n, int64_t k
   c.swizzle = s.tile128_swizzle;
   c.own_only = s.gemm_sm90 == GemmSm90::kOwnOnly;
   const bool own = s.gemm_sm90 == GemmSm90::kOwn || s.gemm_sm90 == GemmSm90::kOwnOnly ||
-                   (s.gemm_sm90 == GemmSm90::kAuto && prefer_own(pass, k));
+                   (s.gemm_sm90 == GemmSm90::kAuto && prefer_own(pass, m, k, groups));
   if (!own) {
     c.use_cutlass();
     return c;
