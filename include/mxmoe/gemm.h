@@ -153,6 +153,35 @@ MXMOE_API mxmoe_status mxmoe_grouped_mm_tile128_gather(const mxmoe_tensor* a,
                                                        const mxmoe_tensor* bias, mxmoe_tensor* out,
                                                        void* stream);
 
+/* mxmoe_grouped_mm_tile128_gather_dswiglu: the MoE layer's down-projection dgrad with the SwiGLU
+ * backward in its epilogue (weights applied after the experts). The gather GEMM's
+ *   dY' (M, I) = A[rows] . B[g] (I, K)^T   (mxmoe_grouped_mm_tile128_gather: A (T, K) e4m3 + a_scale,
+ *                                           gather (M,), fanout, b (G, I, K), b_scale, offs; no bias)
+ * rounded to bf16 is not stored; from it and the pre-activation h (M, 2I) bf16 (gate | up,
+ * layout MXMOE_SWIGLU_CONCAT; alpha, limit, up_offset as mxmoe_swiglu) come
+ *   dh_q (M, 2I) e4m3, dh_scale (M, 2I/32) e8m0, dh_qt (2I, M) e4m3, dh_scale_t (2I, ceil(M/32) + G)
+ *     e8m0: the bytes of mxmoe_quantize_fused_source on the SWIGLU_BACKWARD source (a = h, b = dY',
+ *     perm = gather, row_scale (T, fanout) f32 required, k = fanout) with offs, row and column blocks
+ *     of 128, `mode`: the rowwise 1x128 and the per-group columnwise 128x1 operands of
+ *     dH = act'(h, row_scale * dY'); except that rows past the last group are written as if dY' were
+ *     zero there (zero codes, the all-zero block's scale);
+ *   tw_part (M, I/128) f32: tw_part[r, t] = sum over columns c of tile t (128 t .. 128 t + 127) of
+ *     dY'[r, c] * swiglu(h[r])[c], in a fixed order: lane q of 4 sums columns 128 t + 8 j + 2 q + e
+ *     (j < 16, e < 2) in that order from +0, then (s0 + s1) + (s2 + s3); 0 past the last group. The
+ *     routing weights' gradient is <dY'[r], swiglu(h[r])> = the sum over t.
+ * I a multiple of 128. On the host the CPU backend composes the gather GEMM, the quantize pass and the
+ * sums; on a device only the sm_90a kernel runs it (UNSUPPORTED elsewhere: ..._available says).
+ */
+MXMOE_API int32_t mxmoe_grouped_mm_tile128_gather_dswiglu_available(int64_t m, int64_t i, int64_t k, int64_t g,
+                                                                    int64_t t, int64_t fanout, int32_t layout,
+                                                                    int32_t device);
+MXMOE_API mxmoe_status mxmoe_grouped_mm_tile128_gather_dswiglu(
+    const mxmoe_tensor* a, const mxmoe_tensor* a_scale, const mxmoe_tensor* gather, int64_t fanout,
+    const mxmoe_tensor* row_scale, const mxmoe_tensor* b, const mxmoe_tensor* b_scale, const mxmoe_tensor* offs,
+    const mxmoe_tensor* h, int32_t layout, float alpha, float limit, float up_offset, mxmoe_scale_mode mode,
+    mxmoe_tensor* dh_q, mxmoe_tensor* dh_scale, mxmoe_tensor* dh_qt, mxmoe_tensor* dh_scale_t, mxmoe_tensor* tw_part,
+    void* stream);
+
 #ifdef __cplusplus
 }
 #endif

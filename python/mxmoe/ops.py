@@ -84,7 +84,7 @@ __all__ = [
     "grouped_mm_mx_kgroups", "check_offsets", "clamp_offsets", "quantize_fused", "grouped_mm_tile128",
     "grouped_mm_tile128_kgroups", "zero_rows_past_groups", "sm90_tile128_weight", "sm90_tile128_forward", "sm90_exact_weight", "sm90_tile128_backward",
     "sm90_exact_forward", "sm90_exact_backward", "quantize_fused_source", "moe_tile128_forward",
-    "moe_tile128_backward", "moe_exact_forward", "moe_exact_backward", "grouped_scale_capacity", "blocked_size", "quantize_fused_sides",
+    "moe_tile128_backward", "moe_tile128_dswiglu_backward", "moe_exact_forward", "moe_exact_backward", "grouped_scale_capacity", "blocked_size", "quantize_fused_sides",
     "weight_forms_if", "capture_id", "sm90_gemm_config",
 ]
 
@@ -143,6 +143,7 @@ dense_grouped_mm = _dense_grouped_mm  # the public name the backends and the lay
 quantize_fused_source = _python_op("quantize_fused_source")
 moe_tile128_forward = _python_op("moe_tile128_forward")
 moe_tile128_backward = _python_op("moe_tile128_backward")
+moe_tile128_dswiglu_backward = _python_op("moe_tile128_dswiglu_backward")
 moe_exact_forward = _python_op("moe_exact_forward")
 moe_exact_backward = _python_op("moe_exact_backward")
 
@@ -420,6 +421,15 @@ def _(src_kind, src_a, src_b, perm, row_scale, k, layout, alpha, limit, up_offse
     da = src_a.new_empty((r, w_qt.shape[1]) if need_da else (0,), dtype=a_dtype)
     dw = src_a.new_empty((offs.shape[0], c, a_qt.shape[0]) if need_dw else (0,), dtype=w_dtype)
     return da, dw
+
+
+@_fake("moe_tile128_dswiglu_backward")
+def _(dout, perm, k, row_scale, w2_qt, w2_scale, h, alpha, limit, up_offset, w13_qt, w13_scale, x_qt, x_scale, offs,
+      mode, need_dxs, need_dw13, a_dtype, w_dtype):
+    m, two_i = h.shape
+    dxs = h.new_empty((m, w13_qt.shape[1]) if need_dxs else (0,), dtype=a_dtype)
+    dw13 = h.new_empty((offs.shape[0], two_i, x_qt.shape[0]) if need_dw13 else (0,), dtype=w_dtype)
+    return dxs, dw13, h.new_empty((m, two_i // 256), dtype=torch.float32)
 
 
 @_fake("moe_exact_forward")

@@ -4,15 +4,19 @@
 // FP8 kernels (cuda/gemm/gemm_tile128.cu). Nothing is written before validation passes. Also the
 // configuration query of those kernels (cuda/gemm/sm90/sm90_config.hpp), answered in every build.
 #include <cstdint>
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "common/error.hpp"
 #include "common/tensor.hpp"
 #include "mxmoe/mx_format.hpp"
 #include "mxmoe/mxmoe.h"
 #include "api_checks.hpp"
+#include "common/moe_activation.hpp"
 #include "cuda/gemm/sm90/sm90_config.hpp"
 #include "ops.hpp"
 
@@ -84,6 +88,69 @@ int64_t workspace_size(SizeFn cuda_size, int64_t m, int64_t n, int64_t k, int64_
 #else
 #define CUDA_SIZE_FN(name) static_cast<SizeFn>(nullptr)
 #endif
+
+// The host side of mxmoe_grouped_mm_tile128_gather_dswiglu: the composition it is defined by (the gather
+// GEMM into dy, the quantize pass over the SWIGLU_BACKWARD source, the routing weights' partials), then
+// the rows past the last group as the kernel writes them.
+void gather_dswiglu_host(const GatherDSwigluArgs& x, const std::vector<uint16_t>& dy_buf) {
+  GroupedMMGatherArgs gm;
+  gm.mm = x.g.mm;
+  gm.gather = x.g.gather;
+  gm.fanout = x.g.fanout;
+  cpu::grouped_mm_gather(gm);  // unweighted dY'
+  const mxmoe_tensor& dy = x.g.mm.out;
+  const int64_t M = dy.shape[0], I = dy.shape[1], C2 = 2 * I, nt = I / 128;
+  const mxmoe_tensor rs = x.g.row_scale.t;
+  mxmoe_fused_source src{};
+  src.kind = MXMOE_SOURCE_SWIGLU_BACKWARD;
+  src.a = &x.h;
+  src.b = &dy;
+  src.perm = &x.g.gather;
+  src.row_scale = &rs;
+  src.k = x.g.fanout;
+  src.layout = MXMOE_SWIGLU_CONCAT;
+  src.alpha = x.alpha;
+  src.limit = x.limit;
+  src.up_offset = x.up_offset;
+  mxmoe_tensor q = x.dh_q, sc = x.dh_scale, qt = x.dh_qt, sct = x.dh_scale_t;
+  mxmoe_fused_side row{}, col{};
+  row.q = &q;
+  row.scale = &sc;
+  col.qt = &qt;
+  col.scale = &sct;
+  const mxmoe_fused_config cfg{128, 128, 0, x.mode};
+  if (mxmoe_quantize_fused_source(&src, &x.g.mm.offs, cfg, &row, &col, nullptr) != MXMOE_OK)
+    fail(mxmoe_last_error());
+  // Rows past the last group: as if dY' were zero there.
+  const auto* offs = static_cast<const int32_t*>(x.g.mm.offs.data);
+  int64_t end = 0;
+  for (int64_t g = 0; g < x.g.mm.offs.shape[0]; ++g)
+    end = std::min(M, std::max(end, static_cast<int64_t>(offs[g * x.g.mm.offs.strides[0]])));
+  auto* qb = static_cast<uint8_t*>(x.dh_q.data);
+  auto* sb = static_cast<uint8_t*>(x.dh_scale.data);
+  const uint8_t zero_scale = e8m0_from_amax_bits(0u, x.mode);
+  for (int64_t r = end; r < M; ++r) {
+    std::fill(qb + r * C2, qb + (r + 1) * C2, uint8_t{0});
+    std::fill(sb + r * (C2 / 32), sb + (r + 1) * (C2 / 32), zero_scale);
+  }
+  // tw_part in the documented order.
+  const SwigluParams p{MXMOE_SWIGLU_CONCAT, x.alpha, x.limit, x.up_offset};
+  const auto* h = static_cast<const uint16_t*>(x.h.data);
+  auto* tw = static_cast<float*>(x.tw_part.data);
+  for (int64_t r = 0; r < M; ++r) {
+    for (int64_t t = 0; t < nt; ++t) {
+      float s[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int q4 = 0; r < end && q4 < 4; ++q4)
+        for (int j = 0; j < 16; ++j)
+          for (int e = 0; e < 2; ++e) {
+            const int64_t c = 128 * t + 8 * j + 2 * q4 + e;
+            const float y = swiglu_value(bf16_to_f32(h[r * C2 + c]), bf16_to_f32(h[r * C2 + I + c]), p);
+            s[q4] = add_rn(s[q4], mul_rn(bf16_to_f32(dy_buf[static_cast<size_t>(r * I + c)]), y));
+          }
+      tw[r * nt + t] = add_rn(add_rn(s[0], s[1]), add_rn(s[2], s[3]));
+    }
+  }
+}
 
 }  // namespace
 }  // namespace mxmoe
@@ -226,6 +293,134 @@ mxmoe_status mxmoe_grouped_mm_tile128_gather(const mxmoe_tensor* a_, const mxmoe
 #endif
   } else {
     cpu::grouped_mm_gather(args);
+  }
+  MXMOE_API_END
+}
+
+int32_t mxmoe_grouped_mm_tile128_gather_dswiglu_available(int64_t m, int64_t i, int64_t k, int64_t g, int64_t t,
+                                                          int64_t fanout, int32_t layout, int32_t device) {
+  if (m < 0 || i <= 0 || i % 128 != 0 || k < 0 || g < 0 || t < 0 || fanout < 1 || device < -1) return 0;
+  if (layout != MXMOE_SWIGLU_CONCAT) return 0;
+  if (device < 0) return 1;  // the CPU composition takes every call
+#if defined(MXMOE_WITH_CUDA)
+  try {
+    return cuda::grouped_mm_tile128_gather_dswiglu_available(m, i, k, g, t, fanout, layout, device) ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
+#else
+  return 0;
+#endif
+}
+
+mxmoe_status mxmoe_grouped_mm_tile128_gather_dswiglu(
+    const mxmoe_tensor* a_, const mxmoe_tensor* a_scale_, const mxmoe_tensor* gather_, int64_t fanout,
+    const mxmoe_tensor* row_scale_, const mxmoe_tensor* b_, const mxmoe_tensor* b_scale_, const mxmoe_tensor* offs_,
+    const mxmoe_tensor* h_, int32_t layout, float alpha, float limit, float up_offset, mxmoe_scale_mode mode,
+    mxmoe_tensor* dh_q_, mxmoe_tensor* dh_scale_, mxmoe_tensor* dh_qt_, mxmoe_tensor* dh_scale_t_,
+    mxmoe_tensor* tw_part_, void* stream) {
+  MXMOE_API_BEGIN
+  GatherDSwigluArgs x;
+  // The outputs first: dY' (M, I) bf16 is described on a device by dh_q's bytes (M x 2I e4m3: the same
+  // byte count), which the kernel writes only as dh_q; the host composes through its own buffer.
+  const mxmoe_tensor& gather = require(gather_, "gather");
+  check_dtype(gather, "gather", {MXMOE_DTYPE_I32});
+  check_ndim(gather, "gather", {1});
+  const int64_t M = gather.shape[0];
+  if (M >= (int64_t{1} << 31)) fail("gather: expected fewer than 2^31 rows, got ", M);
+  const mxmoe_tensor& b = require(b_, "b");
+  check_ndim(b, "b", {3});
+  const int64_t G = b.shape[0], I = b.shape[1];
+  if (I % 128 != 0) fail("b: expected the intermediate width (dim 1) to be a multiple of 128, got ", I);
+  if (layout != MXMOE_SWIGLU_CONCAT) fail("layout: expected MXMOE_SWIGLU_CONCAT (0), got ", layout);
+  if (!std::isfinite(alpha)) fail("alpha: expected a finite value, got ", alpha);
+  if (!(limit > 0.f)) fail("limit: expected a positive value (+inf: no clamp), got ", limit);
+  if (!std::isfinite(up_offset)) fail("up_offset: expected a finite value, got ", up_offset);
+  if (mode < MXMOE_SCALE_RCEIL || mode > MXMOE_SCALE_EVEN)
+    fail("mode: expected RCEIL (0), FLOOR (1), CEIL (2) or EVEN (3), got ", static_cast<int>(mode));
+  mxmoe_tensor& dh_q = const_cast<mxmoe_tensor&>(require(dh_q_, "dh_q"));
+  check_dtype(dh_q, "dh_q", {MXMOE_DTYPE_E4M3});
+  check_shape(dh_q, "dh_q", {M, 2 * I});
+  check_contiguous(dh_q, "dh_q");
+  const int32_t dev = dh_q.device;
+  std::vector<uint16_t> host_dy;
+  mxmoe_tensor dy = dh_q;
+  dy.dtype = MXMOE_DTYPE_BF16;
+  dy.shape[1] = I;
+  dy.strides[0] = I;
+  if (dev < 0) {
+    host_dy.assign(static_cast<size_t>(M * I), 0);
+    dy.data = host_dy.data();
+  }
+  x.g.mm = api::check_grouped_mm(a_, a_scale_, b_, b_scale_, offs_, nullptr, &dy, stream, M);
+  const mxmoe_tensor& a = x.g.mm.a;
+  const int64_t T = a.shape[0];
+  check_device(gather, "gather", a.device);
+  check_device(dh_q, "dh_q", a.device);
+  check_contiguous(gather, "gather");
+  check_contiguous(a, "a");
+  check_contiguous(x.g.mm.a_scale, "a_scale");
+  if (fanout < 1 || (T > 0 && fanout > ((int64_t{1} << 31) - 1) / T))
+    fail("fanout: expected 1 <= fanout and T * fanout < 2^31 (T = ", T, "), got ", fanout);
+  const mxmoe_tensor& rs = require(row_scale_, "row_scale");
+  check_dtype(rs, "row_scale", {MXMOE_DTYPE_F32});
+  check_shape(rs, "row_scale", {T, fanout});
+  check_device(rs, "row_scale", a.device);
+  check_contiguous(rs, "row_scale");
+  const mxmoe_tensor& h = require(h_, "h");
+  check_dtype(h, "h", {MXMOE_DTYPE_BF16});
+  check_shape(h, "h", {M, 2 * I});
+  check_device(h, "h", a.device);
+  check_contiguous(h, "h");
+  const int64_t n_r = mxmoe_grouped_scale_capacity(M, G);
+  struct Out {
+    mxmoe_tensor* t;
+    const char* name;
+    mxmoe_dtype dtype;
+    std::vector<int64_t> shape;
+  };
+  const Out outs[] = {{dh_scale_, "dh_scale", MXMOE_DTYPE_E8M0, {M, 2 * I / 32}},
+                      {dh_qt_, "dh_qt", MXMOE_DTYPE_E4M3, {2 * I, M}},
+                      {dh_scale_t_, "dh_scale_t", MXMOE_DTYPE_E8M0, {2 * I, n_r}},
+                      {tw_part_, "tw_part", MXMOE_DTYPE_F32, {M, I / 128}}};
+  for (const Out& o : outs) {
+    const mxmoe_tensor& t = require(o.t, o.name);
+    check_dtype(t, o.name, {o.dtype});
+    check_shape(t, o.name, o.shape);
+    check_device(t, o.name, a.device);
+    check_contiguous(t, o.name);
+  }
+  // No output overlaps an input or another output.
+  const std::pair<const mxmoe_tensor*, const char*> written[] = {
+      {dh_q_, "dh_q"}, {dh_scale_, "dh_scale"}, {dh_qt_, "dh_qt"}, {dh_scale_t_, "dh_scale_t"}, {tw_part_, "tw_part"}};
+  const std::pair<const mxmoe_tensor*, const char*> read[] = {
+      {&a, "a"}, {&x.g.mm.a_scale, "a_scale"}, {&gather, "gather"}, {&rs, "row_scale"}, {&x.g.mm.b, "b"},
+      {&x.g.mm.b_scale, "b_scale"}, {&x.g.mm.offs, "offs"}, {&h, "h"}};
+  for (size_t i = 0; i < 5; ++i) {
+    for (const auto& [t, name] : read) check_no_overlap(*written[i].first, written[i].second, *t, name);
+    for (size_t j = i + 1; j < 5; ++j)
+      check_no_overlap(*written[i].first, written[i].second, *written[j].first, written[j].second);
+  }
+  x.g.gather = gather;
+  x.g.fanout = fanout;
+  x.g.row_scale.present = true;
+  x.g.row_scale.t = rs;
+  x.h = h;
+  x.alpha = alpha;
+  x.limit = limit;
+  x.up_offset = up_offset;
+  x.mode = mode;
+  x.dh_q = dh_q;
+  x.dh_scale = *dh_scale_;
+  x.dh_qt = *dh_qt_;
+  x.dh_scale_t = *dh_scale_t_;
+  x.tw_part = *tw_part_;
+  if (a.device >= 0) {
+#if defined(MXMOE_WITH_CUDA)
+    cuda::grouped_mm_tile128_gather_dswiglu(x);
+#endif
+  } else {
+    gather_dswiglu_host(x, host_dy);
   }
   MXMOE_API_END
 }

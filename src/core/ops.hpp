@@ -69,6 +69,16 @@ struct GroupedMMGatherArgs {
   OptTensor row_scale;  // (T, fanout) f32
 };
 
+// mxmoe_grouped_mm_tile128_gather_dswiglu: g.mm.out describes dY' (M, I) bf16 (on a device only its
+// shape: its data is dh_q's bytes, never written), g.row_scale is present.
+struct GatherDSwigluArgs {
+  GroupedMMGatherArgs g;
+  mxmoe_tensor h{};  // (M, 2I) bf16
+  float alpha = 1.f, limit = 0.f, up_offset = 0.f;
+  mxmoe_scale_mode mode = MXMOE_SCALE_RCEIL;
+  mxmoe_tensor dh_q{}, dh_scale{}, dh_qt{}, dh_scale_t{}, tw_part{};
+};
+
 // out (G, N, K) = A (N, M)[:, group] . B (K, M)[:, group]^T; scales grouped compact along M.
 struct GroupedMMKArgs {
   mxmoe_tensor a{}, a_scale{}, b{}, b_scale{}, offs{};
@@ -142,6 +152,9 @@ void grouped_mm_tile128_kgroups(const GroupedMMKArgs& args, void* workspace, int
 bool grouped_mm_tile128_gather_available(int64_t m, int64_t n, int64_t k, int64_t g, int64_t a_rows,
                                          int64_t fanout, int32_t device);
 void grouped_mm_tile128_gather(const GroupedMMGatherArgs& args);
+bool grouped_mm_tile128_gather_dswiglu_available(int64_t m, int64_t i, int64_t k, int64_t g, int64_t a_rows,
+                                                 int64_t fanout, int32_t layout, int32_t device);
+void grouped_mm_tile128_gather_dswiglu(const GatherDSwigluArgs& args);
 
 void quantize(const QuantizeArgs& args);
 void dequantize(const DequantizeArgs& args);

@@ -47,6 +47,11 @@ STABLE_TORCH_LIBRARY(mxmoe, m) {
         "ScalarType out_dtype, bool want_a_col) -> (Tensor, Tensor, Tensor)");
   m.def("moe_tile128_backward(" SRC "Tensor w_qt, Tensor w_scale, Tensor? a_qt, Tensor? a_scale, Tensor offs, "
         "int mode, bool need_da, bool need_dw, ScalarType a_dtype, ScalarType w_dtype) -> (Tensor, Tensor)");
+  m.def("moe_tile128_dswiglu_backward(Tensor dout, Tensor perm, int k, Tensor row_scale, Tensor w2_qt, "
+        "Tensor w2_scale, Tensor h, float alpha, float limit, float up_offset, Tensor w13_qt, Tensor w13_scale, "
+        "Tensor? x_qt, Tensor? x_scale, Tensor offs, int mode, bool need_dxs, bool need_dw13, ScalarType a_dtype, "
+        "ScalarType w_dtype) -> (Tensor, Tensor, Tensor)");
+  m.def("moe_tile128_dswiglu_available(int i, int k, int groups, int t, int fanout, int device) -> bool");
   m.def("moe_exact_forward(" SRC "Tensor w_dq, Tensor offs, int mode, bool want_a_col) -> (Tensor, Tensor, Tensor)");
   m.def("moe_exact_backward(" SRC "Tensor w_q, Tensor w_scale, Tensor? a_q, Tensor? a_scale, Tensor offs, "
         "int mode, bool need_da, bool need_dw) -> (Tensor, Tensor)");
@@ -89,6 +94,7 @@ STABLE_TORCH_LIBRARY(mxmoe, m) {
   m.impl("quantize_fused_source", TORCH_BOX(&quantize_fused_source));         \
   m.impl("moe_tile128_forward", TORCH_BOX(&moe_tile128_forward));             \
   m.impl("moe_tile128_backward", TORCH_BOX(&moe_tile128_backward));           \
+  m.impl("moe_tile128_dswiglu_backward", TORCH_BOX(&moe_tile128_dswiglu_backward)); \
   m.impl("moe_exact_forward", TORCH_BOX(&moe_exact_forward));                 \
   m.impl("moe_exact_backward", TORCH_BOX(&moe_exact_backward))
 
@@ -114,5 +120,6 @@ STABLE_TORCH_LIBRARY_IMPL(mxmoe, CUDA, m) {
 STABLE_TORCH_LIBRARY_IMPL(mxmoe, CompositeExplicitAutograd, m) {
   m.impl("build_info", TORCH_BOX(&build_info));
   m.impl("sm90_gemm_config", TORCH_BOX(&sm90_gemm_config));
+  m.impl("moe_tile128_dswiglu_available", TORCH_BOX(&moe_tile128_dswiglu_available));
   m.impl("capture_id", TORCH_BOX(&capture_id));
 }

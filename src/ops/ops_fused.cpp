@@ -250,6 +250,53 @@ std::tuple<Tensor, Tensor> tile128_backward(const char* op, const Input& dy, con
   return {da, dw};
 }
 
+// The down projection's dgrad with dSwiGLU in its epilogue, then the up projection's dgrad and wgrad
+// on the FP8 forms it wrote (the tile128 layer's backward with the weights after the experts).
+std::tuple<Tensor, Tensor, Tensor> tile128_dswiglu_backward(const char* op, const Tensor& dout_in, const Tensor& perm,
+                                                            int64_t k, const Tensor& row_scale, const Tensor& w2_qt,
+                                                            const Tensor& w2_scale, const Tensor& h, double alpha,
+                                                            double limit, double up_offset, const Tensor& w13_qt,
+                                                            const Tensor& w13_scale, const OptTensor& x_qt,
+                                                            const OptTensor& x_scale, const Tensor& offs, int64_t mode,
+                                                            bool need_dxs, bool need_dw13, ScalarType a_dtype,
+                                                            ScalarType w_dtype) {
+  if (need_dw13 && (!x_qt || !x_scale))
+    fail(op, MXMOE_ERR_INVALID_ARGUMENT, "x_qt, x_scale: required when need_dw13 (the routed x's wgrad operand)");
+  require_dims(h, "h", 2, 2, op);
+  require_dims(w2_qt, "w2_qt", 3, 3, op);
+  const Input dout(dout_in);
+  Launch L(dout.a);
+  const int64_t M = perm.size(0), I = w2_qt.size(1), G = offs.size(0);
+  // dout quantized once per token (1x128 along H): the gather GEMM reads its routed rows.
+  Side g_row(dout, std::nullopt, true, kQ | kScale, ScalarType::BFloat16, L.device, op);
+  const Side g_none(dout, std::nullopt, false, 0, ScalarType::BFloat16, L.device, op);
+  run_fused(op, dout, std::nullopt, 128, 128, false, mode, g_row, g_none, L);
+  Tensor dh_q = empty({M, 2 * I}, ScalarType::Float8_e4m3fn, L.device);
+  Tensor dh_s = empty({M, 2 * I / kBlock}, ScalarType::Float8_e8m0fnu, L.device);
+  Tensor dh_qt = empty({2 * I, M}, ScalarType::Float8_e4m3fn, L.device);
+  Tensor dh_st = empty({2 * I, cdiv(M, kBlock) + G}, ScalarType::Float8_e8m0fnu, L.device);
+  Tensor tw_part = empty({M, I / 128}, ScalarType::Float, L.device);
+  {
+    mxmoe_tensor av = view(g_row.q(), "dout_q", op), asv = view(g_row.scale(), "dout_scale", op),
+                 pv = view(perm, "perm", op), rsv = view(dense(row_scale), "row_scale", op),
+                 bv = view(w2_qt, "w2_qt", op), bsv = view(w2_scale, "w2_scale", op), ov = view(offs, "offs", op),
+                 hv = view(dense(h), "h", op), qv = view(dh_q, "dh_q", op), sv = view(dh_s, "dh_scale", op),
+                 qtv = view(dh_qt, "dh_qt", op), stv = view(dh_st, "dh_scale_t", op),
+                 tv = view(tw_part, "tw_part", op);
+    check(mxmoe_grouped_mm_tile128_gather_dswiglu(&av, &asv, &pv, k, &rsv, &bv, &bsv, &ov, &hv, MXMOE_SWIGLU_CONCAT,
+                                                  static_cast<float>(alpha), static_cast<float>(limit),
+                                                  static_cast<float>(up_offset),
+                                                  static_cast<mxmoe_scale_mode>(to_i32(mode, "mode", op)), &qv, &sv,
+                                                  &qtv, &stv, &tv, L.stream),
+          op);
+  }
+  Tensor dxs = need_dxs ? empty({M, w13_qt.size(1)}, a_dtype, L.device) : none_output(a_dtype, L.device);
+  if (need_dxs) tile128_mm_into(dh_q, dh_s, w13_qt, w13_scale, offs, std::nullopt, dxs, L, op);
+  Tensor dw13 = need_dw13 ? empty({G, 2 * I, x_qt->size(0)}, w_dtype, L.device) : none_output(w_dtype, L.device);
+  if (need_dw13) tile128_mm_kgroups_into(dh_qt, dh_st, *x_qt, *x_scale, offs, dw13, L, op);
+  return {dxs, dw13, tw_part};
+}
+
 std::tuple<Tensor, Tensor, Tensor> exact_forward(const char* op, const Input& a, const Tensor& w_dq,
                                                  const Tensor& offs, int64_t mode, bool want_a_col) {
   if (w_dq.dim() != 3 || w_dq.scalar_type() != ScalarType::BFloat16)
@@ -403,6 +450,22 @@ std::tuple<Tensor, Tensor> sm90_exact_backward(Tensor dy, Tensor w_q, Tensor w_s
   const char* op = "sm90_exact_backward";
   require_dims(dy, "dy", 2, 3, op);
   return exact_backward(op, Input(dy), w_q, w_scale, a_q, a_scale, offs, mode, need_da, need_dw);
+}
+
+std::tuple<Tensor, Tensor, Tensor> moe_tile128_dswiglu_backward(Tensor dout, Tensor perm, int64_t k, Tensor row_scale,
+                                                                Tensor w2_qt, Tensor w2_scale, Tensor h, double alpha,
+                                                                double limit, double up_offset, Tensor w13_qt,
+                                                                Tensor w13_scale, OptTensor x_qt, OptTensor x_scale,
+                                                                Tensor offs, int64_t mode, bool need_dxs,
+                                                                bool need_dw13, ScalarType a_dtype, ScalarType w_dtype) {
+  return tile128_dswiglu_backward("moe_tile128_dswiglu_backward", dout, perm, k, row_scale, w2_qt, w2_scale, h, alpha,
+                                  limit, up_offset, w13_qt, w13_scale, x_qt, x_scale, offs, mode, need_dxs, need_dw13,
+                                  a_dtype, w_dtype);
+}
+
+bool moe_tile128_dswiglu_available(int64_t i, int64_t k, int64_t groups, int64_t t, int64_t fanout, int64_t device) {
+  return mxmoe_grouped_mm_tile128_gather_dswiglu_available(0, i, k, groups, t, fanout, MXMOE_SWIGLU_CONCAT,
+                                                           static_cast<int32_t>(device)) == 1;
 }
 
 std::tuple<Tensor, Tensor, Tensor> moe_exact_forward(MXMOE_SOURCE_ARGS, Tensor w_dq, Tensor offs, int64_t mode,

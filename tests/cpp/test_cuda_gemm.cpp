@@ -21,12 +21,14 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/moe_activation.hpp"
 #include "mxmoe/mxmoe.h"
 #include "test_util.hpp"
 
@@ -760,6 +762,139 @@ TEST(CudaGemmTile128, GatherSameBitsAsRoutedCopy) {
       for (int64_t i = 0; i < got.numel(); ++i) diff += got.data<uint16_t>()[i] != want.data<uint16_t>()[i];
       EXPECT_EQ(diff, 0) << "T=" << c.t << " K=" << c.k << " N=" << c.n << " scaled=" << scaled;
     }
+  }
+  g_data = Data::kFullRange;
+}
+
+// The gather GEMM with the dSwiGLU epilogue (mxmoe_grouped_mm_tile128_gather_dswiglu, the MoE layer's
+// down-projection dgrad): the same bytes as the gather GEMM writing dY' and the tile128 quantize pass
+// over the SWIGLU_BACKWARD source (both on the device), rows past the last group as a zero dY', and
+// the routing weights' partials as the documented sums over the stored dY' (host loop; expf may
+// differ by an ulp between host and device, hence the relative bound there).
+TEST(CudaGemmTile128, GatherDSwigluSameBytesAsGemmThenQuantize) {
+  SKIP_WITHOUT_CUDA();
+  struct Case {
+    int64_t t, k, i, fanout;
+    std::vector<int32_t> sizes;
+    float alpha, limit, up_offset;
+  };
+  const float inf = std::numeric_limits<float>::infinity();
+  const Case cases[] = {{300, 512, 256, 8, {400, 0, 336, 704, 16, 944}, 1.f, inf, 0.f},  // groups % 16 == 0
+                        {97, 256, 128, 3, {50, 128, 0, 113}, 1.f, inf, 0.f},            // any group sizes
+                        {256, 2048, 768, 8, {512, 1024, 0, 496}, 1.702f, 7.f, 1.f}};    // clamped SwiGLU
+  uint32_t seed = 70;
+  for (const Case& c : cases) {
+    std::mt19937 rng(seed++);
+    g_data = Data::kNormal;
+    const int64_t G = static_cast<int64_t>(c.sizes.size()), I = c.i;
+    Buffer a = random_e4m3_buffer({c.t, c.k}, rng), as = rowwise_scales_1x128(c.t, c.k, rng);
+    Buffer b = random_e4m3_buffer({G, I, c.k}, rng), bs = tile_scales_128x128(G, I, c.k, rng);
+    std::vector<int32_t> gather;
+    for (int32_t s : c.sizes)
+      for (int32_t r = 0; r < s; ++r) {
+        const uint32_t u = rng() % 32;
+        gather.push_back(u == 0 ? -1 : (u == 1 ? static_cast<int32_t>(c.t * c.fanout + 3)
+                                               : static_cast<int32_t>(rng() % (c.t * c.fanout))));
+      }
+    for (int r = 0; r < 9; ++r) gather.push_back(static_cast<int32_t>(rng() % (c.t * c.fanout)));  // tail rows
+    const int64_t M = static_cast<int64_t>(gather.size());
+    const std::vector<int32_t> ends = ends_of(c.sizes);
+    const int64_t end = ends.back(), n_r = mxmoe_grouped_scale_capacity(M, G);
+    Buffer offs = mxtest::offsets(ends), gi({M}, MXMOE_DTYPE_I32), rs({c.t, c.fanout}, MXMOE_DTYPE_F32);
+    std::memcpy(gi.bytes.data(), gather.data(), gather.size() * 4);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    for (int64_t e = 0; e < rs.numel(); ++e) rs.set(e, nd(rng));  // signed weights
+    Buffer h = mxtest::random_input({M, 2 * I}, MXMOE_DTYPE_BF16, seed + 100, 4.f);
+    h.set(5 * 2 * I + 7, std::numeric_limits<float>::quiet_NaN());  // a NaN stays visible
+    if (!mxmoe_grouped_mm_tile128_gather_dswiglu_available(M, I, c.k, G, c.t, c.fanout, 0, 0))
+      GTEST_SKIP() << "the sm_90a dSwiGLU gather kernel is not available here";
+    DevBuf da(a), das(as), db(b), dbs(bs), doffs(offs), dgi(gi), drs(rs), dh(h);
+    auto va = da.view(), vas = das.view(), vb = db.view(), vbs = dbs.view(), vo = doffs.view(), vg = dgi.view(),
+         vrs = drs.view(), vh = dh.view();
+    // The reference: dY' (bf16) by the gather GEMM, then the quantize pass over the computed dH.
+    DevBuf ddy(Buffer({M, I}, MXMOE_DTYPE_BF16), false);
+    auto vdy = ddy.view();
+    ASSERT_EQ(mxmoe_grouped_mm_tile128_gather(&va, &vas, &vg, c.fanout, nullptr, &vb, &vbs, &vo, nullptr, &vdy, nullptr),
+              MXMOE_OK)
+        << mxmoe_last_error();
+    DevBuf rq(Buffer({M, 2 * I}, MXMOE_DTYPE_E4M3), false), rsc(Buffer({M, 2 * I / 32}, MXMOE_DTYPE_E8M0), false),
+        rqt(Buffer({2 * I, M}, MXMOE_DTYPE_E4M3), false), rst(Buffer({2 * I, n_r}, MXMOE_DTYPE_E8M0), false);
+    {
+      auto vq = rq.view(), vs = rsc.view(), vqt = rqt.view(), vst = rst.view();
+      mxmoe_fused_source src{};
+      src.kind = MXMOE_SOURCE_SWIGLU_BACKWARD;
+      src.a = &vh;
+      src.b = &vdy;
+      src.perm = &vg;
+      src.row_scale = &vrs;
+      src.k = c.fanout;
+      src.layout = 0;
+      src.alpha = c.alpha;
+      src.limit = c.limit;
+      src.up_offset = c.up_offset;
+      mxmoe_fused_side row{}, col{};
+      row.q = &vq;
+      row.scale = &vs;
+      col.qt = &vqt;
+      col.scale = &vst;
+      ASSERT_EQ(mxmoe_quantize_fused_source(&src, &vo, mxmoe_fused_config{128, 128, 0, MXMOE_SCALE_RCEIL}, &row, &col,
+                                            nullptr),
+                MXMOE_OK)
+          << mxmoe_last_error();
+    }
+    DevBuf q(Buffer({M, 2 * I}, MXMOE_DTYPE_E4M3), false), sc(Buffer({M, 2 * I / 32}, MXMOE_DTYPE_E8M0), false),
+        qt(Buffer({2 * I, M}, MXMOE_DTYPE_E4M3), false), st(Buffer({2 * I, n_r}, MXMOE_DTYPE_E8M0), false),
+        tw(Buffer({M, I / 128}, MXMOE_DTYPE_F32), false);
+    for (DevBuf* d : {&q, &sc, &qt, &st, &tw}) d->poison();  // every byte must be written
+    auto vq = q.view(), vs = sc.view(), vqt = qt.view(), vst = st.view(), vtw = tw.view();
+    ASSERT_EQ(mxmoe_grouped_mm_tile128_gather_dswiglu(&va, &vas, &vg, c.fanout, &vrs, &vb, &vbs, &vo, &vh, 0, c.alpha,
+                                                      c.limit, c.up_offset, MXMOE_SCALE_RCEIL, &vq, &vs, &vqt, &vst,
+                                                      &vtw, nullptr),
+              MXMOE_OK)
+        << mxmoe_last_error();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::string where = "T=" + std::to_string(c.t) + " K=" + std::to_string(c.k) + " I=" + std::to_string(I);
+    // Rows of the groups: the reference's bytes; rows past the last group: zero codes, the zero block's scale.
+    const Buffer gq = q.download(), wq = rq.download(), gs = sc.download(), ws = rsc.download();
+    int64_t diff_q = 0, diff_s = 0;
+    const uint8_t zero_scale = mxmoe_e8m0_from_amax(0.f, MXMOE_SCALE_RCEIL);
+    for (int64_t r = 0; r < M; ++r) {
+      for (int64_t col = 0; col < 2 * I; ++col)
+        diff_q += gq.u8(r * 2 * I + col) != (r < end ? wq.u8(r * 2 * I + col) : 0);
+      for (int64_t col = 0; col < 2 * I / 32; ++col)
+        diff_s += gs.u8(r * (2 * I / 32) + col) != (r < end ? ws.u8(r * (2 * I / 32) + col) : zero_scale);
+    }
+    EXPECT_EQ(diff_q, 0) << where;
+    EXPECT_EQ(diff_s, 0) << where;
+    EXPECT_EQ(qt.download().bytes, rqt.download().bytes) << where;
+    EXPECT_EQ(st.download().bytes, rst.download().bytes) << where;
+    // The partials from the stored dY' and h, in the documented order.
+    const Buffer dy = ddy.download(), got = tw.download();
+    const mxmoe::SwigluParams p{0, c.alpha, c.limit, c.up_offset};
+    int64_t bad = 0, nan_rows = 0;
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t t = 0; t < I / 128; ++t) {
+        float s4[4] = {0.f, 0.f, 0.f, 0.f};
+        double mag = 0.0;
+        for (int q4 = 0; r < end && q4 < 4; ++q4)
+          for (int j = 0; j < 16; ++j)
+            for (int e = 0; e < 2; ++e) {
+              const int64_t col = 128 * t + 8 * j + 2 * q4 + e;
+              const float y = mxmoe::swiglu_value(h.get(r * 2 * I + col), h.get(r * 2 * I + I + col), p);
+              s4[q4] = mxmoe::add_rn(s4[q4], mxmoe::mul_rn(dy.get(r * I + col), y));
+              mag += std::fabs(static_cast<double>(dy.get(r * I + col)) * y);
+            }
+        const float want = mxmoe::add_rn(mxmoe::add_rn(s4[0], s4[1]), mxmoe::add_rn(s4[2], s4[3]));
+        const float g = got.data<float>()[r * (I / 128) + t];
+        if (std::isnan(want)) {
+          nan_rows += std::isnan(g) ? 1 : 0;
+          bad += std::isnan(g) ? 0 : 1;
+        } else {
+          bad += std::fabs(static_cast<double>(g) - want) > 1e-5 * mag + 1e-30;
+        }
+      }
+    EXPECT_EQ(bad, 0) << where;
+    EXPECT_GE(nan_rows, 1) << where << ": the NaN in h reaches its row's partial";
   }
   g_data = Data::kFullRange;
 }

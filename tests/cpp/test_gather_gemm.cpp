@@ -5,10 +5,13 @@
 // contract in test_cuda_gemm.cpp.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "common/moe_activation.hpp"
 #include "test_util.hpp"
 
 using mxtest::Buffer;
@@ -151,6 +154,100 @@ TEST(GatherGemm, Validation) {
                "out");
   EXPECT_EQ(mxmoe_grouped_mm_tile128_gather_available(10, 32, 64, 2, 20, 2, -1), 1);
   EXPECT_EQ(mxmoe_grouped_mm_tile128_gather_available(10, 32, 64, 2, 20, 0, -1), 0);
+}
+
+// The dSwiGLU epilogue variant on the host (mxmoe_grouped_mm_tile128_gather_dswiglu): the routing
+// weights' partials in the documented order from the gather GEMM's dY' and h, the rows past the last
+// group as a zero dY', and the argument checks. (The codes are the quantize pass's by construction on
+// the host; test_cuda_gemm.cpp holds the device kernel to them.)
+struct DSwiglu {
+  Operands o;
+  int64_t I, M;
+  Buffer h, q, sc, qt, st, tw;
+};
+
+DSwiglu make_dswiglu(uint32_t seed) {
+  DSwiglu d{make(40, 128, 256, 4, {33, 17, 0, 64}, seed), 256, 0, {}, {}, {}, {}, {}, {}};
+  d.M = static_cast<int64_t>(d.o.gather.size());
+  const int64_t G = static_cast<int64_t>(d.o.ends.size());
+  d.h = mxtest::random_input({d.M, 2 * d.I}, MXMOE_DTYPE_BF16, seed + 1, 3.f);
+  d.q = Buffer({d.M, 2 * d.I}, MXMOE_DTYPE_E4M3, 0xEE);
+  d.sc = Buffer({d.M, 2 * d.I / 32}, MXMOE_DTYPE_E8M0, 0xEE);
+  d.qt = Buffer({2 * d.I, d.M}, MXMOE_DTYPE_E4M3, 0xEE);
+  d.st = Buffer({2 * d.I, mxmoe_grouped_scale_capacity(d.M, G)}, MXMOE_DTYPE_E8M0, 0xEE);
+  d.tw = Buffer({d.M, d.I / 128}, MXMOE_DTYPE_F32, 0xEE);
+  return d;
+}
+
+mxmoe_status run_dswiglu(DSwiglu& d, int32_t layout = 0, mxmoe_tensor* q_override = nullptr) {
+  Buffer gi = gather_buf(d.o.gather);
+  auto va = d.o.a.view(), vas = d.o.as.view(), vg = gi.view(), vrs = d.o.row_scale.view(), vb = d.o.b.view(),
+       vbs = d.o.bs.view(), vo = d.o.offs.view(), vh = d.h.view(), vq = d.q.view(), vs = d.sc.view(),
+       vqt = d.qt.view(), vst = d.st.view(), vtw = d.tw.view();
+  return mxmoe_grouped_mm_tile128_gather_dswiglu(&va, &vas, &vg, d.o.fanout, &vrs, &vb, &vbs, &vo, &vh, layout, 1.f,
+                                                 std::numeric_limits<float>::infinity(), 0.f, MXMOE_SCALE_RCEIL,
+                                                 q_override ? q_override : &vq, &vs, &vqt, &vst, &vtw, nullptr);
+}
+
+TEST(GatherDSwiglu, WeightPartialsAndTail) {
+  // b (G, I, K): the down projection's dgrad form; the operands' N is I here.
+  DSwiglu d = make_dswiglu(21);
+  ASSERT_EQ(run_dswiglu(d), MXMOE_OK) << mxmoe_last_error();
+  Buffer dy({d.M, d.I}, MXMOE_DTYPE_BF16);
+  ASSERT_EQ(run_gather(d.o, false, false, dy), MXMOE_OK) << mxmoe_last_error();
+  const int64_t end = d.o.ends.back(), nt = d.I / 128;
+  const mxmoe::SwigluParams p{0, 1.f, std::numeric_limits<float>::infinity(), 0.f};
+  for (int64_t r = 0; r < d.M; ++r)
+    for (int64_t t = 0; t < nt; ++t) {
+      float s4[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int q4 = 0; r < end && q4 < 4; ++q4)
+        for (int j = 0; j < 16; ++j)
+          for (int e = 0; e < 2; ++e) {
+            const int64_t c = 128 * t + 8 * j + 2 * q4 + e;
+            const float y = mxmoe::swiglu_value(d.h.get(r * 2 * d.I + c), d.h.get(r * 2 * d.I + d.I + c), p);
+            s4[q4] = mxmoe::add_rn(s4[q4], mxmoe::mul_rn(dy.get(r * d.I + c), y));
+          }
+      const float want = mxmoe::add_rn(mxmoe::add_rn(s4[0], s4[1]), mxmoe::add_rn(s4[2], s4[3]));
+      ASSERT_EQ(mxtest::bits_of(d.tw.data<float>()[r * nt + t]), mxtest::bits_of(want)) << "row " << r << " tile " << t;
+    }
+  const uint8_t zero_scale = mxmoe_e8m0_from_amax(0.f, MXMOE_SCALE_RCEIL);
+  for (int64_t r = end; r < d.M; ++r) {
+    for (int64_t c = 0; c < 2 * d.I; ++c) ASSERT_EQ(d.q.u8(r * 2 * d.I + c), 0) << "row " << r;
+    for (int64_t c = 0; c < 2 * d.I / 32; ++c) ASSERT_EQ(d.sc.u8(r * (2 * d.I / 32) + c), zero_scale) << "row " << r;
+    for (int64_t c = 0; c < 2 * d.I; ++c) ASSERT_EQ(d.qt.u8(c * d.M + r), 0) << "row " << r;
+  }
+  // Some in-group codes are nonzero (the rows carry dH).
+  int64_t nonzero = 0;
+  for (int64_t i = 0; i < end * 2 * d.I; ++i) nonzero += d.q.u8(i) != 0;
+  EXPECT_GT(nonzero, end * d.I);
+}
+
+TEST(GatherDSwiglu, Validation) {
+  DSwiglu d = make_dswiglu(22);
+  auto expect_error = [&](mxmoe_status st, const std::string& what) {
+    EXPECT_EQ(st, MXMOE_ERR_INVALID_ARGUMENT) << what;
+    EXPECT_NE(std::string(mxmoe_last_error()).find(what), std::string::npos) << mxmoe_last_error();
+  };
+  expect_error(run_dswiglu(d, 1), "layout");
+  Buffer q_bad({d.M, 2 * d.I - 32}, MXMOE_DTYPE_E4M3);
+  auto vq_bad = q_bad.view();
+  expect_error(run_dswiglu(d, 0, &vq_bad), "dh_q");
+  d.h = Buffer({d.M, 2 * d.I}, MXMOE_DTYPE_F32);
+  expect_error(run_dswiglu(d), "h");
+  // Nothing was written by the failed calls.
+  for (uint8_t v : d.tw.bytes) ASSERT_EQ(v, 0xEE);
+  DSwiglu narrow{make(20, 128, 96, 2, {10, 12}, 23), 96, 0, {}, {}, {}, {}, {}, {}};
+  narrow.M = static_cast<int64_t>(narrow.o.gather.size());
+  narrow.h = Buffer({narrow.M, 192}, MXMOE_DTYPE_BF16);
+  narrow.q = Buffer({narrow.M, 192}, MXMOE_DTYPE_E4M3);
+  narrow.sc = Buffer({narrow.M, 6}, MXMOE_DTYPE_E8M0);
+  narrow.qt = Buffer({192, narrow.M}, MXMOE_DTYPE_E4M3);
+  narrow.st = Buffer({192, mxmoe_grouped_scale_capacity(narrow.M, 2)}, MXMOE_DTYPE_E8M0);
+  narrow.tw = Buffer({narrow.M, 1}, MXMOE_DTYPE_F32);
+  expect_error(run_dswiglu(narrow), "multiple of 128");
+  EXPECT_EQ(mxmoe_grouped_mm_tile128_gather_dswiglu_available(10, 256, 128, 2, 20, 2, 0, -1), 1);
+  EXPECT_EQ(mxmoe_grouped_mm_tile128_gather_dswiglu_available(10, 96, 128, 2, 20, 2, 0, -1), 0);
+  EXPECT_EQ(mxmoe_grouped_mm_tile128_gather_dswiglu_available(10, 256, 128, 2, 20, 2, 1, -1), 0);
 }
 
 }  // namespace

@@ -191,6 +191,33 @@ def test_fused_bit_identical_to_grouped_mm_layer(device, recipe, layout):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("I", [128, 256])
+def test_tile128_dswiglu_backward_same_bits_as_unfused(device, I, monkeypatch):
+    """tile128's backward with dSwiGLU in the down projection's dgrad epilogue (I % 128 == 0,
+    concatenated halves, no b13) against the same layer through the standalone quantize pass over a
+    stored dY': the same bits for dx, dw13 and dw2 (the FP8 operands are identical), and the routing
+    weights' grad equal up to its summation order (per 128-column tile, then over the tiles)."""
+    if not _fused_ok(device):
+        pytest.skip("needs a Hopper GPU and the tile128 GEMMs")
+    from mxmoe.backends.phases import Tile128Phases
+
+    inp, dout = _inputs(device, T=150, H=256, I=I, E=6, k=3, seed=13)
+    calls = []
+    fused = Tile128Phases.fused_down_backward
+    monkeypatch.setattr(Tile128Phases, "fused_down_backward",
+                        staticmethod(lambda *a: calls.append(1) or fused(*a)))
+    out_f, g_f = _run(inp, dout, recipe=TILE)
+    assert calls, "the fused down-projection backward ran"
+    monkeypatch.setattr(Tile128Phases, "fused_down_takes", staticmethod(lambda *a: False))
+    out_u, g_u = _run(inp, dout, recipe=TILE)
+    _same(out_f, out_u, "out")
+    for n in ("x", "w13", "w2"):
+        _same(g_f[n], g_u[n], f"grad of {n}")
+    tw_f, tw_u = g_f["topk_weights"].float(), g_u["topk_weights"].float()
+    assert (tw_f - tw_u).abs().max() <= 1e-5 * tw_u.abs().max(), "routing weights' grad"
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("recipe", [TILE, EXACT])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("score_before", [False, True])
@@ -283,9 +310,10 @@ def _idx(rows, device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("recipe", [TILE, EXACT, None])
 @pytest.mark.parametrize("case", ["empty_experts", "one_expert", "k1", "k8", "dropped_ids", "t0", "t33"])
-def test_routing_cases(device, recipe, case):
+@pytest.mark.parametrize("I", [96, 128])  # 128: tile128's backward with dSwiGLU in the down projection's dgrad
+def test_routing_cases(device, recipe, case, I):
     E = 5
-    kw = dict(T=40, E=E, k=2)
+    kw = dict(T=40, E=E, k=2, I=I)
     if case == "empty_experts":
         kw["idx"] = _idx([[0, 3]] * 20 + [[3, 0]] * 20, "cpu")
     elif case == "one_expert":
@@ -317,8 +345,9 @@ def test_routing_cases(device, recipe, case):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("recipe", [TILE, None])
-def test_deterministic(device, recipe):
-    inp, dout = _inputs(device, T=200, E=4, k=3, seed=9)
+@pytest.mark.parametrize("I", [96, 128])
+def test_deterministic(device, recipe, I):
+    inp, dout = _inputs(device, T=200, I=I, E=4, k=3, seed=9)
     a = _run(inp, dout, recipe=recipe)
     b = _run(inp, dout, recipe=recipe)
     _same(a[0], b[0], "out")
@@ -384,9 +413,10 @@ def test_module(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("recipe", [TILE, None])
-def test_compile_fullgraph_dynamic(device, recipe):
+@pytest.mark.parametrize("I", [96, 128])
+def test_compile_fullgraph_dynamic(device, recipe, I):
     torch._dynamo.reset()
-    inp, dout = _inputs(device, T=64, seed=11)
+    inp, dout = _inputs(device, T=64, I=I, seed=11)
     eager = _run(inp, dout, recipe=recipe)
 
     def step(x, topk_idx, topk_weights, w13, w2):

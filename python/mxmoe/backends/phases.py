@@ -70,6 +70,29 @@ class Tile128Phases:
         return ops.moe_tile128_backward(*src, *bwd, a_q, a_s, offs, mode, need_da, need_dw, BF16, w_dtype)
 
     @staticmethod
+    def fused_down_takes(dout: Tensor, h: Tensor, w2_b, k: int, layout: int) -> bool:
+        """Whether fused_down_backward runs this call: concatenated halves, I a multiple of 128; on the
+        GPU where the sm_90a kernel takes the shape. This mirrors
+        mxmoe_grouped_mm_tile128_gather_dswiglu_available (the op enforces it with a clear error):
+        decided in Python so torch.compile sees a plain branch (T stays symbolic: a guard)."""
+        I, H, E, T = w2_b[0].shape[1], w2_b[0].shape[2], w2_b[0].shape[0], dout.shape[0]
+        if layout != 0 or I % 128 != 0:
+            return False
+        if dout.device.type != "cuda":
+            return True  # the CPU composition takes every call
+        # int32 rows and indices, 32-bit byte offsets of dout's rows, the group tables in shared memory.
+        return (H % 16 == 0 and 0 < E <= 2048 and E * I < 2**31 and T * H < 2**32 and T * k < 2**31
+                and h.shape[0] < 2**31)
+
+    @staticmethod
+    def fused_down_backward(dout, perm, k, rs, w2_b, h, act, w13_b, x_q, x_s, offs, mode, need_dxs, need_dw13,
+                            w13_dtype):
+        """The down projection's dgrad with dSwiGLU (and the routing weights) in its epilogue, then the up
+        projection's dgrad / wgrad on the FP8 forms it wrote: (dXs, dW13, tw_part)."""
+        return ops.moe_tile128_dswiglu_backward(dout, perm, k, rs, *w2_b, h, act.alpha, act.limit, act.up_offset,
+                                                *w13_b, x_q, x_s, offs, mode, need_dxs, need_dw13, BF16, w13_dtype)
+
+    @staticmethod
     def wgrad_operand(src, offs, mode):
         """The forward's wgrad operand of a source (what forward(..., want_col=True) returns), alone:
         128x1 blocks along the rows per group, transposed (codes, scales)."""

@@ -121,6 +121,31 @@ class FusedMX(torch.autograd.Function):
                 d_y, dw2 = phases.backward(_gather_src(dout, perm, k), w2_b, y_q if need_w2 else None,
                                            y_s if need_w2 else None, offs, mode, need_h, need_w2, w2_dtype)
             dy_factor = ()
+        elif need_h and b13 is None and getattr(phases, "fused_down_takes", None) and phases.fused_down_takes(
+                dout, h, w2_b, k, layout):
+            # Weights after the experts, the down projection's dgrad with dSwiGLU in its epilogue: dY' =
+            # gather(dout) @ w2 is never stored; the kernel writes dH = act'(h, w * dY') as the FP8
+            # operands of dXs = dH @ w13 and dW13 = dH^T dispatch(x), and per-row partials of
+            # <dY', act(h)>, the weights' gradient (o is not kept).
+            x_q = x_s = None
+            if need_w13:
+                x_q, x_s = phases.wgrad_operand(_gather_src(x_saved, perm, k), offs, mode)
+            dxs, dw13, tw_part = phases.fused_down_backward(dout, perm, k, rs, w2_b, h, act, w13_b, x_q, x_s, offs,
+                                                            mode, need_dxs, need_w13, w13_dtype)
+            if need_w2:
+                _, dw2 = phases.backward(_gather_src(dout, perm, k, rs), w2_b, y_q, y_s, offs, mode, False, True,
+                                         w2_dtype)
+            if need_tw:
+                d_tw = tw_part.sum(1)[inv.long()]  # rows past the groups (dropped ids) are 0
+                if topk_idx is not None:  # the output bias's share of o
+                    d_tw = d_tw + _bias_weight_grad(dout, topk_idx, b2_w)
+                d_tw = d_tw.to(topk_w.dtype)
+            if need_b2:
+                db2 = _bias_grad(ops.moe_gather(dout, perm, k, rs, F32), offs, b2)
+            if need_x:
+                dx = ops.moe_combine(dxs, inv, None, x_dtype)
+            dw13, dw_up = _split_grad(dw13 if need_w13 else None, ctx.up_rows)
+            return (dx, None, d_tw, dw13, dw2 if need_w2 else None, db13, db2, None, None, None, None, dw_up, None)
         else:
             # Weights after the experts, dO = w * gather(dout). The dgrad runs on the unweighted rows,
             # dY' = gather(dout) @ w2 (the rows read per token by the gather GEMM), and the weights are

@@ -129,6 +129,24 @@ MXMOE_HD void swiglu_grad(float g, float u, float dy, const SwigluParams& p, flo
   *du = !PLAIN && (u > p.limit || u < -p.limit) ? 0.0f : mul_rn(dy, mul_rn(gc, s));
 }
 
+// swiglu_grad and swiglu_value at (g, u) from one evaluation of the sigmoid: the same operations,
+// so dg, du and y are bit for bit those of the two functions (the fused down-projection epilogue needs
+// dH and act(h) of the same elements).
+template <bool PLAIN = false>
+MXMOE_HD void swiglu_grad_value(float g, float u, float dy, const SwigluParams& p, float* dg, float* du, float* y) {
+  const float gc = PLAIN ? g : swiglu_clamp_gate(g, p.limit);
+  const float uc = PLAIN ? u : swiglu_clamp_up(u, p.limit);
+  const float z = PLAIN ? gc : mul_rn(p.alpha, gc);
+  const float s = sigmoid_f32(z);
+  const float uo = add_rn(uc, p.up_offset);
+  const float gs = mul_rn(gc, s);
+  const float dsig = add_rn(s, mul_rn(mul_rn(z, s), sub_rn(1.0f, s)));
+  const float dgc = mul_rn(mul_rn(dy, uo), dsig);
+  *dg = !PLAIN && g > p.limit ? 0.0f : dgc;
+  *du = !PLAIN && (u > p.limit || u < -p.limit) ? 0.0f : mul_rn(dy, gs);
+  *y = mul_rn(gs, uo);
+}
+
 // ---- fixed reduction orders (CPU reference == CUDA, bit for bit) -------------------------------
 // mxmoe_moe_combine_weight_grad: dw[t, j] = sum_h dout[t, h] * y[inv[t, j], h]. Element h belongs to
 // lane (h / kDotChunk) % kDotLanes; each lane sums its elements in increasing h from +0 as

@@ -750,5 +750,49 @@ void grouped_mm_tile128_gather(const GroupedMMGatherArgs& ga) {
               " (mxmoe_grouped_mm_tile128_gather_available says which calls it takes)");
 }
 
+bool grouped_mm_tile128_gather_dswiglu_available(int64_t m, int64_t i, int64_t k, int64_t g, int64_t a_rows,
+                                                 int64_t fanout, int32_t layout, int32_t device) {
+#if defined(MXMOE_HAVE_CUTLASS)
+  return g > 0 && gemm::sm90_grouped_m_gather_dswiglu_takes(m, i, k, g, a_rows, k, fanout, layout, device);
+#else
+  (void)m, (void)i, (void)k, (void)g, (void)a_rows, (void)fanout, (void)layout, (void)device;
+  return false;
+#endif
+}
+
+void grouped_mm_tile128_gather_dswiglu(const GatherDSwigluArgs& x) {
+  const char* what = "grouped_mm_tile128_gather_dswiglu";
+  const GroupedMMArgs& a = x.g.mm;
+  const int64_t T = a.a.shape[0], K = a.a.shape[1], M = a.out.shape[0], N = a.b.shape[1];
+  const int G = static_cast<int>(a.offs.shape[0]);
+  const DeviceProps props = require_hopper(a.a.device, what);
+  DeviceGuard guard(a.a.device, what);
+#if defined(MXMOE_HAVE_CUTLASS)
+  gemm::GroupedMGatherDSwigluRun r;
+  fill_grouped_m_run(a, M, props.sm_count, static_cast<cudaStream_t>(a.stream), r);
+  r.out = nullptr;
+  r.gather = static_cast<const int32_t*>(x.g.gather.data);
+  r.fanout = x.g.fanout;
+  r.a_rows = T;
+  r.lda = a.a.strides[0];
+  r.row_scale = static_cast<const float*>(x.g.row_scale.t.data);
+  r.h = static_cast<const uint16_t*>(x.h.data);
+  r.alpha = x.alpha;
+  r.limit = x.limit;
+  r.up_offset = x.up_offset;
+  r.mode = static_cast<int>(x.mode);
+  r.dh_q = static_cast<uint8_t*>(x.dh_q.data);
+  r.dh_scale = static_cast<uint8_t*>(x.dh_scale.data);
+  r.dh_qt = static_cast<uint8_t*>(x.dh_qt.data);
+  r.dh_scale_t = static_cast<uint8_t*>(x.dh_scale_t.data);
+  r.n_r = x.dh_scale_t.shape[1];
+  r.tw_part = static_cast<float*>(x.tw_part.data);
+  if (G > 0 && gemm::sm90_grouped_m_gather_dswiglu(r)) return;
+#endif
+  fail_status(MXMOE_ERR_UNSUPPORTED, what, ": the sm_90a kernel does not take M = ", M, ", I = ", N, ", K = ", K,
+              ", G = ", G, ", T = ", T, ", fanout = ", x.g.fanout,
+              " (mxmoe_grouped_mm_tile128_gather_dswiglu_available says which calls it takes)");
+}
+
 }  // namespace cuda
 }  // namespace mxmoe

@@ -77,6 +77,12 @@ __device__ __forceinline__ uint32_t bf16_bits_rne(float f) {
   return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
 }
 
+// 2^(127-s) for a scale byte s < 255 (e8m0_reciprocal_f32 without its NaN case): the multiplier
+// that codes a value of a block with scale s.
+__device__ __forceinline__ float e8m0_recip(uint32_t s) {
+  return __uint_as_float(s == 254u ? 0x00400000u : (254u - s) << 23);
+}
+
 // Quantize 8 values with the reciprocal r (of a non-NaN scale byte) into 8 e4m3 bytes.
 __device__ __forceinline__ uint2 quant8(const float (&v)[8], const float (&r)[8]) {
   uint2 o;

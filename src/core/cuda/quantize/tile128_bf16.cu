@@ -313,15 +313,10 @@ __device__ __forceinline__ void compute_gather(const GatherWords& G, uint8_t* bu
   }
 }
 
-// 2^(127-s) for a scale byte s < 255 (e8m0_reciprocal_f32 without its NaN case).
-__device__ __forceinline__ float recip(uint32_t s) {
-  return __uint_as_float(s == 254u ? 0x00400000u : (254u - s) << 23);
-}
-
 // 8 codes of a chunk with one scale byte (the NaN scale gives NaN codes). Branch-free, so that the
 // compiler can interleave the 8 chunks of a thread.
 __device__ __forceinline__ uint2 codes8(const uint4 v, uint32_t s) {
-  const float rc = recip(s);
+  const float rc = e8m0_recip(s);
   const uint32_t a[4] = {v.x, v.y, v.z, v.w};
   uint32_t o[2];
 #pragma unroll
@@ -641,7 +636,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
       uint32_t olo[8], ohi[8];
       if (has_qt && mine) {
         if (t.in_group) {
-          const float r_lo = recip(s_lo), r_hi = recip(s_hi);
+          const float r_lo = e8m0_recip(s_lo), r_hi = e8m0_recip(s_hi);
 #pragma unroll
           for (int k = 0; k < 8; ++k) {
             uint32_t v[4];

@@ -38,6 +38,7 @@
 #include "cutlass/arch/barrier.h"
 #include "cutlass/arch/reg_reconfig.h"
 #include "cuda/gemm/sm90/sm90_fp8_common.cuh"
+#include "common/moe_activation.hpp"
 #include "cuda/gemm/sm90/sm90_grouped_m.hpp"
 #include "mxmoe/mx_format.hpp"
 
@@ -72,6 +73,21 @@ struct GroupedMParams {
   int max_index;
   FastDiv fanout_div;
   const float* row_scale;
+  // The dSwiGLU epilogue only (GroupedMGatherDSwiglu, sm90_fp8_grouped_m_gather_dswiglu_1x128.cuh): the
+  // GEMM's rows are dY' (M, I = n), never stored; the epilogue reads h (M, 2I) bf16 (gate | up) and
+  // writes dH = act'(h, row_scale * dY') as tile128 operands: dh_q (M, 2I) + dh_scale (M, 2I/32)
+  // rowwise 1x128, dh_qt (2I, M) + dh_scale_t (2I, n_r) 128x1 per group, and tw_part (M, I/128), the
+  // per-128-column partials of <dY', act(h)>.
+  const uint16_t* h;
+  SwigluParams act;
+  int plain;  // swiglu_is_plain(act)
+  int mode;   // mxmoe_scale_mode
+  uint8_t* dh_q;
+  uint8_t* dh_scale;
+  uint8_t* dh_qt;
+  uint8_t* dh_scale_t;
+  int64_t n_r;
+  float* tw_part;
 };
 
 // The device arguments of a call (host; band_div and the gather fields are the launcher's).
@@ -119,6 +135,10 @@ struct GroupedM {
   static_assert(kCluster == 1 || kCluster == 2, "cluster of 1 or 2 CTAs");
   // A rows read through an index by the producer warpgroup (GroupedMGather), not by TMA.
   static constexpr bool kGather = false;
+  // The dSwiGLU epilogue (GroupedMGatherDSwiglu) instead of the stored output, with its shared memory
+  // after the epilogue buffer and a third group table (32-row runs before each group).
+  static constexpr bool kDSwiglu = false;
+  static constexpr int kEpiExtraBytes = 0;
   static constexpr int kBlockM = 128, kBlockK = 128;
   static constexpr int kThreads = 384;  // producer warpgroup + two math warpgroups
   static constexpr int kABytes = kBlockM * kBlockK;
@@ -288,10 +308,11 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   uint8_t* smem_a = smem;
   uint8_t* smem_b = smem + K::kStages * K::kABytes;
   uint8_t* smem_epi = smem + K::kStages * K::kStageBytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem_epi + K::kEpiBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem_epi + K::kEpiBytes + K::kEpiExtraBytes);
   uint64_t* empty = full + K::kStages;
   int* s_end = reinterpret_cast<int*>(empty + K::kStages);  // [G] clamped group ends
   int* s_tiles = s_end + p.groups;                          // [G + 1] m-tile prefix
+  int* s_runs = s_tiles + p.groups + 1;                     // dSwiGLU: [G + 1] 32-row-run prefix
 
   const int tid = threadIdx.x;
   // Warp-uniform by construction; taken through a shuffle so the compiler knows it (it then keeps the
@@ -322,6 +343,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     using Scan = cub::BlockScan<int, K::kThreads>;
     typename Scan::TempStorage& scan_tmp = scan_storage<K, Scan>(smem_epi);
     int carry_end = 0, carry_tiles = 0;
+    [[maybe_unused]] int carry_runs = 0;
     for (int base = 0; base < p.groups; base += K::kThreads) {
       const int g = base + tid;
       int start, len;
@@ -335,8 +357,18 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         s_tiles[g] = carry_tiles + before;
       }
       carry_tiles += tiles;
+      if constexpr (K::kDSwiglu) {
+        int rb, runs;
+        Scan(scan_tmp).ExclusiveSum((len + 31) / 32, rb, runs);
+        __syncthreads();
+        if (g < p.groups) s_runs[g] = carry_runs + rb;
+        carry_runs += runs;
+      }
     }
-    if (tid == 0) s_tiles[p.groups] = carry_tiles;
+    if (tid == 0) {
+      s_tiles[p.groups] = carry_tiles;
+      if constexpr (K::kDSwiglu) s_runs[p.groups] = carry_runs;
+    }
   }
   // Barriers initialized and the group table written in every CTA of the cluster before any CTA
   // multicasts into a peer or arrives on its barriers.
@@ -639,125 +671,137 @@ __global__ void __launch_bounds__(K::kThreads, 1)
           retire(acc, e);
         }
       }
-      // Epilogue: + bias, rounded to Out into this warpgroup's staged boxes (accumulator layout), then
-      // stored: by TMA when the warpgroup's 64 rows all belong to the group (columns past N are
-      // clipped by the tensor map; one thread issues the boxes and the warpgroup goes on to the next
-      // tile's wgmmas while the copy engine writes them), else read back as rows of 16-byte chunks
-      // and stored masked by the group's rows and N (rows of the next group must not be written;
-      // N % 16 == 0, so a 16-byte chunk is all in or all out).
-      uint8_t* epi = smem_epi + mw * K::kEpiWgBytes;
-      // The previous tile's boxes have been read out of this buffer (TMA store or copy-out).
-      if (lt == 0) bulk_wait_group_read0();
-      asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");
-      // Byte offset of this thread's pair (row lr, columns 8 j + 2 (lane % 4) + {0, 1}) in the staged
-      // boxes: box_j * 64 * box bytes + (t ^ 16 c_j), with t this thread's row, swizzle and byte in its
-      // 16-byte chunk, and box_j, c_j (the chunk of column 8 j inside its box) known per unrolled j.
-      // Row lr + 8 has the same swizzle (t + 8 box bytes). t is taken through an opaque copy so the
-      // compiler keeps one register instead of hoisting (and spilling) the 2 x kAcc / 4 addresses.
-      int t;
-      {
-        constexpr int kS = static_cast<int>(sizeof(Out));
-        const int lr = warp * 16 + lane / 4;  // row in this warpgroup's 64
-        const int b0 = 2 * (lane % 4) * kS;   // byte of the pair in column 8 j's 8 columns
-        const int v = lr * K::kEpiBoxBytes + 16 * ((b0 / 16) ^ epi_swizzle<K>(lr)) + b0 % 16;
-        asm volatile("mov.b32 %0, %1;" : "=r"(t) : "r"(v));
-      }
-      if constexpr (K::kGather) {
-        // out row = row_scale[gather[row]] * acc (+ bias): the routing weight after the GEMM.
-        if (p.row_scale) {
-          const float rs0 = src0 >= 0 ? p.row_scale[gather_index(p, c.row0 + r0)] : 0.f;
-          const float rs1 = src1 >= 0 ? p.row_scale[gather_index(p, c.row0 + r0 + 8)] : 0.f;
+      if constexpr (K::kDSwiglu) {
+        // dH and its operands instead of the stored output (sm90_fp8_grouped_m_gather_dswiglu_1x128.cuh).
+        if (p.plain)
+          K::template epilogue<true>(p, c, fin, mw, warp, lane, src0, src1, smem_epi, s_end, s_runs, nt);
+        else
+          K::template epilogue<false>(p, c, fin, mw, warp, lane, src0, src1, smem_epi, s_end, s_runs, nt);
+      } else {
+        // Epilogue: + bias, rounded to Out into this warpgroup's staged boxes (accumulator layout), then
+        // stored: by TMA when the warpgroup's 64 rows all belong to the group (columns past N are
+        // clipped by the tensor map; one thread issues the boxes and the warpgroup goes on to the next
+        // tile's wgmmas while the copy engine writes them), else read back as rows of 16-byte chunks
+        // and stored masked by the group's rows and N (rows of the next group must not be written;
+        // N % 16 == 0, so a 16-byte chunk is all in or all out).
+        uint8_t* epi = smem_epi + mw * K::kEpiWgBytes;
+        // The previous tile's boxes have been read out of this buffer (TMA store or copy-out).
+        if (lt == 0) bulk_wait_group_read0();
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");
+        // Byte offset of this thread's pair (row lr, columns 8 j + 2 (lane % 4) + {0, 1}) in the staged
+        // boxes: box_j * 64 * box bytes + (t ^ 16 c_j), with t this thread's row, swizzle and byte in its
+        // 16-byte chunk, and box_j, c_j (the chunk of column 8 j inside its box) known per unrolled j.
+        // Row lr + 8 has the same swizzle (t + 8 box bytes). t is taken through an opaque copy so the
+        // compiler keeps one register instead of hoisting (and spilling) the 2 x kAcc / 4 addresses.
+        int t;
+        {
+          constexpr int kS = static_cast<int>(sizeof(Out));
+          const int lr = warp * 16 + lane / 4;  // row in this warpgroup's 64
+          const int b0 = 2 * (lane % 4) * kS;   // byte of the pair in column 8 j's 8 columns
+          const int v = lr * K::kEpiBoxBytes + 16 * ((b0 / 16) ^ epi_swizzle<K>(lr)) + b0 % 16;
+          asm volatile("mov.b32 %0, %1;" : "=r"(t) : "r"(v));
+        }
+        if constexpr (K::kGather) {
+          // out row = row_scale[gather[row]] * acc (+ bias): the routing weight after the GEMM.
+          if (p.row_scale) {
+            const float rs0 = src0 >= 0 ? p.row_scale[gather_index(p, c.row0 + r0)] : 0.f;
+            const float rs1 = src1 >= 0 ? p.row_scale[gather_index(p, c.row0 + r0 + 8)] : 0.f;
 #pragma unroll
-          for (int j = 0; j < K::kAcc / 4; ++j) {
-            fin[4 * j + 0] = __fmul_rn(fin[4 * j + 0], rs0);
-            fin[4 * j + 1] = __fmul_rn(fin[4 * j + 1], rs0);
-            fin[4 * j + 2] = __fmul_rn(fin[4 * j + 2], rs1);
-            fin[4 * j + 3] = __fmul_rn(fin[4 * j + 3], rs1);
+            for (int j = 0; j < K::kAcc / 4; ++j) {
+              fin[4 * j + 0] = __fmul_rn(fin[4 * j + 0], rs0);
+              fin[4 * j + 1] = __fmul_rn(fin[4 * j + 1], rs0);
+              fin[4 * j + 2] = __fmul_rn(fin[4 * j + 2], rs1);
+              fin[4 * j + 3] = __fmul_rn(fin[4 * j + 3], rs1);
+            }
           }
         }
-      }
 #pragma unroll
-      for (int j = 0; j < K::kAcc / 4; ++j) {
-        const int cl = 8 * j + 2 * (lane % 4);
-        const int col = c.n0 + cl;
-        float bx = 0.f, by = 0.f;
-        if (p.bias && col < p.n) {
-          const int64_t o = c.g * p.bias_s0 + col * p.bias_s1;
-          if (p.bias_bf16) {
-            const auto* bb = static_cast<const uint16_t*>(p.bias);
-            bx = bf16_to_f32(bb[o]);
-            by = bf16_to_f32(bb[o + p.bias_s1]);
-          } else {
-            const auto* bf = static_cast<const float*>(p.bias);
-            bx = bf[o];
-            by = bf[o + p.bias_s1];
+        for (int j = 0; j < K::kAcc / 4; ++j) {
+          const int cl = 8 * j + 2 * (lane % 4);
+          const int col = c.n0 + cl;
+          float bx = 0.f, by = 0.f;
+          if (p.bias && col < p.n) {
+            const int64_t o = c.g * p.bias_s0 + col * p.bias_s1;
+            if (p.bias_bf16) {
+              const auto* bb = static_cast<const uint16_t*>(p.bias);
+              bx = bf16_to_f32(bb[o]);
+              by = bf16_to_f32(bb[o + p.bias_s1]);
+            } else {
+              const auto* bf = static_cast<const float*>(p.bias);
+              bx = bf[o];
+              by = bf[o + p.bias_s1];
+            }
           }
+          constexpr int kBoxChunks = K::kEpiBoxBytes / 16;
+          const int chunk = j * 8 * static_cast<int>(sizeof(Out)) / 16;  // column 8 j's 16-byte chunk in the row
+          uint8_t* box = epi + chunk / kBoxChunks * 64 * K::kEpiBoxBytes;
+          const int cx = 16 * (chunk % kBoxChunks);
+          store2(reinterpret_cast<Out*>(box + (t ^ cx)), fin[4 * j + 0] + bx, fin[4 * j + 1] + by);
+          store2(reinterpret_cast<Out*>(box + ((t + 8 * K::kEpiBoxBytes) ^ cx)), fin[4 * j + 2] + bx, fin[4 * j + 3] + by);
         }
-        constexpr int kBoxChunks = K::kEpiBoxBytes / 16;
-        const int chunk = j * 8 * static_cast<int>(sizeof(Out)) / 16;  // column 8 j's 16-byte chunk in the row
-        uint8_t* box = epi + chunk / kBoxChunks * 64 * K::kEpiBoxBytes;
-        const int cx = 16 * (chunk % kBoxChunks);
-        store2(reinterpret_cast<Out*>(box + (t ^ cx)), fin[4 * j + 0] + bx, fin[4 * j + 1] + by);
-        store2(reinterpret_cast<Out*>(box + ((t + 8 * K::kEpiBoxBytes) ^ cx)), fin[4 * j + 2] + bx, fin[4 * j + 3] + by);
-      }
-      const int rows_here = c.rows - mw * 64;  // rows of this warpgroup's 64 inside the group
-      const bool whole = sl.store && rows_here >= 64;
-      if (whole) fence_async_shared();  // the staged boxes, written by this thread, are read by TMA next
-      asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");
-      if (whole) {
-        if (lt == 0) {
+        const int rows_here = c.rows - mw * 64;  // rows of this warpgroup's 64 inside the group
+        const bool whole = sl.store && rows_here >= 64;
+        if (whole) fence_async_shared();  // the staged boxes, written by this thread, are read by TMA next
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");
+        if (whole) {
+          if (lt == 0) {
 #pragma unroll
-          for (int b = 0; b < K::kEpiBoxes; ++b)
-            tma_store_2d(&tma_out, epi + b * 64 * K::kEpiBoxBytes, c.n0 + b * K::kEpiBoxCols, c.row0 + mw * 64);
-          bulk_commit_group();
-        }
-      } else if (sl.store && rows_here > 0) {
-        constexpr int kChunksPerRow = K::kRowBytes / 16;
-        const int cols_left = p.n - c.n0;  // columns < N in this tile
-        // Chunk lt + 128 i of the warpgroup's 64 x kChunksPerRow, i < kChunks; unrolled, the shared reads
-        // of a batch are issued together and the global stores masked after them.
-        constexpr int kChunks = 64 * kChunksPerRow / 128;
-        constexpr int kBatch = kChunks <= 8        ? kChunks
-                               : kChunks % 8 == 0 ? 8
-                               : kChunks % 6 == 0 ? 6
-                                                  : 5;  // 8, 16, 12, 24 (BlockN 128 / 192) or 10, 20 (160) chunks
-        static_assert(64 * kChunksPerRow % 128 == 0 && kChunks % kBatch == 0, "copy-out chunks per thread");
-        // The chunk offsets depend on lt alone; computed here (an opaque copy of lt) rather than hoisted
-        // out of the tile loop by the compiler, where they would be held (spilled) through the mainloop.
-        int lt_here;
-        asm volatile("mov.b32 %0, %1;" : "=r"(lt_here) : "r"(lt));
-#pragma unroll
-        for (int i0 = 0; i0 < kChunks; i0 += kBatch) {
-          uint4 v[kBatch];
-#pragma unroll
-          for (int i = 0; i < kBatch; ++i) {
-            const int q = lt_here + 128 * (i0 + i);
-            const int lr = q / kChunksPerRow, ch = q - lr * kChunksPerRow;
-            v[i] = *reinterpret_cast<const uint4*>(epi + epi_offset<K>(lr, ch));
+            for (int b = 0; b < K::kEpiBoxes; ++b)
+              tma_store_2d(&tma_out, epi + b * 64 * K::kEpiBoxBytes, c.n0 + b * K::kEpiBoxCols, c.row0 + mw * 64);
+            bulk_commit_group();
           }
+        } else if (sl.store && rows_here > 0) {
+          constexpr int kChunksPerRow = K::kRowBytes / 16;
+          const int cols_left = p.n - c.n0;  // columns < N in this tile
+          // Chunk lt + 128 i of the warpgroup's 64 x kChunksPerRow, i < kChunks; unrolled, the shared reads
+          // of a batch are issued together and the global stores masked after them.
+          constexpr int kChunks = 64 * kChunksPerRow / 128;
+          constexpr int kBatch = kChunks <= 8        ? kChunks
+                                 : kChunks % 8 == 0 ? 8
+                                 : kChunks % 6 == 0 ? 6
+                                                    : 5;  // 8, 16, 12, 24 (BlockN 128 / 192) or 10, 20 (160) chunks
+          static_assert(64 * kChunksPerRow % 128 == 0 && kChunks % kBatch == 0, "copy-out chunks per thread");
+          // The chunk offsets depend on lt alone; computed here (an opaque copy of lt) rather than hoisted
+          // out of the tile loop by the compiler, where they would be held (spilled) through the mainloop.
+          int lt_here;
+          asm volatile("mov.b32 %0, %1;" : "=r"(lt_here) : "r"(lt));
 #pragma unroll
-          for (int i = 0; i < kBatch; ++i) {
-            const int q = lt_here + 128 * (i0 + i);
-            const int lr = q / kChunksPerRow, ch = q - lr * kChunksPerRow;
-            const int cl = ch * (16 / static_cast<int>(sizeof(Out)));
-            if (lr < rows_here && cl < cols_left)
-              *reinterpret_cast<uint4*>(static_cast<Out*>(p.out) + static_cast<int64_t>(c.row0 + mw * 64 + lr) * p.n +
-                                        c.n0 + cl) = v[i];
+          for (int i0 = 0; i0 < kChunks; i0 += kBatch) {
+            uint4 v[kBatch];
+#pragma unroll
+            for (int i = 0; i < kBatch; ++i) {
+              const int q = lt_here + 128 * (i0 + i);
+              const int lr = q / kChunksPerRow, ch = q - lr * kChunksPerRow;
+              v[i] = *reinterpret_cast<const uint4*>(epi + epi_offset<K>(lr, ch));
+            }
+#pragma unroll
+            for (int i = 0; i < kBatch; ++i) {
+              const int q = lt_here + 128 * (i0 + i);
+              const int lr = q / kChunksPerRow, ch = q - lr * kChunksPerRow;
+              const int cl = ch * (16 / static_cast<int>(sizeof(Out)));
+              if (lr < rows_here && cl < cols_left)
+                *reinterpret_cast<uint4*>(static_cast<Out*>(p.out) + static_cast<int64_t>(c.row0 + mw * 64 + lr) * p.n +
+                                          c.n0 + cl) = v[i];
+            }
           }
         }
       }
     }
     // The last boxes are written before the CTA leaves (its shared memory is their source).
     if (lt == 0) bulk_wait_group0();
-    // Rows past the last group are zero (the math threads of every CTA, 16-byte stores; N * sizeof(Out)
-    // is a multiple of 16).
     const int64_t end = p.groups ? s_end[p.groups - 1] : 0;
-    const int64_t per = 16 / sizeof(Out);
-    uint4* o = static_cast<uint4*>(p.out);
+    if constexpr (K::kDSwiglu) {
+      K::tail(p, end, p.groups ? s_runs[p.groups] : 0, tid - 128);  // the outputs' rows past the groups
+    } else {
+      // Rows past the last group are zero (the math threads of every CTA, 16-byte stores; N * sizeof(Out)
+      // is a multiple of 16).
+      const int64_t per = 16 / sizeof(Out);
+      uint4* o = static_cast<uint4*>(p.out);
 #pragma unroll 1  // not unrolled: no 64-bit division for a trip count on every thread's way out
-    for (int64_t i = end * p.n / per + blockIdx.x * 256 + (tid - 128); i < static_cast<int64_t>(p.m) * p.n / per;
-         i += static_cast<int64_t>(gridDim.x) * 256)
-      o[i] = make_uint4(0, 0, 0, 0);
+      for (int64_t i = end * p.n / per + blockIdx.x * 256 + (tid - 128); i < static_cast<int64_t>(p.m) * p.n / per;
+           i += static_cast<int64_t>(gridDim.x) * 256)
+        o[i] = make_uint4(0, 0, 0, 0);
+    }
   }
   // No CTA leaves while its peer may still arrive on its barriers or multicast into it.
   if constexpr (K::kCluster > 1) cute::cluster_sync();

@@ -33,6 +33,33 @@ bool sm90_grouped_m_gather_takes(int64_t m, int64_t n, int64_t k, int64_t groups
 // sm90_grouped_m_gather_takes says no (or a base is not 16-byte aligned). Throws on CUDA errors.
 bool sm90_grouped_m_gather(const GroupedMGatherRun& r);
 
+// The gather GEMM of the MoE layer's down-projection dgrad with the dSwiGLU epilogue
+// (sm90_fp8_grouped_m_gather_dswiglu_1x128.cuh): dY' = A[rows] . B[g]^T (M, N = I) is not stored; the
+// kernel writes dH = act'(h, row_scale * bf16(dY')) (M, 2I) as the tile128 operands (rowwise dh_q /
+// dh_scale, columnwise per group dh_qt / dh_scale_t with n_r runs) and tw_part (M, I / 128), the
+// per-128-column partials of <bf16(dY'), act(h)>. out, bias: unused; row_scale required.
+struct GroupedMGatherDSwigluRun : GroupedMGatherRun {
+  const uint16_t* h = nullptr;  // (M, 2I) bf16, gate | up (concatenated)
+  float alpha = 1.f, limit = 0.f, up_offset = 0.f;
+  int mode = 0;  // mxmoe_scale_mode
+  uint8_t* dh_q = nullptr;
+  uint8_t* dh_scale = nullptr;
+  uint8_t* dh_qt = nullptr;
+  uint8_t* dh_scale_t = nullptr;
+  int64_t n_r = 0;
+  float* tw_part = nullptr;
+};
+
+// Whether sm90_grouped_m_gather_dswiglu takes a call of this shape (n = I: a multiple of 128,
+// concatenated gate | up halves only). Launches nothing.
+bool sm90_grouped_m_gather_dswiglu_takes(int64_t m, int64_t n, int64_t k, int64_t groups, int64_t a_rows,
+                                         int64_t lda, int64_t fanout, int layout, int device);
+
+// Launches on r.stream and returns true (also for m == 0: the outputs' tails are written), or returns
+// false having launched nothing where sm90_grouped_m_gather_dswiglu_takes says no or a base is not
+// 16-byte aligned. Throws on CUDA errors.
+bool sm90_grouped_m_gather_dswiglu(const GroupedMGatherDSwigluRun& r);
+
 }  // namespace gemm
 }  // namespace cuda
 }  // namespace mxmoe
