@@ -428,6 +428,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         const Slot sl = slot(P, g_mine, g_peer);
         if (!sl.store) break;
         const int brow = sl.c.g * p.n + sl.c.n0;
+        if constexpr (K::kDSwiglu) K::prefetch_tile(p, sl.c, tid);
         uint32_t src_off[8];  // byte offsets of this thread's rows in a (a_rows * lda < 2^32, checked)
         uint32_t live = 0;    // bit i: row i reads data
 #pragma unroll

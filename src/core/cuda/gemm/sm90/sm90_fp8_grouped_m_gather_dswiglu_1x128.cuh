@@ -29,6 +29,19 @@ namespace cuda {
 namespace gemm {
 namespace sm90 {
 
+// Two fp32 -> bf16x2 (lo in bits 0-15), round to nearest even in hardware. A NaN keeps no particular
+// payload: every output here treats any NaN alike (a NaN block's scale and codes are the canonical ones).
+__device__ __forceinline__ uint32_t cvt_bf16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// Prefetch of `bytes` (a multiple of 16, 16-byte aligned) from global memory into L2.
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+
 template <int Stages_>
 struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
   using Base = GroupedMGather<128, Stages_, __nv_bfloat16>;
@@ -45,6 +58,15 @@ struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
   // Base::smem_bytes plus the extra region and the third group table (G + 1 ints).
   static constexpr size_t smem_bytes(int groups) {
     return Base::smem_bytes(groups) + kEpiExtraBytes + (static_cast<size_t>(groups) + 1) * sizeof(int);
+  }
+
+  // The producer warpgroup's thread t (< 128), at the start of a tile: tile row t's h (its 128 gate
+  // and 128 up values) into L2, so that the epilogue's loads of h, ~10 us later, do not wait on HBM.
+  static __device__ __forceinline__ void prefetch_tile(const GroupedMParams& p, const TileCoord& c, int t) {
+    if (t >= c.rows) return;
+    const uint16_t* row = p.h + (static_cast<int64_t>(c.row0) + t) * 2 * static_cast<int64_t>(p.n) + c.n0;
+    prefetch_l2(row, 256);
+    prefetch_l2(row + p.n, 256);
   }
 
   // One tile's epilogue, by both math warpgroups (256 threads; thread (mw, warp, lane) holds rows lr and
@@ -84,12 +106,13 @@ struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const float f = r ? f1 : f0;
+        // dY' as the gather GEMM stores it (+ 0: its bias-free output, so -0 is stored as +0; then
+        // bf16), times the row's weight.
+        const uint32_t dp = cvt_bf16x2(__fadd_rn(fin[4 * j + 2 * r], 0.f), __fadd_rn(fin[4 * j + 2 * r + 1], 0.f));
         float vg[2], vu[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          // dY' as the gather GEMM stores it (+ 0: its bias-free output, so -0 is stored as +0; then
-          // bf16), times the row's weight.
-          const float d = __bfloat162float(__float2bfloat16_rn(__fadd_rn(fin[4 * j + 2 * r + e], 0.f)));
+          const float d = __uint_as_float(e ? dp & 0xFFFF0000u : dp << 16);
           const float g = __uint_as_float(e ? hg[r] & 0xFFFF0000u : hg[r] << 16);
           const float u = __uint_as_float(e ? hu[r] & 0xFFFF0000u : hu[r] << 16);
           float y;
@@ -97,8 +120,8 @@ struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
           part[r] = add_rn(part[r], mul_rn(d, y));
         }
         const bool in = r ? in1 : in0;
-        dg[2 * j + r] = in ? static_cast<uint32_t>(f32_to_bf16(vg[0])) | (static_cast<uint32_t>(f32_to_bf16(vg[1])) << 16) : 0u;
-        du[2 * j + r] = in ? static_cast<uint32_t>(f32_to_bf16(vu[0])) | (static_cast<uint32_t>(f32_to_bf16(vu[1])) << 16) : 0u;
+        dg[2 * j + r] = in ? cvt_bf16x2(vg[0], vg[1]) : 0u;
+        du[2 * j + r] = in ? cvt_bf16x2(vu[0], vu[1]) : 0u;
       }
     }
 
