@@ -72,18 +72,30 @@ MXMOE_HD float exp_f32(float x) {
 // as the rest of the core does: host and device arithmetic propagate different NaN payloads.
 MXMOE_HD float canon_nan(float f) { return f32_is_nan(f32_bits(f)) ? bits_f32(0x7FC00000u) : f; }
 
-// sigmoid(z) = 1 / (1 + exp(-z)).
-// 1 / d is the correctly rounded reciprocal: __frcp_rn on the device (the same bits as __fdiv_rn(1, d),
-// without the division's slow path), a plain division on the host. __frcp_rn leaves its inline path
-// through a called subroutine for d >= 2^126, and sigmoid's d = 1 + exp(-z) is +inf for every
-// z < -88.7: a warp with one such lane took the call (80 % of the SwiGLU source pass's warp
-// evaluations on the bench's wide-exponent data; ncu, v13). 1 / +inf = +0 is selected instead (same
-// bits; -inf and NaN still go through __frcp_rn).
+// sigmoid(z) = 1 / (1 + exp(-z)), 1 / d correctly rounded (a plain division on the host).
+// On the device, for sigmoid's d = 1 + exp(-z) (d >= 1, +inf or NaN), without a branch: __frcp_rn
+// guards its inline path (MUFU.RCP and one Newton step) with a branch to a called subroutine, and
+// that branch per element splits the unrolled SwiGLU code into blocks the compiler cannot interleave
+// (the dSwiGLU epilogue ran 12 % faster without it; a warp with one lane at d = +inf also took the
+// call). Here:
+//   d < 2^126:  the inline path itself, r = r0 + r0 (1 - d r0) from the approximate reciprocal r0;
+//   d >= 2^126 (a subnormal result): the same for d 2^-64, scaled back by 2^-64 (rounding once more),
+//               then moved by one subnormal step where the residual 1 - d x says the double rounding
+//               missed (no exact halfway case exists: 1 / d would be an odd multiple of 2^-150);
+//   d = +inf:   +0.
+// The same bits as __frcp_rn for every d >= 1 (tests/cpp/test_cuda_rcp.cu checks all 2^30 of them).
 MXMOE_HD float rcp_rn(float d) {
 #if defined(__CUDA_ARCH__)
-  const bool inf = d == INFINITY;
-  const float r = __frcp_rn(inf ? 1.0f : d);
-  return inf ? 0.0f : r;
+  const bool big = d >= 0x1p126f;
+  const float ds = big ? d * 0x1p-64f : d;
+  float r0;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(ds));
+  const float r = __fmaf_rn(r0, __fmaf_rn(-ds, r0, 1.0f), r0);
+  const float x0 = r * 0x1p-64f;
+  const float rho = __fmaf_rn(-d, x0, 1.0f);
+  const float step = fabsf(rho) > (d * 0x1p-75f) * 0x1p-75f ? copysignf(0x1p-149f, rho) : 0.0f;  // d 2^-150, exact
+  const float x = x0 + step;
+  return d == INFINITY ? 0.0f : (big ? x : r);
 #else
   return 1.0f / d;
 #endif

@@ -97,12 +97,18 @@ struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
     uint32_t dg[2 * kJ], du[2 * kJ];
     float part[2] = {0.f, 0.f};
 #pragma unroll
+    // All of the thread's h words first (64 loads in flight, from L2: the producer prefetched them).
+    uint32_t HG[kJ][2], HU[kJ][2];
+#pragma unroll
     for (int j = 0; j < kJ; ++j) {
-      uint32_t hg[2], hu[2];
-      hg[0] = in0 ? __ldg(h0 + 4 * j) : 0u;
-      hu[0] = in0 ? __ldg(h0 + up + 4 * j) : 0u;
-      hg[1] = in1 ? __ldg(h1 + 4 * j) : 0u;
-      hu[1] = in1 ? __ldg(h1 + up + 4 * j) : 0u;
+      HG[j][0] = in0 ? __ldg(h0 + 4 * j) : 0u;
+      HU[j][0] = in0 ? __ldg(h0 + up + 4 * j) : 0u;
+      HG[j][1] = in1 ? __ldg(h1 + 4 * j) : 0u;
+      HU[j][1] = in1 ? __ldg(h1 + up + 4 * j) : 0u;
+    }
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) {
+      const uint32_t hg[2] = {HG[j][0], HG[j][1]}, hu[2] = {HU[j][0], HU[j][1]};
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const float f = r ? f1 : f0;
