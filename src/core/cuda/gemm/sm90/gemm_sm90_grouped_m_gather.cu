@@ -109,7 +109,8 @@ bool sm90_grouped_m_gather_dswiglu(const GroupedMGatherDSwigluRun& r) {
                                            r.device))
     return false;
   if (reinterpret_cast<uintptr_t>(r.a) % 16 != 0 || reinterpret_cast<uintptr_t>(r.b) % 16 != 0) return false;
-  if (r.row_scale == nullptr || r.h == nullptr) return false;
+  // row_scale is read only through a routed index; with no tokens (T = 0) every row is a zero row.
+  if ((r.row_scale == nullptr && r.a_rows > 0) || r.h == nullptr) return false;
   for (const void* q : {static_cast<const void*>(r.h), static_cast<const void*>(r.dh_q),
                         static_cast<const void*>(r.dh_qt)})
     if (reinterpret_cast<uintptr_t>(q) % 16 != 0) return false;
