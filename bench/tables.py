@@ -134,25 +134,33 @@ def _moe_vs_sonic(d, by, cell) -> list:
 # row scale, 2 SwiGLU, 3 SwiGLU backward; tile128_bf16.cu: 100 gather, 102 / 103 their plain-layout
 # instances; 0 with tile: the weights' 128x128 pass).
 _TILE128_PIECES = [
-    # column, name patterns, work(N, H, I, E) -> (amount, unit), what it is and the next step
-    ("fwd+dgrad GEMMs", ("grouped_m_kernel",), lambda n, h, i, e: (12 * n * h * i, "flop"),
-     "the 4 forward / dgrad GEMMs, 12 N H I FLOPs; next: SwiGLU into GEMM1's epilogue, dSwiGLU and the "
-     "weights' grad into the down projection dgrad's"),
+    # column, name patterns, work(N, H, I, E, fused) -> (amount, unit), what it is and the next step. A kernel
+    # counts in the first column whose pattern it matches (the fused down-projection dgrad before the GEMMs).
+    ("down dgrad + dSwiGLU", ("GroupedMGatherDSwigl",), lambda n, h, i, e, f: (2 * n * h * i, "flop"),
+     "the down projection's dgrad (2 N H I FLOPs) with dSwiGLU, the routing weights' grad and dH's two FP8 "
+     "forms in its epilogue (h read, the forms written: 8 N I bytes); its epilogue is most of its time "
+     "(exact per-element SwiGLU derivative on the 8 math warps, after the mainloop); next: the epilogue "
+     "overlapped with the next tile's mainloop"),
+    ("fwd+dgrad GEMMs", ("grouped_m_kernel",), lambda n, h, i, e, f: ((10 if f else 12) * n * h * i, "flop"),
+     "the other forward / dgrad GEMMs, 10 N H I FLOPs (12 with the unfused down dgrad); next: SwiGLU into "
+     "GEMM1's epilogue"),
     ("wgrad GEMMs", ("GemmUniversal", "grouped_k_kernel", "grouped_k_prepare", "kg_prologue"),
-     lambda n, h, i, e: (6 * n * h * i, "flop"),
-     "6 N H I; next: the own kernel with 2-CTA clusters at ~1K-token groups, the promotion overlapped"),
-    ("weights' pass", ("tile128_pass_kernel<0, true>",), lambda n, h, i, e: (12 * e * h * i, "byte"),
+     lambda n, h, i, e, f: (6 * n * h * i, "flop"),
+     "6 N H I; next: the promotion overlapped with the next k-block's wgmmas"),
+    ("weights' pass", ("tile128_pass_kernel<0, true>",), lambda n, h, i, e, f: (12 * e * h * i, "byte"),
      "W read, q and qt written, 12 E H I bytes; next: once per optimizer step (cached W) or in the GEMM producer"),
-    ("SwiGLU pass", ("tile128_pass_kernel<102,", "tile128_pass_kernel<2,"), lambda n, h, i, e: (6 * n * i, "byte"),
+    ("SwiGLU pass", ("tile128_pass_kernel<102,", "tile128_pass_kernel<2,"), lambda n, h, i, e, f: (6 * n * i, "byte"),
      "h read, act's two FP8 forms written, 6 N I; next: GEMM1's epilogue"),
-    ("dSwiGLU pass", ("tile128_pass_kernel<103,", "tile128_pass_kernel<3,"), lambda n, h, i, e: (10 * n * i, "byte"),
-     "dY' and h read, dH's two forms written, 10 N I; next: the down projection dgrad's epilogue"),
-    ("x wgrad operand", ("tile128_pass_kernel<100,",), lambda n, h, i, e: (3 * n * h, "byte"),
+    ("dSwiGLU pass", ("tile128_pass_kernel<103,", "tile128_pass_kernel<3,"),
+     lambda n, h, i, e, f: (10 * n * i, "byte"),
+     "where the down dgrad is unfused (interleaved halves, I % 128 != 0, b13): dY' and h read, dH's two forms "
+     "written, 10 N I; next: the fused epilogue for those layouts"),
+    ("x wgrad operand", ("tile128_pass_kernel<100,",), lambda n, h, i, e, f: (3 * n * h, "byte"),
      "routed x read, its 128x1 form written, 3 N H; next: GEMM1's producer"),
-    ("w*dout wgrad operand", ("tile128_pass_kernel<1,",), lambda n, h, i, e: (3 * n * h, "byte"),
+    ("w*dout wgrad operand", ("tile128_pass_kernel<1,",), lambda n, h, i, e, f: (3 * n * h, "byte"),
      "3 N H; next: the down projection dgrad's producer"),
-    ("weights' grad", ("swiglu_weight_grad",), lambda n, h, i, e: (6 * n * i, "byte"),
-     "dY' and h read, 6 N I; next: the down projection dgrad's epilogue"),
+    ("weights' grad", ("swiglu_weight_grad",), lambda n, h, i, e, f: (6 * n * i, "byte"),
+     "unfused only: dY' and h read, 6 N I"),
 ]
 
 
@@ -165,12 +173,13 @@ def _tile128_bound(d) -> list:
             continue
         r = shape[(b["config"], b["tokens"])]
         n, h, i, e = b["tokens"] * r["top_k"], r["hidden"], r["intermediate"], r["experts"]
+        fused = any("GroupedMGatherDSwigl" in t["kernel"] for t in b["top"])
         left, cells = list(b["top"]), []
         for _, pats, work, _ in _TILE128_PIECES:
             hit = [t for t in left if any(p in t["kernel"] for p in pats)]
             left = [t for t in left if t not in hit]
             us = sum(t["us"] for t in hit)
-            amount, unit = work(n, h, i, e)
+            amount, unit = work(n, h, i, e, fused)
             cells.append("-" if not hit else f"{us:.0f}, " + (f"{amount / us / 1e6:.0f} TF/s" if unit == "flop"
                                                              else f"{amount / us / 1e6:.2f} TB/s"))
         rest = b["total_us"] - sum(t["us"] for t in b["top"]) + sum(t["us"] for t in left)
