@@ -1381,6 +1381,53 @@ void op_gemm_gather(FuzzedDataProvider& fdp) {
                                           Call::ptr(out), stream));
 }
 
+// mxmoe_grouped_mm_tile128_gather_dswiglu: the gather GEMM with the dSwiGLU epilogue (routing weights
+// required, I a multiple of 128 mostly, h and the five outputs shaped around it).
+void op_gemm_gather_dswiglu(FuzzedDataProvider& fdp) {
+  g_op = "mxmoe_grouped_mm_tile128_gather_dswiglu";
+  Call c(fdp);
+  int64_t T = c.dim(), K = c.dim(), G = c.groups();
+  int64_t I = c.pick(0, 3) == 3 ? c.dim() : 128 * c.pick(1, 3);
+  const int64_t fanout = c.pick(0, 15) == 15 ? c.fdp().ConsumeIntegral<int64_t>() : small_k(c);
+  if (G > 32) G = 32;
+  int64_t M = smul(T, std::max<int64_t>(fanout, 1));
+  if (c.pick(0, 3) == 3) M = sadd(M, c.pick(-3, 40));
+  int64_t GK = G + 1;
+  Call::cap({&M, &I, &K}, kMaxMacs);
+  Call::cap({&T, &K}, kMaxElems / 2);
+  Call::cap({&GK, &I, &K}, kMaxMacs);
+  Call::cap({&M, &I}, kMaxElems / 4);
+  G = std::min(G, GK);
+  const int32_t layout = c.pick(0, 9) == 9 ? c.fdp().ConsumeIntegral<int32_t>() : 0;
+  const bool gpt = c.coin();
+  const float alpha = activation_param(c, gpt ? 1.702f : 1.0f);
+  const float limit = activation_param(c, gpt ? 7.0f : INFINITY);
+  const float up = activation_param(c, gpt ? 1.0f : 0.0f);
+  const mxmoe_scale_mode mode = scale_mode(c);
+  const int64_t I2 = smul(2, I), n_r = sadd(sceil(M, 32), G);
+  Arg& a = c.add("a", Role::kIn, MXMOE_DTYPE_E4M3, {T, K}, true);
+  Arg& as = c.add("a_scale", Role::kIn, MXMOE_DTYPE_E8M0, {T, K / 32}, true);
+  Arg& gather = c.add_index("gather", MXMOE_DTYPE_I32, {M}, std::max<int64_t>(smul(T, std::max<int64_t>(fanout, 1)), 1));
+  Arg& rs = c.add("row_scale", Role::kIn, MXMOE_DTYPE_F32, {T, std::clamp<int64_t>(fanout, 0, 64)}, false,
+                  c.pick(0, 7) != 0);
+  Arg& b = c.add("b", Role::kIn, MXMOE_DTYPE_E4M3, {G, I, K}, true);
+  Arg& bs = c.add("b_scale", Role::kIn, MXMOE_DTYPE_E8M0, {G, I, K / 32}, true);
+  Arg& offs = c.add_offs("offs", G, M);
+  Arg& h = c.add("h", Role::kIn, MXMOE_DTYPE_BF16, {M, I2}, false);
+  Arg& q = c.add("dh_q", Role::kOut, MXMOE_DTYPE_E4M3, {M, I2}, false);
+  Arg& sc = c.add("dh_scale", Role::kOut, MXMOE_DTYPE_E8M0, {M, I2 / 32}, false);
+  Arg& qt = c.add("dh_qt", Role::kOut, MXMOE_DTYPE_E4M3, {I2, M}, false);
+  Arg& st = c.add("dh_scale_t", Role::kOut, MXMOE_DTYPE_E8M0, {I2, n_r}, false);
+  Arg& tw = c.add("tw_part", Role::kOut, MXMOE_DTYPE_F32, {M, I / 128}, false);
+  void* stream = c.stream();
+  if (!c.prepare()) return;
+  c.verbose_dump();
+  c.check(mxmoe_grouped_mm_tile128_gather_dswiglu(
+      Call::ptr(a), Call::ptr(as), Call::ptr(gather), fanout, Call::ptr(rs), Call::ptr(b), Call::ptr(bs),
+      Call::ptr(offs), Call::ptr(h), layout, alpha, limit, up, mode, Call::ptr(q), Call::ptr(sc), Call::ptr(qt),
+      Call::ptr(st), Call::ptr(tw), stream));
+}
+
 // mxmoe_moe_swiglu_weight_grad: the routing weights' grad from the unweighted dgrad and h.
 void op_swiglu_weight_grad(FuzzedDataProvider& fdp) {
   g_op = "mxmoe_moe_swiglu_weight_grad";
@@ -1486,12 +1533,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Ops 0-16 are data[0] % 17 as they always were (the corpus and tests/fuzz/regressions keep their
   // meaning); op 16's inputs pick with data[1] between clamp_offsets and the MoE layer's entry
   // points 17-24 (added later: no regression input has op 16).
-  int op = g_knobs.only >= 0 ? g_knobs.only % 27 : data[0] % 17;
+  int op = g_knobs.only >= 0 ? g_knobs.only % 28 : data[0] % 17;
   size_t skip = 1;
   if (g_knobs.only < 0 && op == 16 && size >= 2) {
     // 24: mxmoe_quantize_fused_source (added after 17-23); 25, 26: the gather GEMM and the SwiGLU
-    // weight grad (added later still)
-    op = data[1] >= 248 ? 25 + data[1] % 2 : data[1] >= 224 ? 24 : 16 + data[1] % 8;
+    // weight grad (added later still); 27 (data[1] 240-247, taken from 24): the dSwiGLU gather GEMM
+    op = data[1] >= 248 ? 25 + data[1] % 2 : data[1] >= 240 ? 27 : data[1] >= 224 ? 24 : 16 + data[1] % 8;
     skip = 2;
   }
   FuzzedDataProvider fdp(data + skip, size - skip);
@@ -1533,6 +1580,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 23: op_swiglu(fdp, true); break;
     case 24: op_fused_source(fdp); break;
     case 25: op_gemm_gather(fdp); break;
+    case 27: op_gemm_gather_dswiglu(fdp); break;
     default: op_swiglu_weight_grad(fdp); break;
   }
   return 0;
