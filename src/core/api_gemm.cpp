@@ -122,10 +122,8 @@ void gather_dswiglu_host(const GatherDSwigluArgs& x, const std::vector<uint16_t>
   if (mxmoe_quantize_fused_source(&src, &x.g.mm.offs, cfg, &row, &col, nullptr) != MXMOE_OK)
     fail(mxmoe_last_error());
   // Rows past the last group: as if dY' were zero there.
-  const auto* offs = static_cast<const int32_t*>(x.g.mm.offs.data);
-  int64_t end = 0;
-  for (int64_t g = 0; g < x.g.mm.offs.shape[0]; ++g)
-    end = std::min(M, std::max(end, static_cast<int64_t>(offs[g * x.g.mm.offs.strides[0]])));
+  const Groups groups = groups_from_offsets(x.g.mm.offs, M);
+  const int64_t end = groups.count() ? groups.end.back() : 0;
   auto* qb = static_cast<uint8_t*>(x.dh_q.data);
   auto* sb = static_cast<uint8_t*>(x.dh_scale.data);
   const uint8_t zero_scale = e8m0_from_amax_bits(0u, x.mode);

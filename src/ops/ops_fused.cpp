@@ -179,14 +179,19 @@ bool gather_gemm(const Input& a, const Tensor& w, const Tensor& offs, ScalarType
                                                    L.device) == 1;
 }
 
+// x (T, K) quantized once per token, 1x128 along K: the rows a gather GEMM reads through the routing.
+void quantize_per_token(const char* op, const Input& x, int64_t mode, const Side& x_row, const Launch& L) {
+  const Side x_none(x, std::nullopt, false, 0, ScalarType::BFloat16, L.device, op);
+  run_fused(op, x, std::nullopt, 128, 128, false, mode, x_row, x_none, L);
+}
+
 // The operands of a gather GEMM over the routed rows of `a` (a GATHER source without row scale, x its
 // tensor): x quantized once per token into x_row (1x128 along K: the codes each routed copy of the row
 // would get), and, when a_col wants outputs, the wgrad operand of the routed rows (128x1 along them
 // per group) from a columnwise-only pass over the gathered rows.
 void quantize_gathered(const char* op, const Input& a, const Input& x, const Tensor& offs, int64_t mode,
                        const Side& x_row, const Side& a_col, const Launch& L) {
-  const Side x_none(x, std::nullopt, false, 0, ScalarType::BFloat16, L.device, op);
-  run_fused(op, x, std::nullopt, 128, 128, false, mode, x_row, x_none, L);
+  quantize_per_token(op, x, mode, x_row, L);
   if (a_col.bits) {
     const Side a_none(a, offs, true, 0, ScalarType::BFloat16, L.device, op);
     run_fused(op, a, offs, 128, 128, false, mode, a_none, a_col, L);
@@ -267,10 +272,8 @@ std::tuple<Tensor, Tensor, Tensor> tile128_dswiglu_backward(const char* op, cons
   const Input dout(dout_in);
   Launch L(dout.a);
   const int64_t M = perm.size(0), I = w2_qt.size(1), G = offs.size(0);
-  // dout quantized once per token (1x128 along H): the gather GEMM reads its routed rows.
   Side g_row(dout, std::nullopt, true, kQ | kScale, ScalarType::BFloat16, L.device, op);
-  const Side g_none(dout, std::nullopt, false, 0, ScalarType::BFloat16, L.device, op);
-  run_fused(op, dout, std::nullopt, 128, 128, false, mode, g_row, g_none, L);
+  quantize_per_token(op, dout, mode, g_row, L);
   Tensor dh_q = empty({M, 2 * I}, ScalarType::Float8_e4m3fn, L.device);
   Tensor dh_s = empty({M, 2 * I / kBlock}, ScalarType::Float8_e8m0fnu, L.device);
   Tensor dh_qt = empty({2 * I, M}, ScalarType::Float8_e4m3fn, L.device);

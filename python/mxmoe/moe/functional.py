@@ -115,74 +115,61 @@ class FusedMX(torch.autograd.Function):
         need_dxs = need_x or (need_tw and score_before)  # the dispatched rows' grad
         need_h = need_dxs or need_w13 or need_b13
         dx = dw13 = dw2 = db13 = db2 = None
+        # Weights after the experts on tile128 (concatenated halves, I % 128 == 0, no b13): the down
+        # projection's dgrad with dSwiGLU in its epilogue. dY' = gather(dout) @ w2 is never stored; the
+        # kernel writes dH = act'(h, w * dY') as the FP8 operands of dXs = dH @ w13 and dW13 =
+        # dH^T dispatch(x), and per-row partials of <dY', act(h)>, the weights' gradient.
+        fused_down = (not score_before and need_h and b13 is None and hasattr(phases, "fused_down_takes")
+                      and phases.fused_down_takes(dout, h, w2_b, k, layout))
+        x_q = x_s = None
+        if need_w13:  # dispatch(x)'s wgrad operand, as the forward would have built it
+            x_q, x_s = phases.wgrad_operand(_gather_src(x_saved, perm, k, rs if score_before else None), offs, mode)
         if score_before:
             # dO = gather(dout) (no weights after the experts): dY = dO @ w2 and dW2 = dO^T act(h).
             if need_h or need_w2:
                 d_y, dw2 = phases.backward(_gather_src(dout, perm, k), w2_b, y_q if need_w2 else None,
                                            y_s if need_w2 else None, offs, mode, need_h, need_w2, w2_dtype)
             dy_factor = ()
-        elif need_h and b13 is None and getattr(phases, "fused_down_takes", None) and phases.fused_down_takes(
-                dout, h, w2_b, k, layout):
-            # Weights after the experts, the down projection's dgrad with dSwiGLU in its epilogue: dY' =
-            # gather(dout) @ w2 is never stored; the kernel writes dH = act'(h, w * dY') as the FP8
-            # operands of dXs = dH @ w13 and dW13 = dH^T dispatch(x), and per-row partials of
-            # <dY', act(h)>, the weights' gradient (o is not kept).
-            x_q = x_s = None
-            if need_w13:
-                x_q, x_s = phases.wgrad_operand(_gather_src(x_saved, perm, k), offs, mode)
-            dxs, dw13, tw_part = phases.fused_down_backward(dout, perm, k, rs, w2_b, h, act, w13_b, x_q, x_s, offs,
-                                                            mode, need_dxs, need_w13, w13_dtype)
-            if need_w2:
-                _, dw2 = phases.backward(_gather_src(dout, perm, k, rs), w2_b, y_q, y_s, offs, mode, False, True,
-                                         w2_dtype)
-            if need_tw:
-                d_tw = tw_part.sum(1)[inv.long()]  # rows past the groups (dropped ids) are 0
-                if topk_idx is not None:  # the output bias's share of o
-                    d_tw = d_tw + _bias_weight_grad(dout, topk_idx, b2_w)
-                d_tw = d_tw.to(topk_w.dtype)
-            if need_b2:
-                db2 = _bias_grad(ops.moe_gather(dout, perm, k, rs, F32), offs, b2)
-            if need_x:
-                dx = ops.moe_combine(dxs, inv, None, x_dtype)
-            dw13, dw_up = _split_grad(dw13 if need_w13 else None, ctx.up_rows)
-            return (dx, None, d_tw, dw13, dw2 if need_w2 else None, db13, db2, None, None, None, None, dw_up, None)
         else:
             # Weights after the experts, dO = w * gather(dout). The dgrad runs on the unweighted rows,
             # dY' = gather(dout) @ w2 (the rows read per token by the gather GEMM), and the weights are
             # applied where dY' is read next: dH = act'(h, w * dY'). d w[t, j] = <dout[t], o[n]> =
             # <dY'[n], act(h[n])> (+ <dout[t], b2[e]>), so o is never kept. The wgrad reads the weighted
             # rows, dW2 = (w * gather(dout))^T act(h), quantized as read.
-            if need_h or need_tw:
+            if fused_down:
+                dxs, dw13, tw_part = phases.fused_down_backward(dout, perm, k, rs, w2_b, h, act, w13_b, x_q, x_s,
+                                                                offs, mode, need_dxs, need_w13, w13_dtype)
+            elif need_h or need_tw:
                 d_y, _ = phases.backward(_gather_src(dout, perm, k), w2_b, None, None, offs, mode, True, False,
                                          w2_dtype)
             if need_w2:
                 _, dw2 = phases.backward(_gather_src(dout, perm, k, rs), w2_b, y_q, y_s, offs, mode, False, True,
                                          w2_dtype)
             if need_tw:
-                d_tw = ops.moe_swiglu_weight_grad(d_y, h, inv, layout, act.alpha, act.limit, act.up_offset)
+                if fused_down:
+                    d_tw = tw_part.sum(1)[inv.long()]  # rows past the groups (dropped ids) are 0
+                else:
+                    d_tw = ops.moe_swiglu_weight_grad(d_y, h, inv, layout, act.alpha, act.limit, act.up_offset)
                 if topk_idx is not None:  # the output bias's share of o
                     d_tw = d_tw + _bias_weight_grad(dout, topk_idx, b2_w)
                 d_tw = d_tw.to(topk_w.dtype)
             dy_factor = (perm, rs, k)
         if need_b2:
             db2 = _bias_grad(ops.moe_gather(dout, perm, k, None if score_before else rs, F32), offs, b2)
-        if need_h:
+        if need_h and not fused_down:
             # dH = act'(h, [w *] dY), quantized as read: dXs = dH @ w13 and dW13 = dH^T dispatch(x).
             if dy_factor:
                 dswiglu_src = (SWIGLU_BACKWARD, h, d_y, *dy_factor, *_act_args(act, layout)[1:])
             else:
                 dswiglu_src = (SWIGLU_BACKWARD, h, d_y, None, None, *_act_args(act, layout))
-            x_q = x_s = None
-            if need_w13:  # dispatch(x)'s wgrad operand, as the forward would have built it
-                x_q, x_s = phases.wgrad_operand(_gather_src(x_saved, perm, k, rs if score_before else None), offs, mode)
             dxs, dw13 = phases.backward(dswiglu_src, w13_b, x_q, x_s, offs, mode, need_dxs, need_w13, w13_dtype)
             if need_b13:
                 d_y_w = d_y if score_before else _scale_rows(d_y, perm, rs, k)
                 db13 = _bias_grad(ops.swiglu_backward(d_y_w, h, layout, act.alpha, act.limit, act.up_offset), offs, b13)
             if need_tw and score_before:  # d w[t, j] = <x[t], dXs[inv[t, j]]>
                 d_tw = ops.moe_combine_weight_grad(x_saved, dxs, inv).to(topk_w.dtype)
-            if need_x:  # dx[t] = sum_j w[t, j] dXs[inv[t, j]] when the weights scaled the rows
-                dx = ops.moe_combine(dxs, inv, rs if score_before else None, x_dtype)
+        if need_x:  # dx[t] = sum_j w[t, j] dXs[inv[t, j]] when the weights scaled the rows
+            dx = ops.moe_combine(dxs, inv, rs if score_before else None, x_dtype)
         dw13, dw_up = _split_grad(dw13 if need_w13 else None, ctx.up_rows)
         return (dx, None, d_tw, dw13, dw2 if need_w2 else None, db13, db2, None, None, None, None, dw_up, None)
 

@@ -130,6 +130,14 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return (r & ~nan) | (0x7FC07FC0u & nan);
 }
 
+// pack_bf16x2 without the NaN canonicalization: for values only quantized afterwards, where any NaN
+// gives the canonical NaN block (scale and codes) whatever its payload.
+__device__ __forceinline__ uint32_t cvt_bf16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
 // Store/convert helpers for bf16 (uint16 bits) or f32 outputs.
 __device__ __forceinline__ uint32_t out_bf16(float f) {
   return (__float_as_uint(f) & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : bf16_bits_rne(f);

@@ -58,9 +58,8 @@ bool launch_gather(const GroupedMGatherRun& r, sm90::GroupedMParams& p, const ch
   cfg.stream = r.stream;
   // The A map is unused by the gather variants (the producer copies A), the output map by the dSwiGLU
   // one; B's map fills the slots.
-  const CUtensorMap mo = r.out != nullptr
-                             ? output_map(r.out, r.out_bf16, std::max<int64_t>(r.m, 1), r.n, K::kEpiBoxBytes)
-                             : mb;
+  const CUtensorMap mo = K::kDSwiglu ? mb : output_map(r.out, r.out_bf16, std::max<int64_t>(r.m, 1), r.n,
+                                                       K::kEpiBoxBytes);
   cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, mb, mb, mo, p);
   if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess) fail_status(MXMOE_ERR_CUDA, what, ": kernel launch failed: ", cudaGetErrorString(e));
@@ -128,9 +127,7 @@ bool sm90_grouped_m_gather_dswiglu(const GroupedMGatherDSwigluRun& r) {
   p.dh_scale_t = r.dh_scale_t;
   p.n_r = r.n_r;
   p.tw_part = r.tw_part;
-  GroupedMGatherRun base = r;
-  base.out = nullptr;
-  return launch_gather<DSwigluKernel>(base, p, "moe_dswiglu_dgrad_tile128", true);
+  return launch_gather<DSwigluKernel>(r, p, "grouped_mm_tile128_gather_dswiglu", true);
 }
 
 }  // namespace gemm

@@ -29,19 +29,6 @@ namespace cuda {
 namespace gemm {
 namespace sm90 {
 
-// Two fp32 -> bf16x2 (lo in bits 0-15), round to nearest even in hardware. A NaN keeps no particular
-// payload: every output here treats any NaN alike (a NaN block's scale and codes are the canonical ones).
-__device__ __forceinline__ uint32_t cvt_bf16x2(float lo, float hi) {
-  uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
-// Prefetch of `bytes` (a multiple of 16, 16-byte aligned) from global memory into L2.
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-}
-
 template <int Stages_>
 struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
   using Base = GroupedMGather<128, Stages_, __nv_bfloat16>;
@@ -114,7 +101,7 @@ struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
         const float f = r ? f1 : f0;
         // dY' as the gather GEMM stores it (+ 0: its bias-free output, so -0 is stored as +0; then
         // bf16), times the row's weight.
-        const uint32_t dp = cvt_bf16x2(__fadd_rn(fin[4 * j + 2 * r], 0.f), __fadd_rn(fin[4 * j + 2 * r + 1], 0.f));
+        const uint32_t dp = qk::cvt_bf16x2(__fadd_rn(fin[4 * j + 2 * r], 0.f), __fadd_rn(fin[4 * j + 2 * r + 1], 0.f));
         float vg[2], vu[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
@@ -126,8 +113,8 @@ struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
           part[r] = add_rn(part[r], mul_rn(d, y));
         }
         const bool in = r ? in1 : in0;
-        dg[2 * j + r] = in ? cvt_bf16x2(vg[0], vg[1]) : 0u;
-        du[2 * j + r] = in ? cvt_bf16x2(vu[0], vu[1]) : 0u;
+        dg[2 * j + r] = in ? qk::cvt_bf16x2(vg[0], vg[1]) : 0u;
+        du[2 * j + r] = in ? qk::cvt_bf16x2(vu[0], vu[1]) : 0u;
       }
     }
 
