@@ -806,6 +806,9 @@ TEST(CudaGemmTile128, GatherDSwigluSameBytesAsGemmThenQuantize) {
     for (int64_t e = 0; e < rs.numel(); ++e) rs.set(e, nd(rng));  // signed weights
     Buffer h = mxtest::random_input({M, 2 * I}, MXMOE_DTYPE_BF16, seed + 100, 4.f);
     h.set(5 * 2 * I + 7, std::numeric_limits<float>::quiet_NaN());  // a NaN stays visible
+    // Gate values below -87 in two rows (their warps take the full sigmoid, the others the moderate one).
+    h.set(40 * 2 * I + 3, -100.f);
+    h.set(77 * 2 * I + I - 1, -inf);
     if (!mxmoe_grouped_mm_tile128_gather_dswiglu_available(M, I, c.k, G, c.t, c.fanout, 0, 0))
       GTEST_SKIP() << "the sm_90a dSwiGLU gather kernel is not available here";
     DevBuf da(a), das(as), db(b), dbs(bs), doffs(offs), dgi(gi), drs(rs), dh(h);

@@ -102,6 +102,28 @@ MXMOE_HD float rcp_rn(float d) {
 }
 MXMOE_HD float sigmoid_f32(float z) { return rcp_rn(add_rn(1.0f, exp_f32(-z))); }
 
+// rcp_rn's inline path alone, for 1 <= d < 2^126 or NaN, where it gives rcp_rn's bits (and __frcp_rn's:
+// tests/cpp/test_cuda_rcp.cu): 3 instructions instead of ~15 for the subnormal and +inf cases.
+MXMOE_HD float rcp_rn_moderate(float d) {
+#if defined(__CUDA_ARCH__)
+  float r0;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(d));
+  return __fmaf_rn(r0, __fmaf_rn(-d, r0, 1.0f), r0);
+#else
+  return 1.0f / d;
+#endif
+}
+
+// sigmoid_f32 for z >= -87 or NaN: then 1 + exp(-z) < 2^126 (e^87 < 6.1e37 < 2^126 = 8.5e37, with
+// expf's 2 ulp), so the moderate reciprocal gives sigmoid_f32's bits.
+MXMOE_HD float sigmoid_f32_moderate(float z) { return rcp_rn_moderate(add_rn(1.0f, exp_f32(-z))); }
+
+// Whether both bf16 values of a packed pair are >= -87 or a positive-signed NaN, i.e. neither is
+// below -87, -inf or a negative NaN (bf16 bits above 0xC2AE = -87.0): where a PLAIN SwiGLU (z = g) may
+// take sigmoid_f32_moderate. A kernel tests its gate words (or their __vmaxu2) and, with one vote per
+// warp, runs the moderate instantiation of its unrolled loop: a branch around the loop, none inside.
+MXMOE_HD bool bf16x2_sigmoid_moderate(uint32_t w) { return (w & 0xFFFFu) <= 0xC2AEu && (w >> 16) <= 0xC2AEu; }
+
 // Clamps written with comparisons that keep NaN (fminf/fmaxf would turn a NaN into the bound):
 // gc = min(g, limit), uc = min(max(u, -limit), limit), as torch.clamp.
 MXMOE_HD float swiglu_clamp_gate(float g, float limit) { return g > limit ? limit : g; }
@@ -113,11 +135,13 @@ MXMOE_HD float swiglu_clamp_up(float u, float limit) { return u > limit ? limit 
 MXMOE_HD bool swiglu_is_plain(const SwigluParams& p) { return p.limit == INFINITY && p.alpha == 1.0f; }
 
 // y = gc * sigmoid(alpha * gc) * (uc + up_offset), evaluated as (gc * s) * (uc + up_offset).
-template <bool PLAIN = false>
+// MODERATE (PLAIN only): the caller knows g >= -87 or NaN (bf16x2_sigmoid_moderate); the same bits.
+template <bool PLAIN = false, bool MODERATE = false>
 MXMOE_HD float swiglu_value(float g, float u, const SwigluParams& p) {
+  static_assert(PLAIN || !MODERATE, "the moderate sigmoid needs z = g");
   const float gc = PLAIN ? g : swiglu_clamp_gate(g, p.limit);
   const float uc = PLAIN ? u : swiglu_clamp_up(u, p.limit);
-  const float s = sigmoid_f32(PLAIN ? gc : mul_rn(p.alpha, gc));
+  const float s = MODERATE ? sigmoid_f32_moderate(gc) : sigmoid_f32(PLAIN ? gc : mul_rn(p.alpha, gc));
   return mul_rn(mul_rn(gc, s), add_rn(uc, p.up_offset));
 }
 
@@ -128,12 +152,13 @@ MXMOE_HD float swiglu_value(float g, float u, const SwigluParams& p) {
 // The clamps pass the gradient at their bounds (torch.clamp's inclusive rule) and wherever the
 // comparison is false, i.e. also for NaN inputs: a NaN stays visible in the gradient (torch would
 // mask it to 0 under a finite clamp; with limit = +inf, plain silu(g) * u, it propagates too).
-template <bool PLAIN = false>
+template <bool PLAIN = false, bool MODERATE = false>
 MXMOE_HD void swiglu_grad(float g, float u, float dy, const SwigluParams& p, float* dg, float* du) {
+  static_assert(PLAIN || !MODERATE, "the moderate sigmoid needs z = g");
   const float gc = PLAIN ? g : swiglu_clamp_gate(g, p.limit);
   const float uc = PLAIN ? u : swiglu_clamp_up(u, p.limit);
   const float z = PLAIN ? gc : mul_rn(p.alpha, gc);
-  const float s = sigmoid_f32(z);
+  const float s = MODERATE ? sigmoid_f32_moderate(z) : sigmoid_f32(z);
   const float uo = add_rn(uc, p.up_offset);
   const float dsig = add_rn(s, mul_rn(mul_rn(z, s), sub_rn(1.0f, s)));  // d(gc * s) / d gc
   const float dgc = mul_rn(mul_rn(dy, uo), dsig);
@@ -144,12 +169,13 @@ MXMOE_HD void swiglu_grad(float g, float u, float dy, const SwigluParams& p, flo
 // swiglu_grad and swiglu_value at (g, u) from one evaluation of the sigmoid: the same operations,
 // so dg, du and y are bit for bit those of the two functions (the fused down-projection epilogue needs
 // dH and act(h) of the same elements).
-template <bool PLAIN = false>
+template <bool PLAIN = false, bool MODERATE = false>
 MXMOE_HD void swiglu_grad_value(float g, float u, float dy, const SwigluParams& p, float* dg, float* du, float* y) {
+  static_assert(PLAIN || !MODERATE, "the moderate sigmoid needs z = g");
   const float gc = PLAIN ? g : swiglu_clamp_gate(g, p.limit);
   const float uc = PLAIN ? u : swiglu_clamp_up(u, p.limit);
   const float z = PLAIN ? gc : mul_rn(p.alpha, gc);
-  const float s = sigmoid_f32(z);
+  const float s = MODERATE ? sigmoid_f32_moderate(z) : sigmoid_f32(z);
   const float uo = add_rn(uc, p.up_offset);
   const float gs = mul_rn(gc, s);
   const float dsig = add_rn(s, mul_rn(mul_rn(z, s), sub_rn(1.0f, s)));

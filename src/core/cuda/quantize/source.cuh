@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/moe_activation.hpp"
 #include "mxmoe/mxmoe.h"
@@ -66,6 +67,16 @@ __device__ __forceinline__ void swiglu_bwd_inputs8(const uint16_t* h, long long 
   }
 }
 
+// Whether no g[q] is below -87 (NaN counts as not below): a PLAIN SwiGLU of these gate values may take
+// the moderate sigmoid (common/moe_activation.hpp, sigmoid_f32_moderate; the same bits). One branch per
+// 8 elements, around their unrolled math; a thread meets g < -87 only on extreme inputs.
+__device__ __forceinline__ bool sigmoid_moderate8(const float (&g)[8]) {
+  bool ok = true;
+#pragma unroll
+  for (int q = 0; q < 8; ++q) ok = ok && !(g[q] < -87.0f);
+  return ok;
+}
+
 // SWIGLU / SWIGLU_BACKWARD (bf16 only, C % 8 == 0, checked on the host): the fp32 values of logical
 // row r, columns c .. c+7, before their rounding to bf16.
 //   SWIGLU:          x = swiglu(h), h (R, 2C): gate and up halves concatenated or interleaved.
@@ -90,8 +101,13 @@ __device__ __forceinline__ void swiglu_source8(const uint16_t* h, long long C, c
         g[q + 4] = a1[2 * q], u[q + 4] = a1[2 * q + 1];
       }
     }
+    if (PLAIN && sigmoid_moderate8(g)) {
 #pragma unroll
-    for (int q = 0; q < 8; ++q) v[q] = swiglu_value<PLAIN>(g[q], u[q], s.act);
+      for (int q = 0; q < 8; ++q) v[q] = swiglu_value<PLAIN, PLAIN>(g[q], u[q], s.act);
+    } else {
+#pragma unroll
+      for (int q = 0; q < 8; ++q) v[q] = swiglu_value<PLAIN>(g[q], u[q], s.act);
+    }
     return;
   }
   const long long I = C / 2;
@@ -100,20 +116,28 @@ __device__ __forceinline__ void swiglu_source8(const uint16_t* h, long long C, c
     float dy[8];
     swiglu_bwd_inputs8(h, C, s, r, gate ? c : c - I, g, u, dy);
     // Only this half's gradient is evaluated (the other one's math was computed and dropped).
-    if (gate) {
+    auto grads = [&](auto moderate) {
+      constexpr bool kModerate = decltype(moderate)::value;
+      if (gate) {
 #pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        float dg, du;
-        swiglu_grad<PLAIN>(g[q], u[q], dy[q], s.act, &dg, &du);
-        v[q] = dg;
+        for (int q = 0; q < 8; ++q) {
+          float dg, du;
+          swiglu_grad<PLAIN, kModerate>(g[q], u[q], dy[q], s.act, &dg, &du);
+          v[q] = dg;
+        }
+      } else {
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          float dg, du;
+          swiglu_grad<PLAIN, kModerate>(g[q], u[q], dy[q], s.act, &dg, &du);
+          v[q] = du;
+        }
       }
+    };
+    if (PLAIN && sigmoid_moderate8(g)) {
+      grads(std::integral_constant<bool, PLAIN>{});
     } else {
-#pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        float dg, du;
-        swiglu_grad<PLAIN>(g[q], u[q], dy[q], s.act, &dg, &du);
-        v[q] = du;
-      }
+      grads(std::false_type{});
     }
   } else {
     float a0[8];

@@ -213,8 +213,13 @@ __device__ __forceinline__ void load_pair(const KParams& K, const Tile& t, uint4
     if (r < t.rows) {
       float g[8], u[8], dy[8], dg[8], du[8];
       swiglu_bwd_inputs8(hx, K.a.C, s, t.r0 + r, c, g, u, dy);
+      if (PLAIN && qk::sigmoid_moderate8(g)) {
 #pragma unroll
-      for (int q = 0; q < 8; ++q) swiglu_grad<PLAIN>(g[q], u[q], dy[q], s.act, &dg[q], &du[q]);
+        for (int q = 0; q < 8; ++q) swiglu_grad<PLAIN, PLAIN>(g[q], u[q], dy[q], s.act, &dg[q], &du[q]);
+      } else {
+#pragma unroll
+        for (int q = 0; q < 8; ++q) swiglu_grad<PLAIN>(g[q], u[q], dy[q], s.act, &dg[q], &du[q]);
+      }
       X[i] = make_uint4(pack_bf16_8(dg, 0), pack_bf16_8(dg, 1), pack_bf16_8(dg, 2), pack_bf16_8(dg, 3));
       Y[i] = make_uint4(pack_bf16_8(du, 0), pack_bf16_8(du, 1), pack_bf16_8(du, 2), pack_bf16_8(du, 3));
     }

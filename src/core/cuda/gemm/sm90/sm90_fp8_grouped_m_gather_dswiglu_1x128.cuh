@@ -20,6 +20,8 @@
 
 #include <cuda_bf16.h>
 
+#include <type_traits>
+
 #include "common/moe_activation.hpp"
 #include "cuda/gemm/sm90/sm90_fp8_grouped_m_1x128_128x128.cuh"
 #include "cuda/quantize/common.cuh"
@@ -80,10 +82,6 @@ struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
     const uint32_t* h1 = reinterpret_cast<const uint32_t*>(p.h + (in1 ? row1 : c.row0) * C2 + c.n0 + 2 * q);
     const int up = I / 2;
 
-    // dH as bf16 pairs: [2 j + r] = row lr + 8 r, columns 8 j + 2 q + {0, 1}; gate and up halves.
-    uint32_t dg[2 * kJ], du[2 * kJ];
-    float part[2] = {0.f, 0.f};
-#pragma unroll
     // All of the thread's h words first (64 loads in flight, from L2: the producer prefetched them).
     uint32_t HG[kJ][2], HU[kJ][2];
 #pragma unroll
@@ -93,29 +91,51 @@ struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
       HG[j][1] = in1 ? __ldg(h1 + 4 * j) : 0u;
       HU[j][1] = in1 ? __ldg(h1 + up + 4 * j) : 0u;
     }
+
+    // dH as bf16 pairs: [2 j + r] = row lr + 8 r, columns 8 j + 2 q + {0, 1}; gate and up halves.
+    uint32_t dg[2 * kJ], du[2 * kJ];
+    float part[2] = {0.f, 0.f};
+    auto swiglu = [&](auto moderate) {
+      constexpr bool kModerate = decltype(moderate)::value;
 #pragma unroll
-    for (int j = 0; j < kJ; ++j) {
-      const uint32_t hg[2] = {HG[j][0], HG[j][1]}, hu[2] = {HU[j][0], HU[j][1]};
+      for (int j = 0; j < kJ; ++j) {
+        const uint32_t hg[2] = {HG[j][0], HG[j][1]}, hu[2] = {HU[j][0], HU[j][1]};
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float f = r ? f1 : f0;
-        // dY' as the gather GEMM stores it (+ 0: its bias-free output, so -0 is stored as +0; then
-        // bf16), times the row's weight.
-        const uint32_t dp = qk::cvt_bf16x2(__fadd_rn(fin[4 * j + 2 * r], 0.f), __fadd_rn(fin[4 * j + 2 * r + 1], 0.f));
-        float vg[2], vu[2];
+        for (int r = 0; r < 2; ++r) {
+          const float f = r ? f1 : f0;
+          // dY' as the gather GEMM stores it (+ 0: its bias-free output, so -0 is stored as +0; then
+          // bf16), times the row's weight.
+          const uint32_t dp =
+              qk::cvt_bf16x2(__fadd_rn(fin[4 * j + 2 * r], 0.f), __fadd_rn(fin[4 * j + 2 * r + 1], 0.f));
+          float vg[2], vu[2];
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float d = __uint_as_float(e ? dp & 0xFFFF0000u : dp << 16);
-          const float g = __uint_as_float(e ? hg[r] & 0xFFFF0000u : hg[r] << 16);
-          const float u = __uint_as_float(e ? hu[r] & 0xFFFF0000u : hu[r] << 16);
-          float y;
-          swiglu_grad_value<PLAIN>(g, u, __fmul_rn(d, f), p.act, &vg[e], &vu[e], &y);
-          part[r] = add_rn(part[r], mul_rn(d, y));
+          for (int e = 0; e < 2; ++e) {
+            const float d = __uint_as_float(e ? dp & 0xFFFF0000u : dp << 16);
+            const float g = __uint_as_float(e ? hg[r] & 0xFFFF0000u : hg[r] << 16);
+            const float u = __uint_as_float(e ? hu[r] & 0xFFFF0000u : hu[r] << 16);
+            float y;
+            swiglu_grad_value<PLAIN, kModerate>(g, u, __fmul_rn(d, f), p.act, &vg[e], &vu[e], &y);
+            part[r] = add_rn(part[r], mul_rn(d, y));
+          }
+          const bool in = r ? in1 : in0;
+          dg[2 * j + r] = in ? qk::cvt_bf16x2(vg[0], vg[1]) : 0u;
+          du[2 * j + r] = in ? qk::cvt_bf16x2(vu[0], vu[1]) : 0u;
         }
-        const bool in = r ? in1 : in0;
-        dg[2 * j + r] = in ? qk::cvt_bf16x2(vg[0], vg[1]) : 0u;
-        du[2 * j + r] = in ? qk::cvt_bf16x2(vu[0], vu[1]) : 0u;
       }
+    };
+    if constexpr (PLAIN) {
+      // The moderate sigmoid (3 instructions for the reciprocal instead of ~15) when no gate value of
+      // the warp's tile rows is below -87: one vote, a branch around the unrolled loop.
+      uint32_t gmax = 0;
+#pragma unroll
+      for (int j = 0; j < kJ; ++j) gmax = __vmaxu2(gmax, __vmaxu2(HG[j][0], HG[j][1]));
+      if (__all_sync(0xffffffffu, bf16x2_sigmoid_moderate(gmax))) {
+        swiglu(std::true_type{});
+      } else {
+        swiglu(std::false_type{});
+      }
+    } else {
+      swiglu(std::false_type{});
     }
 
     // ---- routing weights' partials: the quad's 4 lanes' sums, (q0 + q1) + (q2 + q3) ----
@@ -151,19 +171,25 @@ struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
             (b == 0 ? s_row[0] : b == 1 ? s_row[1] : b == 2 ? s_row[2] : s_row[3]) * 0x01010101u;
       }
     }
+    // The codes go to shared memory first (the epilogue buffer, row r's 256 bytes with 16-byte chunk c at
+    // c ^ (r % 8): a warp's 2-byte stores hit 16 banks once), then out as 16-byte row runs after the
+    // next barrier: one STG.128 per 16 bytes instead of an STG.U16 per 2 (the MIO queue stalled on those).
+    uint8_t* tbuf = smem_epi;
+    asm volatile("bar.sync 3, 256;" ::: "memory");  // the previous tile's column stores have read tbuf
 #pragma unroll
     for (int b = 0; b < 4; ++b) {
-      const bool in = (b & 1) ? in1 : in0;
       const uint32_t s = s_row[b];
       const float rc = qk::e8m0_recip(s);
       const uint32_t* v = b < 2 ? dg : du;
-      uint8_t* dst = p.dh_q + ((b & 1) ? row1 : row0) * C2 + (b < 2 ? 0 : I) + c.n0 + 2 * q;
+      const int rr = lr + 8 * (b & 1);
+      uint8_t* rowp = tbuf + rr * 256 + 2 * q;
 #pragma unroll
       for (int j = 0; j < kJ; ++j) {
         const uint32_t w = v[2 * j + (b & 1)];
         uint32_t code = qk::cvt_e4m3x2(__fmul_rn(__uint_as_float(w << 16), rc), __fmul_rn(__uint_as_float(w & 0xFFFF0000u), rc));
         code = s == kE8M0Nan ? 0x7F7Fu : code;
-        if (in) *reinterpret_cast<uint16_t*>(dst + 8 * j) = static_cast<uint16_t>(code);
+        *reinterpret_cast<uint16_t*>(rowp + 16 * (((b >> 1) * 8 + (j >> 1)) ^ (rr & 7)) + 8 * (j & 1)) =
+            static_cast<uint16_t>(code);
       }
     }
 
@@ -196,10 +222,20 @@ struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
       s_rc[col] = slo == kE8M0Nan ? __uint_as_float(0x7FC00000u) : qk::e8m0_recip(slo);
       s_rc[col + 1] = shi == kE8M0Nan ? __uint_as_float(0x7FC00000u) : qk::e8m0_recip(shi);
     }
+    // The rowwise codes out: 128 rows x 16 chunks, thread lt2 + 256 i takes row id / 16, chunk id % 16
+    // (16 threads write a row's gate run and up run, 128 bytes each).
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int id = lt2 + 256 * i, rr = id >> 4, ch = id & 15;
+      if (rr < c.rows) {
+        const uint4 w = *reinterpret_cast<const uint4*>(tbuf + rr * 256 + 16 * (ch ^ (rr & 7)));
+        const int64_t col = (ch < 8 ? 0 : I - 128) + c.n0 + 16 * ch;
+        *reinterpret_cast<uint4*>(p.dh_q + (c.row0 + rr) * C2 + col) = w;
+      }
+    }
     asm volatile("bar.sync 3, 256;" ::: "memory");
     // Transposed codes into the epilogue buffer: column cl's row chunk u (16 rows) at cl * 128 +
     // 16 (u ^ (cl & 7)) (the XOR spreads a warp's byte stores over the banks).
-    uint8_t* tbuf = smem_epi;
     const int sw = 16 * (lr >> 4), rb = lr & 15;  // rows lr and lr + 8 share a chunk
 #pragma unroll
     for (int j = 0; j < kJ; ++j) {
