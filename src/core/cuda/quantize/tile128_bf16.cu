@@ -21,10 +21,9 @@
 //            contiguous bytes of a transposed row per store instruction (4 rows of 16-byte stores
 //            when aligned, funnel-shifted words otherwise); the column scales of a panel's 4 runs
 //            leave as one 4-byte store per column. Weights: the row side is coded from the tile here.
-// Loads run ahead of the work: x itself and the unscaled gather go through cp.async, two tiles ahead
-// in three tile buffers (no registers held); the scaled gather's raw words are loaded into registers
-// one tile ahead and scaled into the shared tile in their turn; SwiGLU and its backward are loaded and
-// computed into registers one tile ahead. Templated on the input (x or a computed source) and on
+// Loads run ahead of the work: x itself and both gathers go through cp.async, two tiles ahead in
+// three tile buffers (no registers held; the scaled gather's rows are scaled in place when they
+// land); SwiGLU and its backward are loaded and computed into registers one tile ahead. Templated on the input (x or a computed source) and on
 // weights vs activations, so each instance carries only its own path. Tiles are decoded once each,
 // in increasing order (host magic divisors, a forward-only group cursor: v13). Design history and
 // measurements: docs/design/quantize.md.
@@ -50,6 +49,10 @@ constexpr int kPartBytes = 8 * 64 * 4;  // column maxima: 8 warps x 64 packed co
 constexpr int kTable = 512;  // groups whose table fits in shared memory
 constexpr uint32_t kAbs2 = 0x7FFF7FFFu;
 constexpr int kSourceGatherRaw = 100;  // the kernel's instance for GATHER without row_scale (cp.async)
+// GATHER with row_scale on the same cp.async path: the rows and their scales land in shared memory
+// two tiles ahead, and each thread scales its own chunks in place after they land (the MoE layer's
+// w * dout wgrad operand; docs/design/quantize.md).
+constexpr int kSourceGatherScaled = 104;
 // The instance for SWIGLU_BACKWARD with concatenated halves and I % 128 == 0: each CTA takes a gate
 // column tile and then its up tile (I columns further), both from one read of (g, u, dy) (load_pair).
 constexpr int kSourceSwigluBwdPaired = 101;
@@ -63,20 +66,19 @@ __host__ __device__ constexpr bool paired_source(int src) {
 __host__ __device__ constexpr bool plain_source(int src) {
   return src == kSourceSwigluPlain || src == kSourceSwigluBwdPairedPlain;
 }
-// x itself and the unscaled gather (cp.async): three tile buffers, two tiles in flight, 2 CTAs per SM
+// x itself and the gathers (cp.async): three tile buffers, two tiles in flight, 2 CTAs per SM
 // with 128 registers. Computed inputs (register prefetch): two buffers, 3 CTAs per SM (their
 // latency-bound math wants the warps; measured 3-8 % faster than 2 CTAs).
-__host__ __device__ constexpr bool async_source(int src) { return src == 0 || src == kSourceGatherRaw; }
+__host__ __device__ constexpr bool async_source(int src) {
+  return src == 0 || src == kSourceGatherRaw || src == kSourceGatherScaled;
+}
+// The scaled async gather's row scales: one fp32 per tile row per buffer, after the column maxima.
+__host__ __device__ constexpr int row_scale_bytes(int src) { return src == kSourceGatherScaled ? 3 * 128 * 4 : 0; }
 __host__ __device__ constexpr int tile_buffers(int src) { return async_source(src) ? 3 : 2; }
-// The scaled gather's raw words (40 registers) are fetched a whole tile ahead, at 2 CTAs per SM (v10:
-// 0.41 -> 0.45 of copy). The same for SwiGLU and its backward (64-96 registers of words) measured
-// 0.31 -> 0.25 and 0.235 -> 0.18: their exact per-element math wants the third CTA's warps more than
-// the loads want cover, so they keep v9's register prefetch at 3 CTAs per SM.
-__host__ __device__ constexpr bool pipelined_source(int src) { return src == MXMOE_SOURCE_GATHER; }
 // The paired SwiGLU backward holds its up tile's chunks (32 registers) from the gate tile's load to
 // its own turn: 2 CTAs per SM.
 __host__ __device__ constexpr int min_ctas(int src) {
-  return async_source(src) || pipelined_source(src) || paired_source(src) ? 2 : 3;
+  return async_source(src) || paired_source(src) ? 2 : 3;
 }
 
 struct KParams {
@@ -226,40 +228,13 @@ __device__ __forceinline__ void load_pair(const KParams& K, const Tile& t, uint4
   }
 }
 
-// The scaled gather, one tile ahead: the thread's 8 rows' 16-byte words and row scales of tile t (the
-// 8 perm entries loaded first, then the rows), kept in registers through the tile before.
-struct GatherWords {
-  uint4 a[8];
-  float sc[8];
-  unsigned ok = 0;  // bit i: chunk i is read (else: zero; a padding row, or nothing to read)
-};
-
-__device__ __forceinline__ void fetch_gather(const KParams& K, const Tile& t, GatherWords& G) {
-  const int j = threadIdx.x & 15;
-  const Tile128Pass& A = K.a;
-  G.ok = 0;
-  if (!reads_tile(K, t)) return;
-  const long long c = 128LL * t.ct + 8 * j;
-  const uint16_t* x = static_cast<const uint16_t*>(A.x);
-  int32_t pr[8];
-  tile_perms(K, t, true, pr);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const long long e = min(static_cast<long long>(pr[i]), A.src.perm_n - 1);
-    if (pr[i] >= 0) {
-      G.ok |= 1u << i;
-      G.a[i] = __ldg(reinterpret_cast<const uint4*>(x + (e / A.src.k) * A.C + c));
-      G.sc[i] = __ldg(A.src.row_scale + e);
-    }
-  }
-}
-
-// x itself, or rows of x gathered by perm (unscaled GATHER): the thread's 8 chunks of tile t copied
+// x itself, or rows of x gathered by perm (GATHER; SCALED: also each row's scale into rs, by the
+// row's first lane, for the in-place scaling when the tile lands): the thread's 8 chunks of tile t copied
 // straight into its slots of the shared tile (cp.async, zero-filled past the panel's rows, the
 // tensor's columns and for padding rows), so the next tile's bytes are in flight without holding
 // registers.
-template <bool GATHER>
-__device__ __forceinline__ void copy_tile_async(const KParams& K, const Tile& t, uint8_t* buf) {
+template <bool GATHER, bool SCALED = false>
+__device__ __forceinline__ void copy_tile_async(const KParams& K, const Tile& t, uint8_t* buf, float* rs = nullptr) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, h = lane >> 4, j = lane & 15;
   const Tile128Pass& A = K.a;
   const bool any = reads_tile(K, t);
@@ -284,6 +259,15 @@ __device__ __forceinline__ void copy_tile_async(const KParams& K, const Tile& t,
     }
     const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(buf + ((16 * i + 2 * w + h) * 16 + j) * 16));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 16 : 0) : "memory");
+    if constexpr (SCALED) {
+      // The row's scale, by the row's first lane (0.0 where the row is zero-filled: 0 * 0 = +0 then).
+      if (j == 0) {
+        const long long e = min(static_cast<long long>(pr[i]), A.src.perm_n - 1);
+        const float* s = ok ? A.src.row_scale + e : A.src.row_scale;
+        const uint32_t ds = static_cast<uint32_t>(__cvta_generic_to_shared(rs + 16 * i + 2 * w + h));
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(ds), "l"(s), "r"(ok ? 4 : 0) : "memory");
+      }
+    }
   }
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -296,27 +280,6 @@ __device__ __forceinline__ uint4 vmax4(const uint4 a, const uint4 b) {
 }
 // max of a packed pair of |bf16| as fp32 bits (NaN patterns order above everything else).
 __device__ __forceinline__ uint32_t pair_max(uint32_t m) { return max(m << 16, m & 0xFFFF0000u); }
-
-// The scaled gather's chunks of the fetched tile (rows * their scale, as bf16; zeros where nothing
-// was read), chunk by chunk into the thread's slots of the shared tile `buf`, with each chunk's |x|
-// maximum (m, the row side's input) and the column maxima (cm): no chunk stays in registers.
-__device__ __forceinline__ void compute_gather(const GatherWords& G, uint8_t* buf, uint32_t (&m)[8], uint4& cm) {
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, h = lane >> 4, j = lane & 15;
-  cm = make_uint4(0, 0, 0, 0);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    float v[8];
-    unpack8(G.a[i], v);
-#pragma unroll
-    for (int q = 0; q < 8; ++q) v[q] = mul_rn(v[q], G.sc[i]);
-    uint4 y = make_uint4(pack_bf16_8(v, 0), pack_bf16_8(v, 1), pack_bf16_8(v, 2), pack_bf16_8(v, 3));
-    if (!((G.ok >> i) & 1u)) y = make_uint4(0, 0, 0, 0);
-    reinterpret_cast<uint4*>(buf)[(16 * i + 2 * w + h) * 16 + j] = y;
-    const uint4 ay = abs8(y);
-    m[i] = pair_max(__vmaxu2(__vmaxu2(ay.x, ay.y), __vmaxu2(ay.z, ay.w)));
-    cm = vmax4(cm, ay);
-  }
-}
 
 // 8 codes of a chunk with one scale byte (the NaN scale gives NaN codes). Branch-free, so that the
 // compiler can interleave the 8 chunks of a thread.
@@ -381,9 +344,9 @@ __device__ __forceinline__ void store_row_words(uint8_t* dst, uint32_t word, uin
       if (128 - a + e < n) base[128 + e] = static_cast<uint8_t>(word >> (8 * (4 - a + e)));
 }
 
-// x itself (cp.async, three tile buffers): 2 CTAs per SM, 128 registers, no spills (the 3-CTA,
-// 80-register budget spilled and measured 3-8 % slower); the scaled gather (one tile of words in
-// flight): 2; SwiGLU sources: two buffers, 3 CTAs per SM (see min_ctas).
+// x itself and the gathers (cp.async, three tile buffers): 2 CTAs per SM, 128 registers, no spills
+// (the 3-CTA, 80-register budget spilled and measured 3-8 % slower); SwiGLU sources: two buffers,
+// 3 CTAs per SM (see min_ctas).
 template <int SRC, bool TILE>
 __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(const __grid_constant__ KParams K) {
   constexpr int kBufs = tile_buffers(SRC);
@@ -391,7 +354,8 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
   uint8_t* bufs = reinterpret_cast<uint8_t*>(dyn_smem_);
   // Per buffer: the column maxima of each warp's 16 rows, [8 warps][64 packed column pairs].
   uint32_t* parts = reinterpret_cast<uint32_t*>(bufs + kBufs * kTileBytes);
-  int* table = reinterpret_cast<int*>(bufs + kBufs * kTileBytes + 2 * kPartBytes);
+  float* row_scales = reinterpret_cast<float*>(bufs + kBufs * kTileBytes + 2 * kPartBytes);  // scaled gather
+  int* table = reinterpret_cast<int*>(bufs + kBufs * kTileBytes + 2 * kPartBytes + row_scale_bytes(SRC));
   __shared__ uint32_t s_red[2][8];
   __shared__ uint32_t s_sc[128];  // column scales of the tile: byte q of column cl = run q's
   __shared__ int s_covered, s_tot;
@@ -425,11 +389,11 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
   const int covered = s_covered, tot_panels = s_tot;
 
   const long long step = gridDim.x;
-  // x itself goes through cp.async into the tile buffers; the scaled gather's raw words are loaded
-  // into registers a tile ahead; SwiGLU sources are loaded and computed into registers a tile ahead.
-  constexpr bool kGatherAsync = SRC == kSourceGatherRaw;
+  // x itself and the gathers go through cp.async into the tile buffers; SwiGLU sources are loaded and
+  // computed into registers a tile ahead.
+  constexpr bool kGatherAsync = SRC == kSourceGatherRaw || SRC == kSourceGatherScaled;
+  constexpr bool kScaled = SRC == kSourceGatherScaled;
   constexpr bool kAsync = SRC == 0 || kGatherAsync;
-  constexpr bool kPipelined = pipelined_source(SRC);
   constexpr bool kPaired = paired_source(SRC);
   // The row side's chunk maxima from the same |x| as the column maxima (one abs per word) where the
   // register budget allows (128 registers); the 80-register instances spill with both live, so they
@@ -451,16 +415,13 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
   uint4 X[8];
   Tile tnn{};     // x itself: the tile two ahead (its copies in flight)
   uint4 Y[8];     // the paired SwiGLU backward only: the up tile's chunks, computed with its gate tile's
-  GatherWords G;  // the scaled gather only
   int lo = 0;  // the group cursor of resolve (its tiles come in increasing order)
   Tile t = resolve(K, table, covered, tot_panels, first, lo);
   // x itself keeps two tiles in flight (three buffers: the tile being worked on, the next two landing).
   Tile tn = resolve(K, table, covered, tot_panels, ahead(first, 0, 1), lo);
   if constexpr (kAsync) {
-    copy_tile_async<kGatherAsync>(K, t, bufs);
-    copy_tile_async<kGatherAsync>(K, tn, bufs + kTileBytes);
-  } else if constexpr (kPipelined) {
-    fetch_gather(K, t, G);
+    copy_tile_async<kGatherAsync, kScaled>(K, t, bufs, row_scales);
+    copy_tile_async<kGatherAsync, kScaled>(K, tn, bufs + kTileBytes, row_scales + 128);
   } else if constexpr (kPaired) {
     load_pair<plain_source(SRC)>(K, t, X, Y);
   } else {
@@ -483,33 +444,46 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
     const bool cok = 8 * j < cols;
 
     // ---- load phase: the tile and its column maxima into shared memory; activations' row side ----
-    if constexpr (kAsync) {
+    uint32_t m[8];
+    uint4 cm;
+    if constexpr (kScaled) {
+      // Rows times their scales, rounded to bf16 (x * w, +0 for padding rows: both were zero-filled),
+      // in place in the thread's own slots, with their maxima; no chunk stays in registers (the row
+      // side re-reads them). The scales were copied by each row's first lane, which waited too.
+      asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+      __syncwarp();
+      const float* rs = row_scales + 128 * slot;
+      cm = make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        uint4* slot_i = reinterpret_cast<uint4*>(buf) + (16 * i + 2 * w + h) * 16 + j;
+        const float sc = rs[16 * i + 2 * w + h];
+        float v[8];
+        unpack8(*slot_i, v);
+#pragma unroll
+        for (int q = 0; q < 8; ++q) v[q] = mul_rn(v[q], sc);
+        const uint4 y = make_uint4(pack_bf16_8(v, 0), pack_bf16_8(v, 1), pack_bf16_8(v, 2), pack_bf16_8(v, 3));
+        *slot_i = y;
+        const uint4 ay = abs8(y);
+        m[i] = pair_max(__vmaxu2(__vmaxu2(ay.x, ay.y), __vmaxu2(ay.z, ay.w)));
+        cm = vmax4(cm, ay);
+      }
+    } else if constexpr (kAsync) {
       asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // this thread's copies of tile t landed
 #pragma unroll
       for (int i = 0; i < 8; ++i) X[i] = reinterpret_cast<const uint4*>(buf)[(16 * i + 2 * w + h) * 16 + j];
-    } else if constexpr (!kPipelined) {
+    } else {
 #pragma unroll
       for (int i = 0; i < 8; ++i) reinterpret_cast<uint4*>(buf)[(16 * i + 2 * w + h) * 16 + j] = X[i];
     }
-    // The scaled gather: its chunks computed into the shared tile with their maxima (m, cm), then the
-    // next tile's words fetched (in flight through this tile's row and column phases).
-    uint32_t m[8];
-    uint4 cm;
-    if constexpr (kPipelined) {
-      compute_gather(G, buf, m, cm);
-      tn = resolve(K, table, covered, tot_panels, ahead(tile, it, 1), lo);
-      fetch_gather(K, tn, G);
-    }
-    if constexpr (!kPipelined) {
-      if (t.valid) {
-        // |x| once for both sides: the column maxima (cm) and the row side's chunk maxima (m).
-        cm = make_uint4(0, 0, 0, 0);
+    if (!kScaled && t.valid) {
+      // |x| once for both sides: the column maxima (cm) and the row side's chunk maxima (m).
+      cm = make_uint4(0, 0, 0, 0);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const uint4 a = abs8(X[i]);
-          cm = vmax4(cm, a);
-          if constexpr (!TILE && kEarlyRowMax) m[i] = pair_max(__vmaxu2(__vmaxu2(a.x, a.y), __vmaxu2(a.z, a.w)));
-        }
+      for (int i = 0; i < 8; ++i) {
+        const uint4 a = abs8(X[i]);
+        cm = vmax4(cm, a);
+        if constexpr (!TILE && kEarlyRowMax) m[i] = pair_max(__vmaxu2(__vmaxu2(a.x, a.y), __vmaxu2(a.z, a.w)));
       }
     }
     if (t.valid && t.in_group) {
@@ -530,7 +504,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
       if (t.valid && K.row_on) {
         // Row maxima: each lane's 8 chunk maxima, reduce-scattered over the 16 lanes of its row
         // (xor 8, 4, 2 halve the rows held, xor 1 completes): 8 shuffles and one scale per lane.
-        if constexpr (!kPipelined && !kEarlyRowMax) {
+        if constexpr (!kEarlyRowMax) {
 #pragma unroll
           for (int i = 0; i < 8; ++i) {
             const uint4 v = abs8(X[i]);
@@ -567,7 +541,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           const int src = (lane & 16) | (((i >> 2) & 1) << 3) | (((i >> 1) & 1) << 2) | ((i & 1) << 1);
-          const uint4 xi = kPipelined ? reinterpret_cast<const uint4*>(buf)[(16 * i + 2 * w + h) * 16 + j] : X[i];
+          const uint4 xi = kScaled ? reinterpret_cast<const uint4*>(buf)[(16 * i + 2 * w + h) * 16 + j] : X[i];
           const uint2 qc = codes8(xi, __shfl_sync(kFull, s_mine, src));
           if (qok && 16 * i + 2 * w + h < t.rows) *reinterpret_cast<uint2*>(qrow + i * (16LL * A.C)) = qc;
         }
@@ -580,7 +554,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
     if constexpr (kAsync) {
       // Each tile is resolved once, here, two ahead (tnn), and handed down through tn and t.
       tnn = resolve(K, table, covered, tot_panels, ahead(tile, it, 2), lo);
-      copy_tile_async<kGatherAsync>(K, tnn, bufs + slot2 * kTileBytes);
+      copy_tile_async<kGatherAsync, kScaled>(K, tnn, bufs + slot2 * kTileBytes, row_scales + 128 * slot2);
     } else if constexpr (kPaired) {
       tn = resolve(K, table, covered, tot_panels, ahead(tile, it, 1), lo);
       if (it & 1) {
@@ -589,7 +563,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
 #pragma unroll
         for (int i = 0; i < 8; ++i) X[i] = Y[i];  // this pair's up tile
       }
-    } else if constexpr (!kPipelined) {
+    } else {
       tn = resolve(K, table, covered, tot_panels, ahead(tile, it, 1), lo);
       load_tile<SRC>(K, tn, X);
     }
@@ -739,8 +713,9 @@ void launch_tile128_pass(const Tile128Pass& a, int device, cudaStream_t stream) 
   if (K.grouped && a.B != 1) fail_status(MXMOE_ERR_INVALID_ARGUMENT, "quantize: token groups need B = 1, got ", a.B);
   K.div_per_b = make_fast_div(static_cast<uint32_t>(K.P * K.ctiles));
   K.div_ctiles = make_fast_div(static_cast<uint32_t>(K.ctiles));
-  // The kernel instance: weights are tensors; the unscaled gather has its own (cp.async) instance.
-  int src = a.tile ? 0 : (a.src.kind == MXMOE_SOURCE_GATHER && a.src.row_scale == nullptr ? kSourceGatherRaw : a.src.kind);
+  // The kernel instance: weights are tensors; the gathers have their own (cp.async) instances.
+  int src = a.tile ? 0 : a.src.kind;
+  if (src == MXMOE_SOURCE_GATHER) src = a.src.row_scale == nullptr ? kSourceGatherRaw : kSourceGatherScaled;
   const bool plain = swiglu_is_plain(a.src.act);
   if (src == MXMOE_SOURCE_SWIGLU_BACKWARD && a.src.act.layout == 0 && (a.C / 2) % 128 == 0) {
     src = plain ? kSourceSwigluBwdPairedPlain : kSourceSwigluBwdPaired;
@@ -749,7 +724,8 @@ void launch_tile128_pass(const Tile128Pass& a, int device, cudaStream_t stream) 
   } else if (src == MXMOE_SOURCE_SWIGLU && plain) {
     src = kSourceSwigluPlain;
   }
-  const int smem = tile_buffers(src) * kTileBytes + 2 * kPartBytes + (K.grouped ? 3 * kTable * 4 : 0);
+  const int smem =
+      tile_buffers(src) * kTileBytes + 2 * kPartBytes + row_scale_bytes(src) + (K.grouped ? 3 * kTable * 4 : 0);
   static_assert(sizeof(ScanSmem) <= kTileBytes, "the scan scratch lives in the tile buffers");
   auto go = [&](auto kernel) {
     const int blocks = occupancy(kernel, device, kThreads, smem), sms = sm_count(device);
@@ -761,7 +737,7 @@ void launch_tile128_pass(const Tile128Pass& a, int device, cudaStream_t stream) 
   switch (src) {
     case 0: a.tile ? go(tile128_pass_kernel<0, true>) : go(tile128_pass_kernel<0, false>); break;
     case kSourceGatherRaw: go(tile128_pass_kernel<kSourceGatherRaw, false>); break;
-    case MXMOE_SOURCE_GATHER: go(tile128_pass_kernel<MXMOE_SOURCE_GATHER, false>); break;
+    case kSourceGatherScaled: go(tile128_pass_kernel<kSourceGatherScaled, false>); break;
     case MXMOE_SOURCE_SWIGLU: go(tile128_pass_kernel<MXMOE_SOURCE_SWIGLU, false>); break;
     case MXMOE_SOURCE_SWIGLU_BACKWARD: go(tile128_pass_kernel<MXMOE_SOURCE_SWIGLU_BACKWARD, false>); break;
     case kSourceSwigluBwdPaired: go(tile128_pass_kernel<kSourceSwigluBwdPaired, false>); break;
