@@ -777,11 +777,14 @@ TEST(CudaGemmTile128, GatherDSwigluSameBytesAsGemmThenQuantize) {
     int64_t t, k, i, fanout;
     std::vector<int32_t> sizes;
     float alpha, limit, up_offset;
+    int tail;  // rows past the last group
   };
   const float inf = std::numeric_limits<float>::infinity();
-  const Case cases[] = {{300, 512, 256, 8, {400, 0, 336, 704, 16, 944}, 1.f, inf, 0.f},  // groups % 16 == 0
-                        {97, 256, 128, 3, {50, 128, 0, 113}, 1.f, inf, 0.f},            // any group sizes
-                        {256, 2048, 768, 8, {512, 1024, 0, 496}, 1.702f, 7.f, 1.f}};    // clamped SwiGLU
+  // M % 16 == 0 in the first two: whole tiles leave by TMA (rows, and columns where the tile starts
+  // 16-aligned: not group 1 of the second case, at row 50); the third stores every tile by the threads.
+  const Case cases[] = {{300, 512, 256, 8, {400, 0, 336, 704, 16, 944}, 1.f, inf, 0.f, 16},  // groups % 16 == 0
+                        {97, 256, 128, 3, {50, 128, 0, 113}, 1.f, inf, 0.f, 13},            // any group sizes
+                        {256, 2048, 768, 8, {512, 1024, 0, 496}, 1.702f, 7.f, 1.f, 9}};     // clamped SwiGLU
   uint32_t seed = 70;
   for (const Case& c : cases) {
     std::mt19937 rng(seed++);
@@ -796,7 +799,7 @@ TEST(CudaGemmTile128, GatherDSwigluSameBytesAsGemmThenQuantize) {
         gather.push_back(u == 0 ? -1 : (u == 1 ? static_cast<int32_t>(c.t * c.fanout + 3)
                                                : static_cast<int32_t>(rng() % (c.t * c.fanout))));
       }
-    for (int r = 0; r < 9; ++r) gather.push_back(static_cast<int32_t>(rng() % (c.t * c.fanout)));  // tail rows
+    for (int r = 0; r < c.tail; ++r) gather.push_back(static_cast<int32_t>(rng() % (c.t * c.fanout)));  // tail rows
     const int64_t M = static_cast<int64_t>(gather.size());
     const std::vector<int32_t> ends = ends_of(c.sizes);
     const int64_t end = ends.back(), n_r = mxmoe_grouped_scale_capacity(M, G);

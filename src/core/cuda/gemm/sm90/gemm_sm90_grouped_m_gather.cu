@@ -56,11 +56,18 @@ bool launch_gather(const GroupedMGatherRun& r, sm90::GroupedMParams& p, const ch
   cfg.blockDim = dim3(K::kThreads);
   cfg.dynamicSmemBytes = K::smem_bytes(r.groups);
   cfg.stream = r.stream;
-  // The A map is unused by the gather variants (the producer copies A), the output map by the dSwiGLU
-  // one; B's map fills the slots.
-  const CUtensorMap mo = K::kDSwiglu ? mb : output_map(r.out, r.out_bf16, std::max<int64_t>(r.m, 1), r.n,
-                                                       K::kEpiBoxBytes);
-  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, mb, mb, mo, p);
+  // The A map is unused by the gather variants (the producer copies A): B's map fills its slot, or,
+  // in the dSwiGLU variant, dh_q's map, with dh_qt's in the output's slot (p.dh_tma; else B's).
+  CUtensorMap ma = mb, mo = mb;
+  if constexpr (K::kDSwiglu) {
+    if (p.dh_tma) {
+      ma = kmajor_map(p.dh_q, 2 * static_cast<uint64_t>(r.n), r.m, 2 * static_cast<uint64_t>(r.n), 128);
+      mo = kmajor_map(p.dh_qt, r.m, 2 * static_cast<uint64_t>(r.n), r.m, 128);
+    }
+  } else {
+    mo = output_map(r.out, r.out_bf16, std::max<int64_t>(r.m, 1), r.n, K::kEpiBoxBytes);
+  }
+  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, ma, mb, mo, p);
   if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess) fail_status(MXMOE_ERR_CUDA, what, ": kernel launch failed: ", cudaGetErrorString(e));
   return true;
@@ -127,6 +134,8 @@ bool sm90_grouped_m_gather_dswiglu(const GroupedMGatherDSwigluRun& r) {
   p.dh_scale_t = r.dh_scale_t;
   p.n_r = r.n_r;
   p.tw_part = r.tw_part;
+  // TMA stores of whole tiles' codes: dh_qt's rows (M bytes) must be 16-byte multiples.
+  p.dh_tma = r.m > 0 && r.m % 16 == 0 ? 1 : 0;
   return launch_gather<DSwigluKernel>(r, p, "grouped_mm_tile128_gather_dswiglu", true);
 }
 

@@ -88,6 +88,9 @@ struct GroupedMParams {
   uint8_t* dh_scale_t;
   int64_t n_r;
   float* tw_part;
+  // 1: the kernel's first tensor map is dh_q's and its third dh_qt's (both u8, 128 x 128 boxes,
+  // 128-byte swizzle), and whole tiles (128 rows of one group) leave their staged codes by TMA.
+  int dh_tma;
 };
 
 // The device arguments of a call (host; band_div and the gather fields are the launcher's).
@@ -675,9 +678,11 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       if constexpr (K::kDSwiglu) {
         // dH and its operands instead of the stored output (sm90_fp8_grouped_m_gather_dswiglu_1x128.cuh).
         if (p.plain)
-          K::template epilogue<true>(p, c, fin, mw, warp, lane, src0, src1, smem_epi, s_end, s_runs, nt);
+          K::template epilogue<true>(p, c, fin, mw, warp, lane, src0, src1, smem_epi, s_end, s_runs, nt, &tma_a,
+                                     &tma_out);
         else
-          K::template epilogue<false>(p, c, fin, mw, warp, lane, src0, src1, smem_epi, s_end, s_runs, nt);
+          K::template epilogue<false>(p, c, fin, mw, warp, lane, src0, src1, smem_epi, s_end, s_runs, nt, &tma_a,
+                                      &tma_out);
       } else {
         // Epilogue: + bias, rounded to Out into this warpgroup's staged boxes (accumulator layout), then
         // stored: by TMA when the warpgroup's 64 rows all belong to the group (columns past N are

@@ -10,6 +10,8 @@
 //   dh_qt / dh_scale_t  its columnwise 128x1 operand (the up projection's wgrad), transposed: the
 //                       tile's rows are one block (tiles start at group starts, as the quantize pass's
 //                       panels), staged through shared memory and stored as 128-byte column runs;
+//   (both code forms are staged in the 32 KB epilogue buffer as 128 x 128 boxes and leave by TMA for
+//   whole, aligned tiles (p.dh_tma: the launcher's maps of dh_q and dh_qt), else by the threads;)
 //   tw_part             per row, <bf16(dY'), act(h)> over the tile's 128 columns (the routing
 //                       weights' gradient, summed over the column tiles by the caller): the expert
 //                       outputs are never needed.
@@ -64,7 +66,7 @@ struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
   static __device__ __forceinline__ void epilogue(const GroupedMParams& p, const TileCoord& c,
                                                   float (&fin)[Base::kAcc], int mw, int warp, int lane, int src0,
                                                   int src1, uint8_t* smem_epi, const int* s_end, const int* s_runs,
-                                                  int nt) {
+                                                  int nt, const CUtensorMap* map_q, const CUtensorMap* map_qt) {
     constexpr int kJ = Base::kAcc / 4;  // 16 chunks of 8 columns
     constexpr uint32_t kAbs2 = 0x7FFF7FFFu;
     const int I = p.n;
@@ -171,27 +173,31 @@ struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
             (b == 0 ? s_row[0] : b == 1 ? s_row[1] : b == 2 ? s_row[2] : s_row[3]) * 0x01010101u;
       }
     }
-    // The codes go to shared memory first (the epilogue buffer, row r's 256 bytes with 16-byte chunk c at
-    // c ^ (r % 8): a warp's 2-byte stores hit 16 banks once), then out as 16-byte row runs after the
-    // next barrier: one STG.128 per 16 bytes instead of an STG.U16 per 2 (the MIO queue stalled on those).
+    // The codes go to shared memory first, then out whole: by two TMA stores (a whole tile, p.dh_tma) or
+    // as 16-byte row runs, instead of an STG.U16 per 2 bytes (the MIO queue stalled on those). The
+    // epilogue buffer holds the gate box then the up box, 128 rows x 128 bytes each, 16-byte chunk c
+    // of row r at c ^ (r % 8) (TMA's 128-byte swizzle; a warp's 2-byte stores hit 16 banks once).
     uint8_t* tbuf = smem_epi;
-    asm volatile("bar.sync 3, 256;" ::: "memory");  // the previous tile's column stores have read tbuf
+    // (dh_qt's boxes start at row0 bytes into a row: TMA wants those 16-byte aligned.)
+    const bool tma = p.dh_tma && c.rows == 128, tma_cols = tma && (c.row0 & 15) == 0;
+    if (lt2 == 0) bulk_wait_group_read0();  // the previous tile's column codes have left tbuf (TMA)
+    asm volatile("bar.sync 3, 256;" ::: "memory");  // ... and its column stores have read it
 #pragma unroll
     for (int b = 0; b < 4; ++b) {
       const uint32_t s = s_row[b];
       const float rc = qk::e8m0_recip(s);
       const uint32_t* v = b < 2 ? dg : du;
       const int rr = lr + 8 * (b & 1);
-      uint8_t* rowp = tbuf + rr * 256 + 2 * q;
+      uint8_t* rowp = tbuf + (b >> 1) * 128 * 128 + rr * 128 + 2 * q;
 #pragma unroll
       for (int j = 0; j < kJ; ++j) {
         const uint32_t w = v[2 * j + (b & 1)];
         uint32_t code = qk::cvt_e4m3x2(__fmul_rn(__uint_as_float(w << 16), rc), __fmul_rn(__uint_as_float(w & 0xFFFF0000u), rc));
         code = s == kE8M0Nan ? 0x7F7Fu : code;
-        *reinterpret_cast<uint16_t*>(rowp + 16 * (((b >> 1) * 8 + (j >> 1)) ^ (rr & 7)) + 8 * (j & 1)) =
-            static_cast<uint16_t>(code);
+        *reinterpret_cast<uint16_t*>(rowp + 16 * ((j >> 1) ^ (rr & 7)) + 8 * (j & 1)) = static_cast<uint16_t>(code);
       }
     }
+    if (tma) fence_async_shared();  // the staged rows, written by this thread, are read by TMA next
 
     // ---- columnwise 128x1 over the tile's rows: maxima per warp, then per column ----
     uint32_t* s_part = reinterpret_cast<uint32_t*>(smem_epi + Base::kEpiBytes);
@@ -222,15 +228,25 @@ struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
       s_rc[col] = slo == kE8M0Nan ? __uint_as_float(0x7FC00000u) : qk::e8m0_recip(slo);
       s_rc[col + 1] = shi == kE8M0Nan ? __uint_as_float(0x7FC00000u) : qk::e8m0_recip(shi);
     }
-    // The rowwise codes out: 128 rows x 16 chunks, thread lt2 + 256 i takes row id / 16, chunk id % 16
-    // (16 threads write a row's gate run and up run, 128 bytes each).
+    // The rowwise codes out: a whole tile by TMA (one thread; it waits for the reads before the
+    // transposed codes reuse the buffer), else 128 rows x 16 chunks, thread lt2 + 256 i taking row
+    // id / 16, chunk id % 16 (16 threads write a row's gate run and up run, 128 bytes each).
+    if (tma) {
+      if (lt2 == 0) {
+        tma_store_2d(map_q, tbuf, c.n0, c.row0);
+        tma_store_2d(map_q, tbuf + 128 * 128, I + c.n0, c.row0);
+        bulk_commit_group();
+        bulk_wait_group_read0();
+      }
+    } else {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int id = lt2 + 256 * i, rr = id >> 4, ch = id & 15;
-      if (rr < c.rows) {
-        const uint4 w = *reinterpret_cast<const uint4*>(tbuf + rr * 256 + 16 * (ch ^ (rr & 7)));
-        const int64_t col = (ch < 8 ? 0 : I - 128) + c.n0 + 16 * ch;
-        *reinterpret_cast<uint4*>(p.dh_q + (c.row0 + rr) * C2 + col) = w;
+      for (int i = 0; i < 8; ++i) {
+        const int id = lt2 + 256 * i, rr = id >> 4, ch = id & 15;
+        if (rr < c.rows) {
+          const uint4 w = *reinterpret_cast<const uint4*>(tbuf + (ch >> 3) * 128 * 128 + rr * 128 + 16 * ((ch & 7) ^ (rr & 7)));
+          const int64_t col = (ch < 8 ? 0 : I - 128) + c.n0 + 16 * ch;
+          *reinterpret_cast<uint4*>(p.dh_q + (c.row0 + rr) * C2 + col) = w;
+        }
       }
     }
     asm volatile("bar.sync 3, 256;" ::: "memory");
@@ -258,24 +274,35 @@ struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
         }
       }
     }
+    if (tma_cols) fence_async_shared();  // the staged columns are read by TMA next
     asm volatile("bar.sync 3, 256;" ::: "memory");
-    // 256 columns x 8 chunks of 16 rows: 8 threads write one column's 128-byte run.
-    const int64_t M = p.m;
-    const bool vec = (c.row0 & 15) == 0 && (M & 15) == 0;
+    if (tma_cols) {
+      // A whole tile: the gate and up boxes (128 columns x 128 rows of codes each) by TMA; the next
+      // tile's epilogue waits for their reads before it reuses the buffer.
+      if (lt2 == 0) {
+        tma_store_2d(map_qt, tbuf, c.row0, c.n0);
+        tma_store_2d(map_qt, tbuf + 128 * 128, c.row0, I + c.n0);
+        bulk_commit_group();
+      }
+    } else {
+      // 256 columns x 8 chunks of 16 rows: 8 threads write one column's 128-byte run.
+      const int64_t M = p.m;
+      const bool vec = (c.row0 & 15) == 0 && (M & 15) == 0;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int id = lt2 + 256 * i, cl = id >> 3, u = id & 7;
-      if (16 * u >= c.rows) continue;
-      const int64_t colg = cl < 128 ? c.n0 + cl : I + c.n0 + (cl - 128);
-      uint8_t* dst = p.dh_qt + colg * M + c.row0 + 16 * u;
-      const uint4 w = *reinterpret_cast<const uint4*>(tbuf + cl * 128 + 16 * (u ^ (cl & 7)));
-      if (vec && 16 * u + 16 <= c.rows) {
-        *reinterpret_cast<uint4*>(dst) = w;
-      } else {
-        const int n = min(16, c.rows - 16 * u);
-        for (int b = 0; b < n; ++b) {
-          const uint32_t word = b < 4 ? w.x : b < 8 ? w.y : b < 12 ? w.z : w.w;
-          dst[b] = static_cast<uint8_t>(word >> (8 * (b & 3)));
+      for (int i = 0; i < 8; ++i) {
+        const int id = lt2 + 256 * i, cl = id >> 3, u = id & 7;
+        if (16 * u >= c.rows) continue;
+        const int64_t colg = cl < 128 ? c.n0 + cl : I + c.n0 + (cl - 128);
+        uint8_t* dst = p.dh_qt + colg * M + c.row0 + 16 * u;
+        const uint4 w = *reinterpret_cast<const uint4*>(tbuf + cl * 128 + 16 * (u ^ (cl & 7)));
+        if (vec && 16 * u + 16 <= c.rows) {
+          *reinterpret_cast<uint4*>(dst) = w;
+        } else {
+          const int n = min(16, c.rows - 16 * u);
+          for (int b = 0; b < n; ++b) {
+            const uint32_t word = b < 4 ? w.x : b < 8 ? w.y : b < 12 ? w.z : w.w;
+            dst[b] = static_cast<uint8_t>(word >> (8 * (b & 3)));
+          }
         }
       }
     }
