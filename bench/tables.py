@@ -138,9 +138,9 @@ _TILE128_PIECES = [
     # counts in the first column whose pattern it matches (the fused down-projection dgrad before the GEMMs).
     ("down dgrad + dSwiGLU", ("GroupedMGatherDSwigl",), lambda n, h, i, e, f: (2 * n * h * i, "flop"),
      "the down projection's dgrad (2 N H I FLOPs) with dSwiGLU, the routing weights' grad and dH's two FP8 "
-     "forms in its epilogue (h read, the forms written: 8 N I bytes); its epilogue is most of its time "
+     "forms in its epilogue (h read, the forms written: 8 N I bytes); its epilogue is about half of its time "
      "(exact per-element SwiGLU derivative on the 8 math warps, after the mainloop); next: the epilogue "
-     "overlapped with the next tile's mainloop"),
+     "overlapped with the next tile's mainloop (bounded by registers: docs/design/gemm-sm90.md)"),
     ("fwd+dgrad GEMMs", ("grouped_m_kernel",), lambda n, h, i, e, f: ((10 if f else 12) * n * h * i, "flop"),
      "the other forward / dgrad GEMMs, 10 N H I FLOPs (12 with the unfused down dgrad); next: SwiGLU into "
      "GEMM1's epilogue"),
@@ -157,7 +157,7 @@ _TILE128_PIECES = [
      "written, 10 N I; next: the fused epilogue for those layouts"),
     ("x wgrad operand", ("tile128_pass_kernel<100,",), lambda n, h, i, e, f: (3 * n * h, "byte"),
      "routed x read, its 128x1 form written, 3 N H; next: GEMM1's producer"),
-    ("w*dout wgrad operand", ("tile128_pass_kernel<1,",), lambda n, h, i, e, f: (3 * n * h, "byte"),
+    ("w*dout wgrad operand", ("tile128_pass_kernel<104,", "tile128_pass_kernel<1,"), lambda n, h, i, e, f: (3 * n * h, "byte"),
      "3 N H; next: the down projection dgrad's producer"),
     ("weights' grad", ("swiglu_weight_grad",), lambda n, h, i, e, f: (6 * n * i, "byte"),
      "unfused only: dY' and h read, 6 N I"),
