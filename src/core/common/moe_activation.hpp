@@ -124,6 +124,15 @@ MXMOE_HD float sigmoid_f32_moderate(float z) { return rcp_rn_moderate(add_rn(1.0
 // warp, runs the moderate instantiation of its unrolled loop: a branch around the loop, none inside.
 MXMOE_HD bool bf16x2_sigmoid_moderate(uint32_t w) { return (w & 0xFFFFu) <= 0xC2AEu && (w >> 16) <= 0xC2AEu; }
 
+// Whether no g[q] of 8 is below -87 (NaN counts as not below): a PLAIN SwiGLU of these gate values
+// may take the moderate sigmoid. Kernels branch once per 8 elements, around their unrolled math; a
+// thread meets g < -87 only on extreme inputs.
+MXMOE_HD bool sigmoid_moderate8(const float (&g)[8]) {
+  bool ok = true;
+  for (int q = 0; q < 8; ++q) ok = ok && !(g[q] < -87.0f);
+  return ok;
+}
+
 // Clamps written with comparisons that keep NaN (fminf/fmaxf would turn a NaN into the bound):
 // gc = min(g, limit), uc = min(max(u, -limit), limit), as torch.clamp.
 MXMOE_HD float swiglu_clamp_gate(float g, float limit) { return g > limit ? limit : g; }

@@ -437,7 +437,13 @@ __global__ void swiglu_kernel(const TH* __restrict__ h, int64_t N, int64_t I, Sw
           ld8(hr + u * 8, g);
           ld8(hr + I + u * 8, v);
         }
-        for (int e = 0; e < 8; ++e) o[e] = swiglu_value(g[e], v[e], p);
+        // Plain SiLU x up (Qwen3, Mixtral, DeepSeek) without the clamp and slope operations, with the
+        // moderate sigmoid where no gate value is below -87: the same values (NaNs stored canonically).
+        if (swiglu_is_plain(p) && sigmoid_moderate8(g)) {
+          for (int e = 0; e < 8; ++e) o[e] = swiglu_value<true, true>(g[e], v[e], p);
+        } else {
+          for (int e = 0; e < 8; ++e) o[e] = swiglu_value(g[e], v[e], p);
+        }
         st8(yr + u * 8, o);
       } else {
         const float g = ld1(hr, kInter ? 2 * u : u), v = ld1(hr, kInter ? 2 * u + 1 : I + u);
@@ -468,7 +474,11 @@ __global__ void swiglu_backward_kernel(const TD* __restrict__ dy, const TH* __re
           ld8(hr + I + u * 8, v);
         }
         ld8(dyr + u * 8, d);
-        for (int e = 0; e < 8; ++e) swiglu_grad(g[e], v[e], d[e], p, &dg[e], &du[e]);
+        if (swiglu_is_plain(p) && sigmoid_moderate8(g)) {  // as the forward
+          for (int e = 0; e < 8; ++e) swiglu_grad<true, true>(g[e], v[e], d[e], p, &dg[e], &du[e]);
+        } else {
+          for (int e = 0; e < 8; ++e) swiglu_grad(g[e], v[e], d[e], p, &dg[e], &du[e]);
+        }
         if constexpr (kInter) {
           float a[8], b[8];
           for (int e = 0; e < 4; ++e) a[2 * e] = dg[e], a[2 * e + 1] = du[e], b[2 * e] = dg[e + 4], b[2 * e + 1] = du[e + 4];

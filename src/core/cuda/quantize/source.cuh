@@ -67,16 +67,6 @@ __device__ __forceinline__ void swiglu_bwd_inputs8(const uint16_t* h, long long 
   }
 }
 
-// Whether no g[q] is below -87 (NaN counts as not below): a PLAIN SwiGLU of these gate values may take
-// the moderate sigmoid (common/moe_activation.hpp, sigmoid_f32_moderate; the same bits). One branch per
-// 8 elements, around their unrolled math; a thread meets g < -87 only on extreme inputs.
-__device__ __forceinline__ bool sigmoid_moderate8(const float (&g)[8]) {
-  bool ok = true;
-#pragma unroll
-  for (int q = 0; q < 8; ++q) ok = ok && !(g[q] < -87.0f);
-  return ok;
-}
-
 // SWIGLU / SWIGLU_BACKWARD (bf16 only, C % 8 == 0, checked on the host): the fp32 values of logical
 // row r, columns c .. c+7, before their rounding to bf16.
 //   SWIGLU:          x = swiglu(h), h (R, 2C): gate and up halves concatenated or interleaved.

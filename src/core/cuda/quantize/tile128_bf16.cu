@@ -215,7 +215,7 @@ __device__ __forceinline__ void load_pair(const KParams& K, const Tile& t, uint4
     if (r < t.rows) {
       float g[8], u[8], dy[8], dg[8], du[8];
       swiglu_bwd_inputs8(hx, K.a.C, s, t.r0 + r, c, g, u, dy);
-      if (PLAIN && qk::sigmoid_moderate8(g)) {
+      if (PLAIN && sigmoid_moderate8(g)) {
 #pragma unroll
         for (int q = 0; q < 8; ++q) swiglu_grad<PLAIN, PLAIN>(g[q], u[q], dy[q], s.act, &dg[q], &du[q]);
       } else {
