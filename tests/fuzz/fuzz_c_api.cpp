@@ -1349,21 +1349,31 @@ void op_swiglu(FuzzedDataProvider& fdp, bool backward) {
   c.check(mxmoe_swiglu(Call::ptr(h), layout, alpha, limit, up, Call::ptr(y), stream));
 }
 
+// The shapes of a gather GEMM call: A (T, K) per token, M routed rows through `fanout` (any int64 at
+// times, M not T * fanout at times), G <= 32 groups of N output columns, capped to the harness's budget.
+struct GatherShape {
+  int64_t T, K, N, G, fanout, M;
+};
+GatherShape gather_shape(Call& c, int64_t N) {
+  GatherShape s{c.dim(), c.dim(), N, std::min<int64_t>(c.groups(), 32), 0, 0};
+  s.fanout = c.pick(0, 15) == 15 ? c.fdp().ConsumeIntegral<int64_t>() : small_k(c);
+  s.M = smul(s.T, std::max<int64_t>(s.fanout, 1));
+  if (c.pick(0, 3) == 3) s.M = sadd(s.M, c.pick(-3, 40));
+  int64_t GK = s.G + 1;
+  Call::cap({&s.M, &s.N, &s.K}, kMaxMacs);
+  Call::cap({&s.T, &s.K}, kMaxElems / 2);
+  Call::cap({&GK, &s.N, &s.K}, kMaxMacs);
+  s.G = std::min(s.G, GK);
+  return s;
+}
+
 // mxmoe_grouped_mm_tile128_gather: the GEMM on routed rows of a per-token operand (indices any
 // int32, negative ones padding rows), with an optional row scale.
 void op_gemm_gather(FuzzedDataProvider& fdp) {
   g_op = "mxmoe_grouped_mm_tile128_gather";
   Call c(fdp);
-  int64_t T = c.dim(), K = c.dim(), N = c.dim(), G = c.groups();
-  const int64_t fanout = c.pick(0, 15) == 15 ? c.fdp().ConsumeIntegral<int64_t>() : small_k(c);
-  if (G > 32) G = 32;
-  int64_t M = smul(T, std::max<int64_t>(fanout, 1));
-  if (c.pick(0, 3) == 3) M = sadd(M, c.pick(-3, 40));
-  int64_t GK = G + 1;
-  Call::cap({&M, &N, &K}, kMaxMacs);
-  Call::cap({&T, &K}, kMaxElems / 2);
-  Call::cap({&GK, &N, &K}, kMaxMacs);
-  G = std::min(G, GK);
+  const GatherShape sh = gather_shape(c, c.dim());
+  const int64_t T = sh.T, K = sh.K, N = sh.N, G = sh.G, fanout = sh.fanout, M = sh.M;
   Arg& a = c.add("a", Role::kIn, MXMOE_DTYPE_E4M3, {T, K}, true);
   Arg& as = c.add("a_scale", Role::kIn, MXMOE_DTYPE_E8M0, {T, K / 32}, true);
   Arg& gather = c.add_index("gather", MXMOE_DTYPE_I32, {M}, std::max<int64_t>(smul(T, std::max<int64_t>(fanout, 1)), 1));
@@ -1386,18 +1396,9 @@ void op_gemm_gather(FuzzedDataProvider& fdp) {
 void op_gemm_gather_dswiglu(FuzzedDataProvider& fdp) {
   g_op = "mxmoe_grouped_mm_tile128_gather_dswiglu";
   Call c(fdp);
-  int64_t T = c.dim(), K = c.dim(), G = c.groups();
-  int64_t I = c.pick(0, 3) == 3 ? c.dim() : 128 * c.pick(1, 3);
-  const int64_t fanout = c.pick(0, 15) == 15 ? c.fdp().ConsumeIntegral<int64_t>() : small_k(c);
-  if (G > 32) G = 32;
-  int64_t M = smul(T, std::max<int64_t>(fanout, 1));
-  if (c.pick(0, 3) == 3) M = sadd(M, c.pick(-3, 40));
-  int64_t GK = G + 1;
-  Call::cap({&M, &I, &K}, kMaxMacs);
-  Call::cap({&T, &K}, kMaxElems / 2);
-  Call::cap({&GK, &I, &K}, kMaxMacs);
-  Call::cap({&M, &I}, kMaxElems / 4);
-  G = std::min(G, GK);
+  GatherShape sh = gather_shape(c, c.pick(0, 3) == 3 ? c.dim() : 128 * c.pick(1, 3));
+  Call::cap({&sh.M, &sh.N}, kMaxElems / 4);  // h and the outputs: M x 2I
+  const int64_t T = sh.T, K = sh.K, I = sh.N, G = sh.G, fanout = sh.fanout, M = sh.M;
   const int32_t layout = c.pick(0, 9) == 9 ? c.fdp().ConsumeIntegral<int32_t>() : 0;
   const bool gpt = c.coin();
   const float alpha = activation_param(c, gpt ? 1.702f : 1.0f);

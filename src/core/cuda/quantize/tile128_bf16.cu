@@ -72,9 +72,11 @@ __host__ __device__ constexpr bool plain_source(int src) {
 __host__ __device__ constexpr bool async_source(int src) {
   return src == 0 || src == kSourceGatherRaw || src == kSourceGatherScaled;
 }
-// The scaled async gather's row scales: one fp32 per tile row per buffer, after the column maxima.
-__host__ __device__ constexpr int row_scale_bytes(int src) { return src == kSourceGatherScaled ? 3 * 128 * 4 : 0; }
 __host__ __device__ constexpr int tile_buffers(int src) { return async_source(src) ? 3 : 2; }
+// The scaled async gather's row scales: one fp32 per tile row per buffer, after the column maxima.
+__host__ __device__ constexpr int row_scale_bytes(int src) {
+  return src == kSourceGatherScaled ? tile_buffers(src) * 128 * 4 : 0;
+}
 // The paired SwiGLU backward holds its up tile's chunks (32 registers) from the gate tile's load to
 // its own turn: 2 CTAs per SM.
 __host__ __device__ constexpr int min_ctas(int src) {
@@ -250,10 +252,12 @@ __device__ __forceinline__ void copy_tile_async(const KParams& K, const Tile& t,
     const int r = 16 * i + 2 * w + h;
     bool ok = any && r < t.rows;
     const uint16_t* src = x;
+    const float* scale = A.src.row_scale;  // SCALED: the row's scale (any valid address when not read)
     if constexpr (GATHER) {
       ok = ok && pr[i] >= 0;  // a padding row: zero-filled
       const long long e = min(static_cast<long long>(pr[i]), A.src.perm_n - 1);
       if (ok) src = x + (e / A.src.k) * A.C + c;
+      if (SCALED && ok) scale += e;
     } else {
       if (ok) src = row0 + i * step16;
     }
@@ -262,10 +266,8 @@ __device__ __forceinline__ void copy_tile_async(const KParams& K, const Tile& t,
     if constexpr (SCALED) {
       // The row's scale, by the row's first lane (0.0 where the row is zero-filled: 0 * 0 = +0 then).
       if (j == 0) {
-        const long long e = min(static_cast<long long>(pr[i]), A.src.perm_n - 1);
-        const float* s = ok ? A.src.row_scale + e : A.src.row_scale;
-        const uint32_t ds = static_cast<uint32_t>(__cvta_generic_to_shared(rs + 16 * i + 2 * w + h));
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(ds), "l"(s), "r"(ok ? 4 : 0) : "memory");
+        const uint32_t ds = static_cast<uint32_t>(__cvta_generic_to_shared(rs + r));
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(ds), "l"(scale), "r"(ok ? 4 : 0) : "memory");
       }
     }
   }
