@@ -780,8 +780,8 @@ TEST(CudaGemmTile128, GatherDSwigluSameBytesAsGemmThenQuantize) {
     int tail;  // rows past the last group
   };
   const float inf = std::numeric_limits<float>::infinity();
-  // M % 16 == 0 in the first two: whole tiles leave by TMA (rows, and columns where the tile starts
-  // 16-aligned: not group 1 of the second case, at row 50); the third stores every tile by the threads.
+  // Column runs leave as 16-byte stores where the tile starts 16-aligned and M % 16 == 0 (the first
+  // case), else byte by byte (the second: groups at any row; the third: M % 16 != 0).
   const Case cases[] = {{300, 512, 256, 8, {400, 0, 336, 704, 16, 944}, 1.f, inf, 0.f, 16},  // groups % 16 == 0
                         {97, 256, 128, 3, {50, 128, 0, 113}, 1.f, inf, 0.f, 13},            // any group sizes
                         {256, 2048, 768, 8, {512, 1024, 0, 496}, 1.702f, 7.f, 1.f, 9}};     // clamped SwiGLU

@@ -20,9 +20,9 @@ namespace {
 // The one configuration: BlockN 128, the stages of the TMA kernel at BlockN 128 with bf16 output
 // (5), no cluster (the producer warpgroup copies A; multicast of B is not wired for it).
 using Kernel = sm90::GroupedMGather<128, 5, __nv_bfloat16>;
-// The dSwiGLU epilogue's variant: the same mainloop and stages (its extra shared memory, ~5 KB, fits
-// beside them up to ~2400 groups).
-using DSwigluKernel = sm90::GroupedMGatherDSwiglu<5>;
+// The dSwiGLU epilogue's variant: the same mainloop with 4 stages, so that its hand-over buffers
+// (64 KB) fit beside them (4 and 5 stages measured the same there: docs/design/gemm-sm90.md).
+using DSwigluKernel = sm90::GroupedMGatherDSwiglu<4>;
 
 int device_sm_major(int device) {
   int major = 0;
@@ -56,17 +56,11 @@ bool launch_gather(const GroupedMGatherRun& r, sm90::GroupedMParams& p, const ch
   cfg.blockDim = dim3(K::kThreads);
   cfg.dynamicSmemBytes = K::smem_bytes(r.groups);
   cfg.stream = r.stream;
-  // The A map is unused by the gather variants (the producer copies A): B's map fills its slot, or,
-  // in the dSwiGLU variant, dh_q's map, with dh_qt's in the output's slot (p.dh_tma; else B's).
-  CUtensorMap ma = mb, mo = mb;
-  if constexpr (K::kDSwiglu) {
-    if (p.dh_tma) {
-      ma = kmajor_map(p.dh_q, 2 * static_cast<uint64_t>(r.n), r.m, 2 * static_cast<uint64_t>(r.n), 128);
-      mo = kmajor_map(p.dh_qt, r.m, 2 * static_cast<uint64_t>(r.n), r.m, 128);
-    }
-  } else {
-    mo = output_map(r.out, r.out_bf16, std::max<int64_t>(r.m, 1), r.n, K::kEpiBoxBytes);
-  }
+  // The A map is unused by the gather variants (the producer copies A): B's map fills its slot, and
+  // the output's where nothing is stored by TMA (the dSwiGLU variant).
+  CUtensorMap mo = mb;
+  if constexpr (!K::kDSwiglu) mo = output_map(r.out, r.out_bf16, std::max<int64_t>(r.m, 1), r.n, K::kEpiBoxBytes);
+  const CUtensorMap ma = mb;
   cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, ma, mb, mo, p);
   if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess) fail_status(MXMOE_ERR_CUDA, what, ": kernel launch failed: ", cudaGetErrorString(e));
@@ -134,8 +128,6 @@ bool sm90_grouped_m_gather_dswiglu(const GroupedMGatherDSwigluRun& r) {
   p.dh_scale_t = r.dh_scale_t;
   p.n_r = r.n_r;
   p.tw_part = r.tw_part;
-  // TMA stores of whole tiles' codes: dh_qt's rows (M bytes) must be 16-byte multiples.
-  p.dh_tma = r.m > 0 && r.m % 16 == 0 ? 1 : 0;
   return launch_gather<DSwigluKernel>(r, p, "grouped_mm_tile128_gather_dswiglu", true);
 }
 

@@ -88,9 +88,6 @@ struct GroupedMParams {
   uint8_t* dh_scale_t;
   int64_t n_r;
   float* tw_part;
-  // 1: the kernel's first tensor map is dh_q's and its third dh_qt's (both u8, 128 x 128 boxes,
-  // 128-byte swizzle), and whole tiles (128 rows of one group) leave their staged codes by TMA.
-  int dh_tma;
 };
 
 // The device arguments of a call (host; band_div and the gather fields are the launcher's).
@@ -142,6 +139,11 @@ struct GroupedM {
   // after the epilogue buffer and a third group table (32-row runs before each group).
   static constexpr bool kDSwiglu = false;
   static constexpr int kEpiExtraBytes = 0;
+  // A fourth warpgroup that runs the epilogue of tile i while the math warpgroups run tile i + 1's
+  // mainloop (GroupedMGatherDSwiglu): the math warpgroups only hand the tile over through shared memory.
+  static constexpr bool kEpiWarpgroup = false;
+  // setmaxnreg budgets per thread (multiples of 8; the warpgroups' sum times 128 fits the 64K registers).
+  static constexpr int kProducerRegs = 40, kMathRegs = 232;
   static constexpr int kBlockM = 128, kBlockK = 128;
   static constexpr int kThreads = 384;  // producer warpgroup + two math warpgroups
   static constexpr int kABytes = kBlockM * kBlockK;
@@ -338,6 +340,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       // other and no arrival can land in a later phase
       cutlass::arch::ClusterBarrier::init(&empty[s], 8 * K::kCluster);
     }
+    if constexpr (K::kEpiWarpgroup) K::init_handoff(smem_epi);
     cutlass::arch::fence_barrier_init();
   }
 
@@ -416,7 +419,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
 
   if (wg == 0) {
     // Producer: one thread streams every tile's k-blocks through the stage ring.
-    cutlass::arch::warpgroup_reg_dealloc<40>();
+    cutlass::arch::warpgroup_reg_dealloc<K::kProducerRegs>();
     if constexpr (K::kGather) {
       // Thread t copies chunk t % 8 of tile rows t / 8 + 16 i (i < 8); thread 0 also loads B by TMA.
       // Row r's chunk c sits at chunk c ^ (r % 8) of its 128-byte row (the TMA swizzle), and r % 8 is
@@ -517,9 +520,28 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         }
       }
     }
+  } else if (K::kEpiWarpgroup && wg == 3) {
+    if constexpr (K::kEpiWarpgroup) {
+      // The epilogue warpgroup: every tile of this CTA, one behind the math warpgroups.
+      // setmaxnreg may only lower a count with .dec and raise it with .inc (from the launch's 64K / 512).
+      if constexpr (K::kEpiRegs > 65536 / K::kThreads)
+        cutlass::arch::warpgroup_reg_alloc<K::kEpiRegs>();
+      else
+        cutlass::arch::warpgroup_reg_dealloc<K::kEpiRegs>();
+      uint32_t ph = 0;
+      int g_mine = 0, g_peer = 0;
+      for (int P = cluster; P < slots; P += clusters, ph ^= 1u) {
+        const Slot sl = slot(P, g_mine, g_peer);
+        if (!sl.store) break;
+        if (p.plain)
+          K::template epilogue_tile<true>(p, sl.c, tid - 384, smem_epi, s_end, s_runs, nt, ph);
+        else
+          K::template epilogue_tile<false>(p, sl.c, tid - 384, smem_epi, s_end, s_runs, nt, ph);
+      }
+    }
   } else {
     // Math warpgroups.
-    cutlass::arch::warpgroup_reg_alloc<232>();
+    cutlass::arch::warpgroup_reg_alloc<K::kMathRegs>();
     const int mw = wg - 1;
     const int lt = tid - 128 * wg, warp = lt / 32, lane = lt % 32;
     const int r0 = mw * 64 + warp * 16 + lane / 4;  // this thread's rows in the tile: r0, r0 + 8
@@ -527,6 +549,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     float acc[K::kAcc], fin[K::kAcc];
     float acc2[K::kOverlap ? K::kAcc : 1];  // the second in-flight set (overlapped promotion only)
     RingPos<K::kStages> ri, rr;  // the next k-block to issue and the next to retire
+    [[maybe_unused]] uint32_t hph = 0;  // the epilogue warpgroup's hand-over phase
     int g_mine = 0, g_peer = 0;
     for (int P = cluster; P < slots; P += clusters) {
       const Slot sl = slot(P, g_mine, g_peer);
@@ -676,13 +699,13 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         }
       }
       if constexpr (K::kDSwiglu) {
-        // dH and its operands instead of the stored output (sm90_fp8_grouped_m_gather_dswiglu_1x128.cuh).
+        // dY' to the epilogue warpgroup, which turns it into dH and its operands
+        // (sm90_fp8_grouped_m_gather_dswiglu_1x128.cuh) while this one runs the next tile.
         if (p.plain)
-          K::template epilogue<true>(p, c, fin, mw, warp, lane, src0, src1, smem_epi, s_end, s_runs, nt, &tma_a,
-                                     &tma_out);
+          K::template handoff<true>(p, c, fin, smem_epi, hph, mw, warp, lane, src0, src1);
         else
-          K::template epilogue<false>(p, c, fin, mw, warp, lane, src0, src1, smem_epi, s_end, s_runs, nt, &tma_a,
-                                      &tma_out);
+          K::template handoff<false>(p, c, fin, smem_epi, hph, mw, warp, lane, src0, src1);
+        hph ^= 1u;
       } else {
         // Epilogue: + bias, rounded to Out into this warpgroup's staged boxes (accumulator layout), then
         // stored: by TMA when the warpgroup's 64 rows all belong to the group (columns past N are
