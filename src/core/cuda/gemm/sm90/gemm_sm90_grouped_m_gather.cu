@@ -60,8 +60,7 @@ bool launch_gather(const GroupedMGatherRun& r, sm90::GroupedMParams& p, const ch
   // the output's where nothing is stored by TMA (the dSwiGLU variant).
   CUtensorMap mo = mb;
   if constexpr (!K::kDSwiglu) mo = output_map(r.out, r.out_bf16, std::max<int64_t>(r.m, 1), r.n, K::kEpiBoxBytes);
-  const CUtensorMap ma = mb;
-  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, ma, mb, mo, p);
+  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, mb, mb, mo, p);
   if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess) fail_status(MXMOE_ERR_CUDA, what, ": kernel launch failed: ", cudaGetErrorString(e));
   return true;

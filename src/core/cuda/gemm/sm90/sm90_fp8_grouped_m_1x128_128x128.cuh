@@ -139,8 +139,8 @@ struct GroupedM {
   // after the epilogue buffer and a third group table (32-row runs before each group).
   static constexpr bool kDSwiglu = false;
   static constexpr int kEpiExtraBytes = 0;
-  // A fourth warpgroup that runs the epilogue of tile i while the math warpgroups run tile i + 1's
-  // mainloop (GroupedMGatherDSwiglu): the math warpgroups only hand the tile over through shared memory.
+  // A fourth warpgroup that runs most of tile i's epilogue while the math warpgroups run tile i + 1's
+  // mainloop (GroupedMGatherDSwiglu): the math warpgroups hand the tile over through shared memory.
   static constexpr bool kEpiWarpgroup = false;
   // setmaxnreg budgets per thread (multiples of 8; the warpgroups' sum times 128 fits the 64K registers).
   static constexpr int kProducerRegs = 40, kMathRegs = 232;
