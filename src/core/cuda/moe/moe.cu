@@ -24,6 +24,7 @@
 #include "common/int_math.hpp"
 #include "common/moe_activation.hpp"
 #include "common/tensor.hpp"
+#include "cuda/common/bf16_pack.cuh"
 #include "cuda/common/launch_cache.cuh"
 #include "mxmoe/mx_format.hpp"
 #include "ops.hpp"
@@ -75,9 +76,7 @@ __device__ __forceinline__ void unpack2(uint32_t w, float& lo, float& hi) {
   lo = __uint_as_float(w << 16);
   hi = __uint_as_float(w & 0xFFFF0000u);
 }
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  return static_cast<uint32_t>(f32_to_bf16(canon_nan(lo))) | (static_cast<uint32_t>(f32_to_bf16(canon_nan(hi))) << 16);
-}
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) { return pack_bf16x2(lo, hi); }  // NaN as 0x7FC0
 
 // p: 16-byte aligned.
 __device__ __forceinline__ void ld8(const uint16_t* p, float (&v)[8]) {

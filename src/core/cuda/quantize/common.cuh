@@ -11,6 +11,7 @@
 
 #include "common/error.hpp"
 #include "common/int_math.hpp"
+#include "cuda/common/bf16_pack.cuh"
 #include "mxmoe/mx_format.hpp"
 #include "mxmoe/mxmoe.h"
 
@@ -120,23 +121,8 @@ __device__ __forceinline__ float canon_f32(float f) {
   return (__float_as_uint(f) & 0x7FFFFFFFu) > 0x7F800000u ? __uint_as_float(0x7FC00000u) : f;
 }
 
-// Two fp32 -> bf16x2 (lo in bits 0-15), round to nearest even in hardware (subnormals kept), any
-// NaN written as 0x7FC0 (f32_to_bf16 of the canonical NaN).
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  const uint32_t a = r & 0x7FFF7FFFu;
-  const uint32_t nan = __vcmpgtu2(a, 0x7F807F80u);  // 0xFFFF halves where NaN
-  return (r & ~nan) | (0x7FC07FC0u & nan);
-}
-
-// pack_bf16x2 without the NaN canonicalization: for values only quantized afterwards, where any NaN
-// gives the canonical NaN block (scale and codes) whatever its payload.
-__device__ __forceinline__ uint32_t cvt_bf16x2(float lo, float hi) {
-  uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
+using cuda::cvt_bf16x2;   // cuda/common/bf16_pack.cuh
+using cuda::pack_bf16x2;
 
 // Store/convert helpers for bf16 (uint16 bits) or f32 outputs.
 __device__ __forceinline__ uint32_t out_bf16(float f) {

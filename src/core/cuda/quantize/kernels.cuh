@@ -123,12 +123,12 @@ struct Frag<uint16_t> {
       w[i] = make_uint4(h[0] | (h[1] << 16), h[2] | (h[3] << 16), h[4] | (h[5] << 16), h[6] | (h[7] << 16));
     }
   }
-  // Row i's chunk from 8 fp32 values, each rounded once to bf16 (f32_to_bf16: the CPU's rounding).
+  // Row i's chunk from 8 fp32 values, each rounded once to bf16 (the CPU's f32_to_bf16 rounding; the
+  // hardware's NaN: the chunk is only quantized afterwards).
   __device__ __forceinline__ void set(int i, const float (&v)[8]) {
     uint32_t a[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k)
-      a[k] = static_cast<uint32_t>(f32_to_bf16(v[2 * k])) | (static_cast<uint32_t>(f32_to_bf16(v[2 * k + 1])) << 16);
+    for (int k = 0; k < 4; ++k) a[k] = cvt_bf16x2(v[2 * k], v[2 * k + 1]);
     w[i] = make_uint4(a[0], a[1], a[2], a[3]);
   }
   static constexpr int kChunks = 4;  // 16-byte chunks per thread per tile

@@ -154,9 +154,9 @@ __device__ __forceinline__ Tile resolve(const KParams& K, const int* table, int 
   return t;
 }
 
-__device__ __forceinline__ uint32_t pack_bf16_8(const float (&v)[8], int k) {
-  return static_cast<uint32_t>(f32_to_bf16(v[2 * k])) | (static_cast<uint32_t>(f32_to_bf16(v[2 * k + 1])) << 16);
-}
+// Values 2k, 2k + 1 of v as bf16x2. Every caller quantizes them next, so the hardware's NaN will do
+// (cvt_bf16x2; the rounding is f32_to_bf16's).
+__device__ __forceinline__ uint32_t pack_bf16_8(const float (&v)[8], int k) { return cvt_bf16x2(v[2 * k], v[2 * k + 1]); }
 
 // Whether this thread reads anything of tile t (nothing past the tensor's columns, C % 8 == 0, and
 // nowhere no output reads it: rows past the last group of a column-only request).
