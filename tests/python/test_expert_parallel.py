@@ -5,7 +5,8 @@ scales match the single-process layer run on every rank's tokens:
     dequantize(quantize(x)) of x (tile128, mxfp8_rceil), to moe_experts itself for recipe=None;
   * dW2 bit-identical to the single-process layer on the round-tripped x; dx, d topk_weights, dW13,
     d bias13, d bias2 close to it and to the layer on x (EP applies the routing weights before its
-    local dgrad, the single-process fused layer after it; recipe=None: bit-identical);
+    local dgrad, the single-process fused layer after it, recipe=None included: there they differ by
+    bf16 roundings only);
   * float32 tokens (rows and grads travel in float32), leading dims through EPMoEExperts, from_experts;
   * the dispatch moves <= 0.55x the bytes of the bf16 dispatch (the exact byte count is pinned);
   * bad routing: out-of-range ids dropped, all tokens on one rank's experts, ranks with no tokens;
@@ -116,20 +117,18 @@ def _check_against_single_process(ep, ref, rank, world, data, recipe):
     # The backward: EP's local layer gets the rows w * dout back through its combine (weights before its
     # dgrad), the single-process layer applies the weights after the down projection's dgrad (mxmoe/moe
     # functional.py): dW2 reads w * dout in both and is the same bits; dx, d topk_weights, dW13, d bias13
-    # differ by the quantization of dout vs w * dout (close). recipe=None: the same bf16 data flow.
-    def close(a, b, what, tol=0.2):  # each about 23 dB from fp32 (test_moe_layer): 14 dB apart at most
+    # differ by the quantization of dout vs w * dout (close). recipe=None: by the bf16 rounding of
+    # w * dY' vs w * dout (much closer).
+    # MX: each about 23 dB from fp32 (test_moe_layer), 14 dB apart at most; bf16: roundings only.
+    def close(a, b, what, tol=0.2 if recipe is not None else 0.02):
         assert _rel(a, b) <= tol, (msg, what, _rel(a, b))
 
-    exact_backward = recipe is None
     for got, want, what in ((dx, ref_rt[1][rows], "dx"), (dw, ref_rt[2][rows], "d topk_weights")):
-        if exact_backward:
-            assert torch.equal(got, want), (msg, what)
-        else:
-            close(got, want, what)
+        close(got, want, what)
     for name, p in ep.named_parameters():
         g_rt, g_x = ref_rt[3][name][sl], ref_x[3][name][sl]
         grad = _local(p.grad)
-        if name == "w2" or (exact_backward and name != "bias2"):
+        if name == "w2":
             assert torch.equal(grad, g_rt), f"{msg} {name}"
         elif name == "bias2" and recipe == "mxfp8_rceil_tile128":
             # the single-process fused layer sums w * dout in fp32 for this one; EP's rows come back

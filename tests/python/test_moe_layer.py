@@ -135,6 +135,35 @@ def test_bf16_equals_fp32_up_to_bf16_rounding(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("score_before", [False, True])
+def test_bf16_saved_for_backward(device, bias, score_before):
+    """The bf16 layer keeps what the MX layers keep (SonicMoE's x and pre-activation): no tensor of
+    T*k*H elements or more besides the weights -- not the dispatched x, act(h) or the expert outputs
+    (the backward gathers and recomputes them) -- and its grads still meet the bf16 bars."""
+    T, H, I, E, k = 90, 256, 64, 4, 2  # h (T*k, 2I) stays below T*k*H
+    inp, dout = _inputs(device, T=T, H=H, I=I, E=E, k=k, seed=9, bias=bias)
+    leaves = _leaves(inp)
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = mxmoe.moe_experts(**leaves, recipe=None, score_before=score_before)
+    # Anything of T*k*I elements or more besides x, the weights and h (T*k, 2I): act(h) is that size.
+    big = [(tuple(t.shape), t.dtype) for t in saved if t.numel() >= T * k * I and t.data_ptr() != leaves["x"].data_ptr()
+           and not (t.dim() == 3 and t.shape[0] == E) and tuple(t.shape) != (T * k, 2 * I)]
+    assert not big, f"saved beyond x and h: {big}"
+    assert any(t.data_ptr() == leaves["x"].data_ptr() for t in saved), "x itself is kept"
+    out.backward(dout)
+    ref_out, ref_grads = _reference(inp, dout, score_before=score_before)
+    _assert_bars(out.detach(), {n: leaves[n].grad for n in GRAD_NAMES if leaves.get(n) is not None}, ref_out,
+                 ref_grads, (38, 35, 35))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("recipe,backend", [(TILE, "auto"), (EXACT, "fused"), (TILE, "composed"), (None, "auto")])
 def test_score_before_experts(device, recipe, backend):
     """score_before=True (TorchTitan's score_before_experts): sum_j expert(w * x) on the fused paths too,

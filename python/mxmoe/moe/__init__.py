@@ -14,11 +14,14 @@ nothing waits on the host):
   GEMM2     o = act(h) @ w2[e]^T (+ bias2)          act (SwiGLU) computed by GEMM2's quantizer as it
                                                     reads h: no activation tensor is stored
   combine   out[t] = sum_j w[t, j] * o[inv[t, j]]   fp32, j in order: deterministic
-Backward: dO = w * gather(dout) and dH = act'(h, dY) are again computed inside the quantizers of the
-GEMMs that consume them (each GEMM's dgrad and wgrad operands from one read); dx = the combine of the
-dgrad rows without weights (deterministic scatter-add); d topk_weights[t, j] = <dout[t], o[inv[t, j]]>.
-Saved for backward: h (bf16: SwiGLU's inputs), o (bf16: the routing weights' grad), the FP8 wgrad
-operands of dispatch(x) and act(h), and the routing; the weights' FP8 forms live in the weight cache
+Backward: the down projection's dgrad runs on the unweighted rows, dY' = gather(dout) @ w2, and the
+weights are applied where dY' is read next, dH = act'(h, w * dY') (inside the quantizers of the GEMMs
+that consume it, or in tile128's fused dgrad epilogue); dW2 = (w * gather(dout))^T act(h); dx = the
+combine of the dgrad rows without weights (deterministic); d topk_weights[t, j] = <dY'[n], act(h[n])>
+(+ <dout[t], bias2[e]>), n = inv[t, j], so the expert outputs o are never kept.
+Saved for backward: x, h (bf16: SwiGLU's input), act(h)'s FP8 wgrad operand (MX paths) and the
+routing -- nothing of T*k rows x H: dispatch(x)'s wgrad operand is built in the backward from x, and
+the bf16 path gathers x and recomputes act(h) there. The weights' FP8 forms live in the weight cache
 (mxmoe/weight_cache.py: once per optimizer step).
 
 Paths, chosen once per call by the backend that runs the layer (Backend.layer_phases, in layer.py);

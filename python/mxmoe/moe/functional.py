@@ -183,6 +183,10 @@ def _mm(a: Tensor, b: Tensor, offs: Tensor) -> Tensor:
 
 
 class Bf16(torch.autograd.Function):
+    """FusedMX's data flow in bf16: x and the pre-activation h are kept, nothing of T*k rows x H. The
+    backward gathers again what it needs (dispatch(x) for dW13, the rows of dout) and recomputes act(h)
+    for dW2; the routing weights' grad comes from the unweighted dgrad and h, as on the MX paths."""
+
     @staticmethod
     def forward(ctx, x, topk_idx, topk_w, w13, w2, b13, b2, mode: int, act: Swiglu, layout: int, w_up=None,
                 score_before: bool = False):
@@ -190,46 +194,66 @@ class Bf16(torch.autograd.Function):
         offs, perm, inv = ops.moe_routing(topk_idx, E)
         w13b, w2b = _cast(w13 if w_up is None else weight_cache.joined((w13, w_up)), BF16), _cast(w2, BF16)
         # score_before: the rows scaled in fp32 and rounded once to bf16 (TorchTitan's order).
-        xs = ops.moe_gather(x, perm, k, topk_w.float().contiguous() if score_before else None, BF16)
+        rs = topk_w.float().contiguous() if score_before else None
+        xs = ops.moe_gather(x, perm, k, rs, BF16)
         h = add_group_bias(_mm(xs, w13b.transpose(-2, -1), offs), b13, offs)
+        del xs
         y = ops.swiglu(h, layout, act.alpha, act.limit, act.up_offset)
         o = add_group_bias(_mm(y, w2b.transpose(-2, -1), offs), b2, offs)
+        del y
         out = ops.moe_combine(o, inv, None if score_before else topk_w, x.dtype)
-        ctx.save_for_backward(xs, h, y, x if score_before else o, w13b, w2b, offs, perm, inv, topk_w)
+        ctx.save_for_backward(h, x, w13b, w2b, offs, perm, inv, topk_w,
+                              *((topk_idx, b2) if b2 is not None and not score_before else (None, None)))
         ctx.cfg = (k, act, layout, x.dtype, w13.dtype, w2.dtype, _dtype(b13), _dtype(b2), score_before)
         ctx.up_rows = None if w_up is None else w_up.shape[1]
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        xs, h, y, o_or_x, w13b, w2b, offs, perm, inv, topk_w = ctx.saved_tensors
+        h, x_saved, w13b, w2b, offs, perm, inv, topk_w, topk_idx, b2_w = ctx.saved_tensors
         k, act, layout, x_dtype, w13_dtype, w2_dtype, b13, b2, score_before = ctx.cfg
         need_x, _, need_tw, need_w13, need_w2, need_b13, need_b2 = ctx.needs_input_grad[:7]
         need_w13 = need_w13 or ctx.needs_input_grad[10]
         dout = dout.contiguous()
         rs = topk_w.float().contiguous()
+        act_args = (layout, act.alpha, act.limit, act.up_offset)
         d_tw = None
-        if need_tw and not score_before:
-            d_tw = ops.moe_combine_weight_grad(dout, o_or_x, inv).to(topk_w.dtype)
         need_dxs = need_x or (need_tw and score_before)
         need_h = need_dxs or need_w13 or need_b13
         dx = dw13 = dw2 = db13 = db2 = None
-        d_o = ops.moe_gather(dout, perm, k, None if score_before else rs, BF16)
-        if need_w2:
-            dw2 = _cast(_mm(d_o.t(), y, offs), w2_dtype)
-        if need_b2:
-            db2 = _bias_grad(d_o, offs, b2)
+        # dO = [w *] gather(dout): dW2 = dO^T act(h) (act(h) recomputed), db2 from dO.
+        if need_w2 or need_b2:
+            d_o = ops.moe_gather(dout, perm, k, None if score_before else rs, BF16)
+            if need_w2:
+                dw2 = _cast(_mm(d_o.t(), ops.swiglu(h, *act_args), offs), w2_dtype)
+            if need_b2:
+                db2 = _bias_grad(d_o, offs, b2)
+            del d_o
+        d_y = None
+        if need_h or (need_tw and not score_before):
+            # The dgrad on the unweighted rows, dY' = gather(dout) @ w2; with the weights after the
+            # experts they are applied where dY' is read next, dH = act'(h, w * dY'), and d w[t, j] =
+            # <dout[t], o[n]> = <dY'[n], act(h[n])> (+ <dout[t], b2[e]>): o is not kept.
+            d_y = _mm(ops.moe_gather(dout, perm, k, None, BF16), w2b, offs)
+            if need_tw and not score_before:
+                d_tw = ops.moe_swiglu_weight_grad(d_y, h, inv, *act_args)
+                if topk_idx is not None:  # the output bias's share of o
+                    d_tw = d_tw + _bias_weight_grad(dout, topk_idx, b2_w)
+                d_tw = d_tw.to(topk_w.dtype)
         if need_h:
-            d_y = _mm(d_o, w2b, offs)
-            dh = ops.swiglu_backward(d_y, h, layout, act.alpha, act.limit, act.up_offset)
-            if need_w13:
+            dh = ops.swiglu_backward(d_y if score_before else _scale_rows(d_y, perm, rs, k), h, *act_args)
+            del d_y
+            if need_w13:  # dispatch(x), as the forward built it
+                xs = ops.moe_gather(x_saved, perm, k, rs if score_before else None, BF16)
                 dw13 = _cast(_mm(dh.t(), xs, offs), w13_dtype)
+                del xs
             if need_b13:
                 db13 = _bias_grad(dh, offs, b13)
             if need_dxs:
                 dxs = _mm(dh, w13b, offs)
+                del dh
                 if need_tw and score_before:  # d w[t, j] = <x[t], dXs[inv[t, j]]>
-                    d_tw = ops.moe_combine_weight_grad(o_or_x, dxs, inv).to(topk_w.dtype)
+                    d_tw = ops.moe_combine_weight_grad(x_saved, dxs, inv).to(topk_w.dtype)
                 if need_x:
                     dx = ops.moe_combine(dxs, inv, rs if score_before else None, x_dtype)
         dw13, dw_up = _split_grad(dw13, ctx.up_rows)
