@@ -98,6 +98,30 @@ struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
     prefetch_l2(row + p.n, 256);
   }
 
+  // One bf16 pair of dY' (d2) with its gate and up pairs of h (g2, u2), a row's weight f: dH's gate
+  // and up pairs (zero outside the tile's rows), the partial <bf16(dY'), act(h)> continued in `part`,
+  // the |dH| maxima in mg, mu. Both hand-over sides run it, so their values and order agree.
+  template <bool PLAIN, bool kModerate>
+  static __device__ __forceinline__ void dswiglu_pair(uint32_t d2, uint32_t g2, uint32_t u2, float f, bool in,
+                                                      const SwigluParams& act, float& part, uint32_t& mg,
+                                                      uint32_t& mu, uint32_t& og, uint32_t& ou) {
+    constexpr uint32_t kAbs2 = 0x7FFF7FFFu;
+    float vg[2], vu[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float d = __uint_as_float(e ? d2 & 0xFFFF0000u : d2 << 16);
+      const float g = __uint_as_float(e ? g2 & 0xFFFF0000u : g2 << 16);
+      const float u = __uint_as_float(e ? u2 & 0xFFFF0000u : u2 << 16);
+      float y;
+      swiglu_grad_value<PLAIN, kModerate>(g, u, __fmul_rn(d, f), act, &vg[e], &vu[e], &y);
+      part = add_rn(part, mul_rn(d, y));
+    }
+    og = in ? qk::cvt_bf16x2(vg[0], vg[1]) : 0u;
+    ou = in ? qk::cvt_bf16x2(vu[0], vu[1]) : 0u;
+    mg = __vmaxu2(mg, og & kAbs2);
+    mu = __vmaxu2(mu, ou & kAbs2);
+  }
+
   // A math thread (mw, warp, lane) after its tile's mainloop, holding rows lr and lr + 8, columns
   // 8 j + 2 (lane % 4) + {0, 1} of dY' (as the gather GEMM stores it: + 0, its bias-free output, so -0
   // is stored as +0; then bf16), once the epilogue warpgroup has freed S (phase ph): chunks
@@ -108,7 +132,6 @@ struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
                                                  const float (&fin)[Base::kAcc], uint8_t* smem_epi, uint32_t ph,
                                                  int mw, int warp, int lane, int src0, int src1) {
     constexpr int kJ = kMathChunks;
-    constexpr uint32_t kAbs2 = 0x7FFF7FFFu;
     uint8_t* const S = smem_epi;
     uint8_t* const U = smem_epi + kHalfBytes;
     uint64_t* bars = handoff_bars(smem_epi);
@@ -147,22 +170,10 @@ struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
       for (int j = 0; j < kJ; ++j) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const float f = r ? f1 : f0;
           const uint32_t dp = qk::cvt_bf16x2(__fadd_rn(fin[4 * j + 2 * r], 0.f), __fadd_rn(fin[4 * j + 2 * r + 1], 0.f));
-          float vg[2], vu[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float d = __uint_as_float(e ? dp & 0xFFFF0000u : dp << 16);
-            const float g = __uint_as_float(e ? HG[j][r] & 0xFFFF0000u : HG[j][r] << 16);
-            const float u = __uint_as_float(e ? HU[j][r] & 0xFFFF0000u : HU[j][r] << 16);
-            float y;
-            swiglu_grad_value<PLAIN, kModerate>(g, u, __fmul_rn(d, f), p.act, &vg[e], &vu[e], &y);
-            part[r] = add_rn(part[r], mul_rn(d, y));
-          }
-          const bool in = r ? in1 : in0;
-          const uint32_t og = in ? qk::cvt_bf16x2(vg[0], vg[1]) : 0u, ou = in ? qk::cvt_bf16x2(vu[0], vu[1]) : 0u;
-          mg[r] = __vmaxu2(mg[r], og & kAbs2);
-          mu[r] = __vmaxu2(mu[r], ou & kAbs2);
+          uint32_t og, ou;
+          dswiglu_pair<PLAIN, kModerate>(dp, HG[j][r], HU[j][r], r ? f1 : f0, r ? in1 : in0, p.act, part[r], mg[r],
+                                         mu[r], og, ou);
           const int off = chunk_offset(lr + 8 * r, j) + 4 * q;
           *reinterpret_cast<uint32_t*>(S + off) = og;
           *reinterpret_cast<uint32_t*>(U + off) = ou;
@@ -248,22 +259,8 @@ struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
                      uw[4] = {u4.x, u4.y, u4.z, u4.w};
       uint32_t og[4], ou[4];
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        float vg[2], vu[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float d = __uint_as_float(e ? dw[w] & 0xFFFF0000u : dw[w] << 16);
-          const float g = __uint_as_float(e ? gw[w] & 0xFFFF0000u : gw[w] << 16);
-          const float u = __uint_as_float(e ? uw[w] & 0xFFFF0000u : uw[w] << 16);
-          float y;
-          swiglu_grad_value<PLAIN, kModerate>(g, u, __fmul_rn(d, f), p.act, &vg[e], &vu[e], &y);
-          s4[w] = add_rn(s4[w], mul_rn(d, y));
-        }
-        og[w] = in ? qk::cvt_bf16x2(vg[0], vg[1]) : 0u;
-        ou[w] = in ? qk::cvt_bf16x2(vu[0], vu[1]) : 0u;
-        mg = __vmaxu2(mg, og[w] & kAbs2);
-        mu = __vmaxu2(mu, ou[w] & kAbs2);
-      }
+      for (int w = 0; w < 4; ++w)
+        dswiglu_pair<PLAIN, kModerate>(dw[w], gw[w], uw[w], f, in, p.act, s4[w], mg, mu, og[w], ou[w]);
       *reinterpret_cast<uint4*>(sp) = make_uint4(og[0], og[1], og[2], og[3]);
       *reinterpret_cast<uint4*>(U + chunk_offset(r, j)) = make_uint4(ou[0], ou[1], ou[2], ou[3]);
     };
