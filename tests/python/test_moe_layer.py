@@ -69,6 +69,19 @@ def _run(inp, dout, **kw):
     return out.detach(), {n: leaves[n].grad for n in GRAD_NAMES if leaves.get(n) is not None}
 
 
+def _forward_saving(leaves, **kw):
+    """moe_experts' output and every tensor its autograd graph saved for the backward."""
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = mxmoe.moe_experts(**leaves, **kw)
+    return out, saved
+
+
 def _reference(inp, dout, act=Swiglu(), layout="concatenated", score_before=False):
     """fp32 plain-torch composition: per expert, the tokens routed to it (ids outside [0, E) dropped)."""
     leaves = {n: (None if t is None else t.detach().float().cpu()) for n, t in inp.items()}
@@ -144,14 +157,7 @@ def test_bf16_saved_for_backward(device, bias, score_before):
     T, H, I, E, k = 90, 256, 64, 4, 2  # h (T*k, 2I) stays below T*k*H
     inp, dout = _inputs(device, T=T, H=H, I=I, E=E, k=k, seed=9, bias=bias)
     leaves = _leaves(inp)
-    saved = []
-
-    def pack(t):
-        saved.append(t)
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = mxmoe.moe_experts(**leaves, recipe=None, score_before=score_before)
+    out, saved = _forward_saving(leaves, recipe=None, score_before=score_before)
     # Anything of T*k*I elements or more besides x, the weights and h (T*k, 2I): act(h) is that size.
     big = [(tuple(t.shape), t.dtype) for t in saved if t.numel() >= T * k * I and t.data_ptr() != leaves["x"].data_ptr()
            and not (t.dim() == 3 and t.shape[0] == E) and tuple(t.shape) != (T * k, 2 * I)]
@@ -260,14 +266,7 @@ def test_saved_for_backward(device, recipe, bias, score_before):
     T, H, I, E, k = 90, 256, 64, 4, 2  # h (T*k + padding, 2I) stays below T*k*H
     inp, dout = _inputs(device, T=T, H=H, I=I, E=E, k=k, seed=9, bias=bias)
     leaves = _leaves(inp)
-    saved = []
-
-    def pack(t):
-        saved.append(t)
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = mxmoe.moe_experts(**leaves, recipe=recipe, backend="fused", score_before=score_before)
+    out, saved = _forward_saving(leaves, recipe=recipe, backend="fused", score_before=score_before)
     big = [(tuple(t.shape), t.dtype) for t in saved if t.numel() >= T * k * H and not (t.dim() == 3 and t.shape[0] == E)]
     assert not big, f"saved tensors of T*k*H elements or more: {big}"
     assert any(t is leaves["x"] or t.data_ptr() == leaves["x"].data_ptr() for t in saved), "x itself is kept"
