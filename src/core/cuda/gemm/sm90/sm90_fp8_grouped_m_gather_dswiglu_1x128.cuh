@@ -63,6 +63,7 @@ struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
   // hold dY' in registers), the epilogue warpgroup the rest (Qwen3-30B-A3B 16K, same run: 0, 4 and 8
   // chunks about the same, 4 marginally best: docs/design/gemm-sm90.md).
   static constexpr int kMathChunks = 4;
+  static constexpr uint32_t kAbs2 = 0x7FFF7FFFu;  // |x| of a bf16 pair
   static_assert(kMathChunks % 4 == 0 && kMathChunks < 16, "the epilogue takes its chunks 4 at a time");
   struct RowStats {
     float part[4];    // the partial's sums s4[q] over the math warpgroups' chunks
@@ -105,7 +106,6 @@ struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
   static __device__ __forceinline__ void dswiglu_pair(uint32_t d2, uint32_t g2, uint32_t u2, float f, bool in,
                                                       const SwigluParams& act, float& part, uint32_t& mg,
                                                       uint32_t& mu, uint32_t& og, uint32_t& ou) {
-    constexpr uint32_t kAbs2 = 0x7FFF7FFFu;
     float vg[2], vu[2];
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
@@ -216,7 +216,6 @@ struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
   static __device__ __forceinline__ void epilogue_tile(const GroupedMParams& p, const TileCoord& c, int et,
                                                        uint8_t* smem_epi, const int* s_end, const int* s_runs, int nt,
                                                        uint32_t ph) {
-    constexpr uint32_t kAbs2 = 0x7FFF7FFFu;
     uint8_t* const S = smem_epi;
     uint8_t* const U = smem_epi + kHalfBytes;
     uint64_t* bars = handoff_bars(smem_epi);
