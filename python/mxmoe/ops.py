@@ -424,11 +424,11 @@ def _(src_kind, src_a, src_b, perm, row_scale, k, layout, alpha, limit, up_offse
 
 
 @_fake("moe_tile128_dswiglu_backward")
-def _(dout, perm, k, row_scale, w2_qt, w2_scale, h, alpha, limit, up_offset, w13_qt, w13_scale, x_qt, x_scale, offs,
-      mode, need_dxs, need_dw13, a_dtype, w_dtype):
+def _(dout, perm, k, row_scale, w2_qt, w2_scale, h, alpha, limit, up_offset, w13_qt, w13_scale, x, offs, mode,
+      need_dxs, need_dw13, a_dtype, w_dtype):
     m, two_i = h.shape
     dxs = h.new_empty((m, w13_qt.shape[1]) if need_dxs else (0,), dtype=a_dtype)
-    dw13 = h.new_empty((offs.shape[0], two_i, x_qt.shape[0]) if need_dw13 else (0,), dtype=w_dtype)
+    dw13 = h.new_empty((offs.shape[0], two_i, x.shape[1]) if need_dw13 else (0,), dtype=w_dtype)
     return dxs, dw13, h.new_empty((m, two_i // 256), dtype=torch.float32)
 
 

@@ -49,7 +49,7 @@ STABLE_TORCH_LIBRARY(mxmoe, m) {
         "int mode, bool need_da, bool need_dw, ScalarType a_dtype, ScalarType w_dtype) -> (Tensor, Tensor)");
   m.def("moe_tile128_dswiglu_backward(Tensor dout, Tensor perm, int k, Tensor row_scale, Tensor w2_qt, "
         "Tensor w2_scale, Tensor h, float alpha, float limit, float up_offset, Tensor w13_qt, Tensor w13_scale, "
-        "Tensor? x_qt, Tensor? x_scale, Tensor offs, int mode, bool need_dxs, bool need_dw13, ScalarType a_dtype, "
+        "Tensor? x, Tensor offs, int mode, bool need_dxs, bool need_dw13, ScalarType a_dtype, "
         "ScalarType w_dtype) -> (Tensor, Tensor, Tensor)");
   m.def("moe_tile128_dswiglu_available(int i, int k, int groups, int t, int fanout, int device) -> bool");
   m.def("moe_exact_forward(" SRC "Tensor w_dq, Tensor offs, int mode, bool want_a_col) -> (Tensor, Tensor, Tensor)");

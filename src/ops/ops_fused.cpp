@@ -255,18 +255,19 @@ std::tuple<Tensor, Tensor> tile128_backward(const char* op, const Input& dy, con
   return {da, dw};
 }
 
-// The down projection's dgrad with dSwiGLU in its epilogue, then the up projection's dgrad and wgrad
-// on the FP8 forms it wrote (the tile128 layer's backward with the weights after the experts).
+// The down projection's dgrad with dSwiGLU in its epilogue, then the up projection's wgrad and dgrad
+// on the FP8 forms it wrote (the tile128 layer's backward with the weights after the experts). The
+// wgrad comes first, its operands (dH's columnwise form, dispatch(x)'s, built here from x) freed
+// before dXs is allocated: the layer's peak memory is in this op.
 std::tuple<Tensor, Tensor, Tensor> tile128_dswiglu_backward(const char* op, const Tensor& dout_in, const Tensor& perm,
                                                             int64_t k, const Tensor& row_scale, const Tensor& w2_qt,
                                                             const Tensor& w2_scale, const Tensor& h, double alpha,
                                                             double limit, double up_offset, const Tensor& w13_qt,
-                                                            const Tensor& w13_scale, const OptTensor& x_qt,
-                                                            const OptTensor& x_scale, const Tensor& offs, int64_t mode,
-                                                            bool need_dxs, bool need_dw13, ScalarType a_dtype,
-                                                            ScalarType w_dtype) {
-  if (need_dw13 && (!x_qt || !x_scale))
-    fail(op, MXMOE_ERR_INVALID_ARGUMENT, "x_qt, x_scale: required when need_dw13 (the routed x's wgrad operand)");
+                                                            const Tensor& w13_scale, const OptTensor& x,
+                                                            const Tensor& offs, int64_t mode, bool need_dxs,
+                                                            bool need_dw13, ScalarType a_dtype, ScalarType w_dtype) {
+  if (need_dw13 && !x)
+    fail(op, MXMOE_ERR_INVALID_ARGUMENT, "x: required when need_dw13 (the tokens the routed rows read)");
   require_dims(h, "h", 2, 2, op);
   require_dims(w2_qt, "w2_qt", 3, 3, op);
   const Input dout(dout_in);
@@ -276,10 +277,12 @@ std::tuple<Tensor, Tensor, Tensor> tile128_dswiglu_backward(const char* op, cons
   quantize_per_token(op, dout, mode, g_row, L);
   Tensor dh_q = empty({M, 2 * I}, ScalarType::Float8_e4m3fn, L.device);
   Tensor dh_s = empty({M, 2 * I / kBlock}, ScalarType::Float8_e8m0fnu, L.device);
-  Tensor dh_qt = empty({2 * I, M}, ScalarType::Float8_e4m3fn, L.device);
-  Tensor dh_st = empty({2 * I, cdiv(M, kBlock) + G}, ScalarType::Float8_e8m0fnu, L.device);
   Tensor tw_part = empty({M, I / 128}, ScalarType::Float, L.device);
+  Tensor dw13 =
+      need_dw13 ? empty({G, 2 * I, x ? x->size(1) : 0}, w_dtype, L.device) : none_output(w_dtype, L.device);
   {
+    Tensor dh_qt = empty({2 * I, M}, ScalarType::Float8_e4m3fn, L.device);
+    Tensor dh_st = empty({2 * I, cdiv(M, kBlock) + G}, ScalarType::Float8_e8m0fnu, L.device);
     mxmoe_tensor av = view(g_row.q(), "dout_q", op), asv = view(g_row.scale(), "dout_scale", op),
                  pv = view(perm, "perm", op), rsv = view(dense(row_scale), "row_scale", op),
                  bv = view(w2_qt, "w2_qt", op), bsv = view(w2_scale, "w2_scale", op), ov = view(offs, "offs", op),
@@ -292,11 +295,18 @@ std::tuple<Tensor, Tensor, Tensor> tile128_dswiglu_backward(const char* op, cons
                                                   static_cast<mxmoe_scale_mode>(to_i32(mode, "mode", op)), &qv, &sv,
                                                   &qtv, &stv, &tv, L.stream),
           op);
-  }
+    if (need_dw13) {
+      // dispatch(x)'s wgrad operand (128x1 per group), as the forward's gather would have built it.
+      require_dims(*x, "x", 2, 2, op);
+      const Input xs(MXMOE_SOURCE_GATHER, *x, std::nullopt, perm, std::nullopt, k, 0, 1.0, 0.0, 0.0, op);
+      const Side x_none(xs, offs, true, 0, ScalarType::BFloat16, L.device, op);
+      const Side x_col(xs, offs, false, kQT | kScale, ScalarType::BFloat16, L.device, op);
+      run_fused(op, xs, offs, 128, 128, false, mode, x_none, x_col, L);
+      tile128_mm_kgroups_into(dh_qt, dh_st, x_col.t[1], x_col.scale(), offs, dw13, L, op);
+    }
+  }  // dH's columnwise form and x's operand are freed here
   Tensor dxs = need_dxs ? empty({M, w13_qt.size(1)}, a_dtype, L.device) : none_output(a_dtype, L.device);
   if (need_dxs) tile128_mm_into(dh_q, dh_s, w13_qt, w13_scale, offs, std::nullopt, dxs, L, op);
-  Tensor dw13 = need_dw13 ? empty({G, 2 * I, x_qt->size(0)}, w_dtype, L.device) : none_output(w_dtype, L.device);
-  if (need_dw13) tile128_mm_kgroups_into(dh_qt, dh_st, *x_qt, *x_scale, offs, dw13, L, op);
   return {dxs, dw13, tw_part};
 }
 
@@ -458,12 +468,12 @@ std::tuple<Tensor, Tensor> sm90_exact_backward(Tensor dy, Tensor w_q, Tensor w_s
 std::tuple<Tensor, Tensor, Tensor> moe_tile128_dswiglu_backward(Tensor dout, Tensor perm, int64_t k, Tensor row_scale,
                                                                 Tensor w2_qt, Tensor w2_scale, Tensor h, double alpha,
                                                                 double limit, double up_offset, Tensor w13_qt,
-                                                                Tensor w13_scale, OptTensor x_qt, OptTensor x_scale,
-                                                                Tensor offs, int64_t mode, bool need_dxs,
-                                                                bool need_dw13, ScalarType a_dtype, ScalarType w_dtype) {
+                                                                Tensor w13_scale, OptTensor x, Tensor offs,
+                                                                int64_t mode, bool need_dxs, bool need_dw13,
+                                                                ScalarType a_dtype, ScalarType w_dtype) {
   return tile128_dswiglu_backward("moe_tile128_dswiglu_backward", dout, perm, k, row_scale, w2_qt, w2_scale, h, alpha,
-                                  limit, up_offset, w13_qt, w13_scale, x_qt, x_scale, offs, mode, need_dxs, need_dw13,
-                                  a_dtype, w_dtype);
+                                  limit, up_offset, w13_qt, w13_scale, x, offs, mode, need_dxs, need_dw13, a_dtype,
+                                  w_dtype);
 }
 
 bool moe_tile128_dswiglu_available(int64_t i, int64_t k, int64_t groups, int64_t t, int64_t fanout, int64_t device) {

@@ -184,3 +184,22 @@ def test_bench_moe_baseline_math(key, layout):
     torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=2e-2)
     if info["source"] == "transformers":
         assert torch.equal(got, local)
+
+
+def test_moe_memory_trace():
+    """bench/moe_memory.py (the layer's live op outputs under FakeTensorMode) runs on the CPU, and its peak
+    for a shape is at least what must be alive at the dW13 GEMM: dW13 and h (grads of w13, the saved
+    pre-activation)."""
+    import subprocess
+    import sys
+
+    script = BENCH_MOE.parent / "moe_memory.py"
+    for impl in ("mxmoe_tile128", "mxmoe_bf16"):
+        r = subprocess.run([sys.executable, str(script), "--config", "tiny", "--tokens", "512", "--impl", impl],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        line = r.stdout.splitlines()[0]
+        peak = int(line.split(" bytes)")[0].split("(")[-1])
+        H, I, E, k = 64, 32, 4, 2  # the tiny config
+        must = (E * 2 * I * H + 512 * k * 2 * I) * 2  # dW13 and h, bf16
+        assert must <= peak < 8 * must, (line, must)

@@ -7,9 +7,11 @@ sm90 backend); routing edge cases; bad input; determinism; torch.compile and CUD
 ops run on CPU too (the core's reference kernels), so CI covers the fused logic; the GPU runs the
 same tests on the H200 kernels."""
 import math
+import weakref
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import mxmoe
 from mxmoe.moe import Swiglu
@@ -167,6 +169,51 @@ def test_bf16_saved_for_backward(device, bias, score_before):
     ref_out, ref_grads = _reference(inp, dout, score_before=score_before)
     _assert_bars(out.detach(), {n: leaves[n].grad for n in GRAD_NAMES if leaves.get(n) is not None}, ref_out,
                  ref_grads, (38, 35, 35))
+
+
+class _LiveOutputs(TorchDispatchMode):
+    """Every op output's storage from the op that made it until it is freed; `moments` lists, per op
+    called, the (op, shape, dtype) of the outputs alive right after it (inputs made outside not counted)."""
+
+    def __init__(self):
+        super().__init__()
+        self.live, self.moments = {}, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                st = t.untyped_storage()
+                if id(st) not in self.live:
+                    self.live[id(st)] = (str(func), tuple(t.shape), t.dtype)
+                    weakref.finalize(st, self.live.pop, id(st), None)
+        self.moments.append((str(func), list(self.live.values())))
+        return out
+
+
+@pytest.mark.parametrize("recipe", [TILE, None])
+def test_backward_order_bounds_peak_memory(recipe):
+    """The backward makes the grads needed last last and frees what they read first, so that the peak
+    (the up projection's backward) does not also hold dW2, and on tile128 not dispatch(x)'s wgrad
+    operand beside dXs either: dW2 (E, H, I) and dXs (routed rows, H) are never alive together."""
+    T, H, I, E, k = 150, 256, 128, 6, 3
+    inp, dout = _inputs("cpu", T=T, H=H, I=I, E=E, k=k, seed=21)
+    leaves = _leaves(inp)
+    out = mxmoe.moe_experts(**leaves, recipe=recipe)
+    track = _LiveOutputs()
+    with track:
+        out.backward(dout)
+    def is_dxs(f, s):  # the routed rows' dgrad: a GEMM's (rows, H) output
+        return ("grouped_mm" in f or "backward" in f) and len(s) == 2 and s[1] == H and s[0] >= T * k
+
+    both = [f for f, live in track.moments
+            if any(s == (E, H, I) for _, s, _ in live) and any(is_dxs(g, s) for g, s, _ in live)]
+    assert not both, f"dW2 and dXs alive together after {both[:3]}"
+    if recipe == TILE:
+        x_op = [f for f, live in track.moments if any(len(s) == 2 and s[0] == H and d == torch.float8_e4m3fn
+                                                      for _, s, d in live)]
+        assert not x_op, f"dispatch(x)'s wgrad operand made outside the fused backward: {x_op[:3]}"
+    assert leaves["w2"].grad is not None and leaves["w13"].grad is not None
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -85,12 +85,12 @@ class Tile128Phases:
                 and h.shape[0] < 2**31)
 
     @staticmethod
-    def fused_down_backward(dout, perm, k, rs, w2_b, h, act, w13_b, x_q, x_s, offs, mode, need_dxs, need_dw13,
-                            w13_dtype):
+    def fused_down_backward(dout, perm, k, rs, w2_b, h, act, w13_b, x, offs, mode, need_dxs, need_dw13, w13_dtype):
         """The down projection's dgrad with dSwiGLU (and the routing weights) in its epilogue, then the up
-        projection's dgrad / wgrad on the FP8 forms it wrote: (dXs, dW13, tw_part)."""
+        projection's wgrad (on dispatch(x), its operand built inside from x) and dgrad on the FP8 forms
+        it wrote: (dXs, dW13, tw_part)."""
         return ops.moe_tile128_dswiglu_backward(dout, perm, k, rs, *w2_b, h, act.alpha, act.limit, act.up_offset,
-                                                *w13_b, x_q, x_s, offs, mode, need_dxs, need_dw13, BF16, w13_dtype)
+                                                *w13_b, x, offs, mode, need_dxs, need_dw13, BF16, w13_dtype)
 
     @staticmethod
     def wgrad_operand(src, offs, mode):

@@ -121,8 +121,10 @@ class FusedMX(torch.autograd.Function):
         # dH^T dispatch(x), and per-row partials of <dY', act(h)>, the weights' gradient.
         fused_down = (not score_before and need_h and b13 is None and hasattr(phases, "fused_down_takes")
                       and phases.fused_down_takes(dout, h, w2_b, k, layout))
+        # Order: the grads that are needed last are made last, and what they read is freed before (the
+        # peak is in the up projection's backward; dW2 comes after dx).
         x_q = x_s = None
-        if need_w13:  # dispatch(x)'s wgrad operand, as the forward would have built it
+        if need_w13 and not fused_down:  # dispatch(x)'s wgrad operand, as the forward would have built it
             x_q, x_s = phases.wgrad_operand(_gather_src(x_saved, perm, k, rs if score_before else None), offs, mode)
         if score_before:
             # dO = gather(dout) (no weights after the experts): dY = dO @ w2 and dW2 = dO^T act(h).
@@ -137,13 +139,11 @@ class FusedMX(torch.autograd.Function):
             # <dY'[n], act(h[n])> (+ <dout[t], b2[e]>), so o is never kept. The wgrad reads the weighted
             # rows, dW2 = (w * gather(dout))^T act(h), quantized as read.
             if fused_down:
-                dxs, dw13, tw_part = phases.fused_down_backward(dout, perm, k, rs, w2_b, h, act, w13_b, x_q, x_s,
-                                                                offs, mode, need_dxs, need_w13, w13_dtype)
+                dxs, dw13, tw_part = phases.fused_down_backward(dout, perm, k, rs, w2_b, h, act, w13_b,
+                                                                x_saved if need_w13 else None, offs, mode, need_dxs,
+                                                                need_w13, w13_dtype)
             elif need_h or need_tw:
                 d_y, _ = phases.backward(_gather_src(dout, perm, k), w2_b, None, None, offs, mode, True, False,
-                                         w2_dtype)
-            if need_w2:
-                _, dw2 = phases.backward(_gather_src(dout, perm, k, rs), w2_b, y_q, y_s, offs, mode, False, True,
                                          w2_dtype)
             if need_tw:
                 if fused_down:
@@ -170,6 +170,10 @@ class FusedMX(torch.autograd.Function):
                 d_tw = ops.moe_combine_weight_grad(x_saved, dxs, inv).to(topk_w.dtype)
         if need_x:  # dx[t] = sum_j w[t, j] dXs[inv[t, j]] when the weights scaled the rows
             dx = ops.moe_combine(dxs, inv, rs if score_before else None, x_dtype)
+        dxs = d_y = x_q = x_s = None
+        if need_w2 and not score_before:
+            _, dw2 = phases.backward(_gather_src(dout, perm, k, rs), w2_b, y_q, y_s, offs, mode, False, True,
+                                     w2_dtype)
         dw13, dw_up = _split_grad(dw13 if need_w13 else None, ctx.up_rows)
         return (dx, None, d_tw, dw13, dw2 if need_w2 else None, db13, db2, None, None, None, None, dw_up, None)
 
@@ -221,14 +225,6 @@ class Bf16(torch.autograd.Function):
         need_dxs = need_x or (need_tw and score_before)
         need_h = need_dxs or need_w13 or need_b13
         dx = dw13 = dw2 = db13 = db2 = None
-        # dO = [w *] gather(dout): dW2 = dO^T act(h) (act(h) recomputed), db2 from dO.
-        if need_w2 or need_b2:
-            d_o = ops.moe_gather(dout, perm, k, None if score_before else rs, BF16)
-            if need_w2:
-                dw2 = _cast(_mm(d_o.t(), ops.swiglu(h, *act_args), offs), w2_dtype)
-            if need_b2:
-                db2 = _bias_grad(d_o, offs, b2)
-            del d_o
         d_y = None
         if need_h or (need_tw and not score_before):
             # The dgrad on the unweighted rows, dY' = gather(dout) @ w2; with the weights after the
@@ -242,7 +238,7 @@ class Bf16(torch.autograd.Function):
                 d_tw = d_tw.to(topk_w.dtype)
         if need_h:
             dh = ops.swiglu_backward(d_y if score_before else _scale_rows(d_y, perm, rs, k), h, *act_args)
-            del d_y
+            d_y = None
             if need_w13:  # dispatch(x), as the forward built it
                 xs = ops.moe_gather(x_saved, perm, k, rs if score_before else None, BF16)
                 dw13 = _cast(_mm(dh.t(), xs, offs), w13_dtype)
@@ -251,11 +247,23 @@ class Bf16(torch.autograd.Function):
                 db13 = _bias_grad(dh, offs, b13)
             if need_dxs:
                 dxs = _mm(dh, w13b, offs)
-                del dh
+                dh = None
                 if need_tw and score_before:  # d w[t, j] = <x[t], dXs[inv[t, j]]>
                     d_tw = ops.moe_combine_weight_grad(x_saved, dxs, inv).to(topk_w.dtype)
                 if need_x:
                     dx = ops.moe_combine(dxs, inv, rs if score_before else None, x_dtype)
+                del dxs
+            dh = None
+        d_y = None
+        # dO = [w *] gather(dout): dW2 = dO^T act(h) (act(h) recomputed), db2 from dO. Last: the up
+        # projection's operands are freed by then (the peak was there with dW2 alive).
+        if need_w2 or need_b2:
+            d_o = ops.moe_gather(dout, perm, k, None if score_before else rs, BF16)
+            if need_w2:
+                dw2 = _cast(_mm(d_o.t(), ops.swiglu(h, *act_args), offs), w2_dtype)
+            if need_b2:
+                db2 = _bias_grad(d_o, offs, b2)
+            del d_o
         dw13, dw_up = _split_grad(dw13, ctx.up_rows)
         return (dx, None, d_tw, dw13, dw2, db13, db2, None, None, None, dw_up, None)
 
