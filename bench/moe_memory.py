@@ -24,16 +24,16 @@ import bench_moe  # noqa: E402
 class LiveOutputs(TorchDispatchMode):
     """The op outputs alive after each op; the largest total seen and its contents."""
 
-    def __init__(self, skip):
+    def __init__(self, skip, skip_ops=()):
         super().__init__()
-        self.skip, self.live, self.peak, self.at, self.contents = skip, {}, 0, None, []
+        self.skip, self.skip_ops, self.live, self.peak, self.at, self.contents = skip, skip_ops, {}, 0, None, []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 st = t.untyped_storage()
-                if id(st) not in self.skip and id(st) not in self.live:
+                if id(st) not in self.skip and id(st) not in self.live and not any(o in str(func) for o in self.skip_ops):
                     self.live[id(st)] = (st.nbytes(), str(func), tuple(t.shape), t.dtype)
                     weakref.finalize(st, self.live.pop, id(st), None)
         total = sum(v[0] for v in self.live.values())
@@ -48,6 +48,9 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=16384)
     p.add_argument("--impl", default="mxmoe_tile128", choices=["mxmoe_bf16", "mxmoe_tile128", "mxmoe_exact"])
     p.add_argument("--top", type=int, default=12)
+    p.add_argument("--without-weight-forms", action="store_true",
+                   help="leave the weights' quantized forms out (bench --moe's peak_mib does: the previous step's "
+                        "forms are in its baseline and are replaced by this step's)")
     a = p.parse_args()
     import mxmoe
 
@@ -67,7 +70,8 @@ def main() -> None:
         b2 = torch.empty(E, H, dtype=bf16).requires_grad_() if cfg.bias else None
         dout = torch.empty(T, H, dtype=bf16)
         inputs = [t for t in (x, idx, w, w13, w2, b13, b2, dout) if t is not None]
-        track = LiveOutputs({id(t.untyped_storage()) for t in inputs})
+        track = LiveOutputs({id(t.untyped_storage()) for t in inputs},
+                            ("_weight", "weight_forms") if a.without_weight_forms else ())
         with track:
             out = mxmoe.moe_experts(x, idx, w, w13, w2, recipe=bench_moe.RECIPES[a.impl], activation=activation,
                                     layout=layout, bias13=b13, bias2=b2)
