@@ -59,7 +59,7 @@ bool launch_gather(const GroupedMGatherRun& r, sm90::GroupedMParams& p, const ch
   // The A map is unused by the gather variants (the producer copies A): B's map fills its slot, and
   // the output's where nothing is stored by TMA (the dSwiGLU variant).
   CUtensorMap mo = mb;
-  if constexpr (!K::kDSwiglu) mo = output_map(r.out, r.out_bf16, std::max<int64_t>(r.m, 1), r.n, K::kEpiBoxBytes);
+  if constexpr (!K::kFusedEpilogue) mo = output_map(r.out, r.out_bf16, std::max<int64_t>(r.m, 1), r.n, K::kEpiBoxBytes);
   cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, mb, mb, mo, p);
   if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess) fail_status(MXMOE_ERR_CUDA, what, ": kernel launch failed: ", cudaGetErrorString(e));
@@ -121,10 +121,10 @@ bool sm90_grouped_m_gather_dswiglu(const GroupedMGatherDSwigluRun& r) {
   p.act = SwigluParams{kSwigluConcat, r.alpha, r.limit, r.up_offset};
   p.plain = swiglu_is_plain(p.act) ? 1 : 0;
   p.mode = r.mode;
-  p.dh_q = r.dh_q;
-  p.dh_scale = r.dh_scale;
-  p.dh_qt = r.dh_qt;
-  p.dh_scale_t = r.dh_scale_t;
+  p.q_row = r.dh_q;
+  p.scale_row = r.dh_scale;
+  p.q_col = r.dh_qt;
+  p.scale_col = r.dh_scale_t;
   p.n_r = r.n_r;
   p.tw_part = r.tw_part;
   return launch_gather<DSwigluKernel>(r, p, "grouped_mm_tile128_gather_dswiglu", true);

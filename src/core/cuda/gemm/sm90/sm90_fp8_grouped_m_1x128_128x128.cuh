@@ -73,19 +73,23 @@ struct GroupedMParams {
   int max_index;
   FastDiv fanout_div;
   const float* row_scale;
-  // The dSwiGLU epilogue only (GroupedMGatherDSwiglu, sm90_fp8_grouped_m_gather_dswiglu_1x128.cuh): the
-  // GEMM's rows are dY' (M, I = n), never stored; the epilogue reads h (M, 2I) bf16 (gate | up) and
-  // writes dH = act'(h, row_scale * dY') as tile128 operands: dh_q (M, 2I) + dh_scale (M, 2I/32)
-  // rowwise 1x128, dh_qt (2I, M) + dh_scale_t (2I, n_r) 128x1 per group, and tw_part (M, I/128), the
-  // per-128-column partials of <dY', act(h)>.
+  // The fused epilogues only (kFusedEpilogue), which write tile128 operands instead of `out`:
+  //  - dSwiGLU (GroupedMGatherDSwiglu, sm90_fp8_grouped_m_gather_dswiglu_1x128.cuh): the GEMM's rows
+  //    are dY' (M, I = n), never stored; the epilogue reads h (M, 2I) bf16 (gate | up) and writes
+  //    dH = act'(h, row_scale * dY') (M, 2I): q_row + scale_row (M, 2I/32) rowwise 1x128, q_col (2I, M)
+  //    + scale_col (2I, n_r) 128x1 per group, and tw_part (M, I/128), the per-128-column partials of
+  //    <dY', act(h)>.
+  //  - SwiGLU (GroupedMGatherSwiglu, sm90_fp8_grouped_m_gather_swiglu_1x128.cuh): the GEMM's rows are
+  //    h (M, n = 2I), stored into `out`; the epilogue writes act(h) (M, I): q_row + scale_row (M, I/32)
+  //    and, when q_col is set, q_col (I, M) + scale_col (I, n_r).
   const uint16_t* h;
   SwigluParams act;
   int plain;  // swiglu_is_plain(act)
   int mode;   // mxmoe_scale_mode
-  uint8_t* dh_q;
-  uint8_t* dh_scale;
-  uint8_t* dh_qt;
-  uint8_t* dh_scale_t;
+  uint8_t* q_row;
+  uint8_t* scale_row;
+  uint8_t* q_col;
+  uint8_t* scale_col;
   int64_t n_r;
   float* tw_part;
 };
@@ -135,9 +139,13 @@ struct GroupedM {
   static_assert(kCluster == 1 || kCluster == 2, "cluster of 1 or 2 CTAs");
   // A rows read through an index by the producer warpgroup (GroupedMGather), not by TMA.
   static constexpr bool kGather = false;
-  // The dSwiGLU epilogue (GroupedMGatherDSwiglu) instead of the stored output, with its shared memory
-  // after the epilogue buffer and a third group table (32-row runs before each group).
-  static constexpr bool kDSwiglu = false;
+  // A fused epilogue (GroupedMGatherDSwiglu, GroupedMGatherSwiglu: K::handoff, K::epilogue_tile,
+  // K::prefetch_tile, K::tail) instead of the stored output, with its shared memory after the epilogue
+  // buffer and a third group table (32-row runs before each group).
+  static constexpr bool kFusedEpilogue = false;
+  // Tiles in pairs (GroupedMGatherSwiglu): one CTA takes tile (m, n0) and then (m, n / 2 + n0), the
+  // gate and up columns of one act block; the order runs over the pairs.
+  static constexpr bool kPairs = false;
   static constexpr int kEpiExtraBytes = 0;
   // A fourth warpgroup that runs most of tile i's epilogue while the math warpgroups run tile i + 1's
   // mainloop (GroupedMGatherDSwiglu): the math warpgroups hand the tile over through shared memory.
@@ -363,7 +371,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         s_tiles[g] = carry_tiles + before;
       }
       carry_tiles += tiles;
-      if constexpr (K::kDSwiglu) {
+      if constexpr (K::kFusedEpilogue) {
         int rb, runs;
         Scan(scan_tmp).ExclusiveSum((len + 31) / 32, rb, runs);
         __syncthreads();
@@ -373,7 +381,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     }
     if (tid == 0) {
       s_tiles[p.groups] = carry_tiles;
-      if constexpr (K::kDSwiglu) s_runs[p.groups] = carry_runs;
+      if constexpr (K::kFusedEpilogue) s_runs[p.groups] = carry_runs;
     }
   }
   // Barriers initialized and the group table written in every CTA of the cluster before any CTA
@@ -387,6 +395,11 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   const int nt = (p.n + K::kBlockN - 1) / K::kBlockN;
   const int kblocks = (p.k + K::kBlockK - 1) / K::kBlockK;
   const int total = s_tiles[p.groups] * nt;
+  // The slots a CTA takes: cluster, cluster + clusters, ...; in pairs, 2 cluster and 2 cluster + 1, then
+  // the pair clusters further (total is even: nt is).
+  static_assert(!K::kPairs || (K::kGather && K::kCluster == 1), "pairs: the gather variant, no cluster");
+  const int first_slot = K::kPairs ? 2 * cluster : cluster;
+  auto next_slot = [&](int P) { return !K::kPairs ? P + clusters : (P & 1) ? P - 1 + 2 * clusters : P + 1; };
   // Tiles of one slot: this CTA's and its peer's; shared = both have the same B tile. Both CTAs of a
   // cluster compute the same answer, so they agree on every multicast. A slot past the last tile
   // (only the last slot, when the tile count is odd) is a ghost: it runs the peer's tile without
@@ -410,6 +423,11 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       } else {
         sl.c = pc;
       }
+    } else if constexpr (K::kPairs) {
+      if (sl.store) {
+        sl.c = tile_coord<K>(t >> 1, g_mine, nt / 2, p.band_div, s_end, s_tiles);
+        if (t & 1) sl.c.n0 += p.n / 2;
+      }
     } else {
       if (sl.store) sl.c = tile_coord<K>(t, g_mine, nt, p.band_div, s_end, s_tiles);
     }
@@ -430,11 +448,11 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       const int dst_off = row_lo * K::kBlockK + ((chunk ^ (row_lo & 7)) << 4);
       RingPos<K::kStages> rp;
       int g_mine = 0, g_peer = 0;
-      for (int P = cluster; P < slots; P += clusters) {
+      for (int P = first_slot; P < slots; P = next_slot(P)) {
         const Slot sl = slot(P, g_mine, g_peer);
         if (!sl.store) break;
         const int brow = sl.c.g * p.n + sl.c.n0;
-        if constexpr (K::kDSwiglu) K::prefetch_tile(p, sl.c, tid);
+        if constexpr (K::kFusedEpilogue) K::prefetch_tile(p, sl.c, tid);
         uint32_t src_off[8];  // byte offsets of this thread's rows in a (a_rows * lda < 2^32, checked)
         uint32_t live = 0;    // bit i: row i reads data
 #pragma unroll
@@ -530,13 +548,14 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         cutlass::arch::warpgroup_reg_dealloc<K::kEpiRegs>();
       uint32_t ph = 0;
       int g_mine = 0, g_peer = 0;
-      for (int P = cluster; P < slots; P += clusters, ph ^= 1u) {
+      for (int P = first_slot; P < slots; P = next_slot(P)) {
         const Slot sl = slot(P, g_mine, g_peer);
         if (!sl.store) break;
         if (p.plain)
           K::template epilogue_tile<true>(p, sl.c, tid - 384, smem_epi, s_end, s_runs, nt, ph);
         else
           K::template epilogue_tile<false>(p, sl.c, tid - 384, smem_epi, s_end, s_runs, nt, ph);
+        if (!K::kPairs || (P & 1)) ph ^= 1u;  // in pairs: one hand-over phase per pair
       }
     }
   } else {
@@ -551,7 +570,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     RingPos<K::kStages> ri, rr;  // the next k-block to issue and the next to retire
     [[maybe_unused]] uint32_t hph = 0;  // the epilogue warpgroup's hand-over phase
     int g_mine = 0, g_peer = 0;
-    for (int P = cluster; P < slots; P += clusters) {
+    for (int P = first_slot; P < slots; P = next_slot(P)) {
       const Slot sl = slot(P, g_mine, g_peer);
       if (K::kCluster == 1 && !sl.store) break;
       const TileCoord& c = sl.c;
@@ -698,14 +717,15 @@ __global__ void __launch_bounds__(K::kThreads, 1)
           retire(acc, e);
         }
       }
-      if constexpr (K::kDSwiglu) {
-        // dY' to the epilogue warpgroup, which turns it into dH and its operands
-        // (sm90_fp8_grouped_m_gather_dswiglu_1x128.cuh) while this one runs the next tile.
+      if constexpr (K::kFusedEpilogue) {
+        // The tile to the epilogue warpgroup, which turns it into its operands (dY' into dH's:
+        // sm90_fp8_grouped_m_gather_dswiglu_1x128.cuh; h into act(h)'s: ..._swiglu_1x128.cuh) while
+        // this one runs the next tile.
         if (p.plain)
           K::template handoff<true>(p, c, fin, smem_epi, hph, mw, warp, lane, src0, src1);
         else
           K::template handoff<false>(p, c, fin, smem_epi, hph, mw, warp, lane, src0, src1);
-        hph ^= 1u;
+        if (!K::kPairs || (P & 1)) hph ^= 1u;
       } else {
         // Epilogue: + bias, rounded to Out into this warpgroup's staged boxes (accumulator layout), then
         // stored: by TMA when the warpgroup's 64 rows all belong to the group (columns past N are
@@ -819,7 +839,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     // The last boxes are written before the CTA leaves (its shared memory is their source).
     if (lt == 0) bulk_wait_group0();
     const int64_t end = p.groups ? s_end[p.groups - 1] : 0;
-    if constexpr (K::kDSwiglu) {
+    if constexpr (K::kFusedEpilogue) {
       K::tail(p, end, p.groups ? s_runs[p.groups] : 0, tid - 128);  // the outputs' rows past the groups
     } else {
       // Rows past the last group are zero (the math threads of every CTA, 16-byte stores; N * sizeof(Out)

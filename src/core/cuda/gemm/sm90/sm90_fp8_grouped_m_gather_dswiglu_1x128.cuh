@@ -35,6 +35,7 @@
 #include <type_traits>
 
 #include "common/moe_activation.hpp"
+#include "cuda/gemm/sm90/sm90_epilogue_handoff.cuh"
 #include "cuda/gemm/sm90/sm90_fp8_grouped_m_1x128_128x128.cuh"
 #include "cuda/quantize/common.cuh"
 
@@ -46,18 +47,15 @@ namespace sm90 {
 template <int Stages_>
 struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
   using Base = GroupedMGather<128, Stages_, __nv_bfloat16>;
-  static constexpr bool kDSwiglu = true;
+  static constexpr bool kFusedEpilogue = true;
   static constexpr bool kEpiWarpgroup = true;
   static constexpr int kThreads = 512;  // producer, two math warpgroups, epilogue
   static constexpr bool kOverlap = false;
   static constexpr int kProducerRegs = 40, kMathRegs = 168, kEpiRegs = 136;
   static_assert(kProducerRegs + 2 * kMathRegs + kEpiRegs <= 512, "four warpgroups share 64K registers");
-  // S (the base's epilogue buffer) and U: 128 rows x 256 bytes (128 bf16), row r's 16-byte chunk j at
-  // chunk j ^ (r % 16), so that 8 consecutive rows' chunk j (a row-per-thread access) and a row's 8
-  // consecutive chunks (the accumulator layout, a column-pair-per-thread access) hit all 32 banks.
-  // After U: each row's statistics of the math warpgroups' chunks (RowStats), then the hand-over
-  // barriers (full, empty).
-  static constexpr int kHalfBytes = 128 * 256;
+  // S (the base's epilogue buffer) and U: hand-over tiles (sm90_epilogue_handoff.cuh). After U: each
+  // row's statistics of the math warpgroups' chunks (RowStats), then the hand-over barriers (full, empty).
+  static constexpr int kHalfBytes = kHandoffTileBytes;
   static_assert(Base::kEpiBytes == kHalfBytes, "the epilogue buffer holds one tile of bf16 dY'");
   // The math warpgroups compute dH of the tile's first kMathChunks 8-column chunks themselves (they
   // hold dY' in registers), the epilogue warpgroup the rest (Qwen3-30B-A3B 16K, same run: 0, 4 and 8
@@ -77,7 +75,7 @@ struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
     return Base::smem_bytes(groups) + kEpiExtraBytes + (static_cast<size_t>(groups) + 1) * sizeof(int);
   }
 
-  static __device__ __forceinline__ int chunk_offset(int r, int j) { return r * 256 + 16 * (j ^ (r & 15)); }
+  static __device__ __forceinline__ int chunk_offset(int r, int j) { return handoff_offset(r, j); }
   static __device__ __forceinline__ RowStats* row_stats(uint8_t* smem_epi) {
     return reinterpret_cast<RowStats*>(smem_epi + 2 * kHalfBytes);
   }
@@ -291,7 +289,7 @@ struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
     const uint32_t sg = e8m0_from_amax_bits(max(mg << 16, mg & 0xFFFF0000u), mode);
     const uint32_t su = e8m0_from_amax_bits(max(mu << 16, mu & 0xFFFF0000u), mode);
     if (in) {
-      uint8_t* srow = p.dh_scale + row * (C2 / 32);
+      uint8_t* srow = p.scale_row + row * (C2 / 32);
       *reinterpret_cast<uint32_t*>(srow + c.n0 / 32) = sg * 0x01010101u;
       *reinterpret_cast<uint32_t*>(srow + (I + c.n0) / 32) = su * 0x01010101u;
       p.tw_part[row * nt + c.n0 / 128] = add_rn(add_rn(s4[0], s4[1]), add_rn(s4[2], s4[3]));
@@ -300,7 +298,7 @@ struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
         const uint32_t s = hf ? su : sg;
         const float rc = qk::e8m0_recip(s);
         const uint8_t* buf = hf ? U : S;
-        uint8_t* dst = p.dh_q + row * C2 + (hf ? I : 0) + c.n0;
+        uint8_t* dst = p.q_row + row * C2 + (hf ? I : 0) + c.n0;
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj) {
           uint32_t o[4];
@@ -378,7 +376,7 @@ struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
         const int id = et + 128 * i, cs = id >> 3, u = id & 7;
         if (16 * u >= c.rows) continue;
         const int64_t colg = (cs < 128 ? 0 : I - 128) + c.n0 + cs;
-        uint8_t* dst = p.dh_qt + colg * M + c.row0 + 16 * u;
+        uint8_t* dst = p.q_col + colg * M + c.row0 + 16 * u;
         const uint4 w = *reinterpret_cast<const uint4*>(S + cs * 128 + 16 * (u ^ (cs & 7)));
         if (vec && 16 * u + 16 <= c.rows) {
           *reinterpret_cast<uint4*>(dst) = w;
@@ -395,8 +393,8 @@ struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
       const int64_t run0 = s_runs[c.g] + 4 * ((c.row0 - start) / 128);
       const int64_t nruns = min(static_cast<int64_t>((c.rows + 31) / 32), min(int64_t{4}, p.n_r - run0));
       for (int e = 0; e < nruns; ++e) {
-        p.dh_scale_t[col * p.n_r + run0 + e] = static_cast<uint8_t>(slo);
-        p.dh_scale_t[(col + 1) * p.n_r + run0 + e] = static_cast<uint8_t>(shi);
+        p.scale_col[col * p.n_r + run0 + e] = static_cast<uint8_t>(slo);
+        p.scale_col[(col + 1) * p.n_r + run0 + e] = static_cast<uint8_t>(shi);
       }
     }
     cutlass::arch::ClusterBarrier::arrive(&bars[1]);  // S and U read: the next tile's dY' may come
@@ -410,21 +408,21 @@ struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
     const int64_t first = static_cast<int64_t>(blockIdx.x) * 256 + t, stride = static_cast<int64_t>(gridDim.x) * 256;
     const int64_t rows = M - end;
     if (rows > 0) {
-      uint4* q = reinterpret_cast<uint4*>(p.dh_q + end * C2);  // C2 % 16 == 0
+      uint4* q = reinterpret_cast<uint4*>(p.q_row + end * C2);  // C2 % 16 == 0
       for (int64_t i = first; i < rows * C2 / 16; i += stride) q[i] = make_uint4(0, 0, 0, 0);
       const uint32_t z = e8m0_from_amax_bits(0u, static_cast<mxmoe_scale_mode>(p.mode)) * 0x01010101u;
-      uint32_t* s = reinterpret_cast<uint32_t*>(p.dh_scale + end * (C2 / 32));  // C2 / 32 % 4 == 0
+      uint32_t* s = reinterpret_cast<uint32_t*>(p.scale_row + end * (C2 / 32));  // C2 / 32 % 4 == 0
       for (int64_t i = first; i < rows * C2 / 128; i += stride) s[i] = z;
       for (int64_t i = first; i < rows * nt; i += stride) p.tw_part[end * nt + i] = 0.f;
       for (int64_t i = first; i < rows * C2; i += stride) {
         const int64_t col = i / rows;
-        p.dh_qt[col * M + end + (i - col * rows)] = 0;
+        p.q_col[col * M + end + (i - col * rows)] = 0;
       }
     }
     const int64_t extra = p.n_r - runs;
     for (int64_t i = first; extra > 0 && i < extra * C2; i += stride) {
       const int64_t col = i / extra;
-      p.dh_scale_t[col * p.n_r + runs + (i - col * extra)] = 0;
+      p.scale_col[col * p.n_r + runs + (i - col * extra)] = 0;
     }
   }
 };

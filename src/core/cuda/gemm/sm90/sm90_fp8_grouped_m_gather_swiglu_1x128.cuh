@@ -1,0 +1,290 @@
+// sm_90a FP8 grouped GEMM on routed rows with the SwiGLU epilogue: the MoE layer's up projection
+// (GEMM1). The mainloop is the gather GEMM's (sm90_fp8_grouped_m_1x128_128x128.cuh, GroupedMGather at
+// BlockN 128): h = gather(x) . w13[e]^T (M, 2I), gate | up halves concatenated. A CTA takes its tiles in
+// pairs (kPairs): the gate tile (one group's rows, columns n0 .. n0 + 127) and then the up tile
+// (columns I + n0 ..), so that it holds both halves of one 128-column block of act(h) = swiglu(gate, up).
+// Each pair becomes:
+//   h                     both tiles stored as bf16, as the gather GEMM stores them (the
+//                         pre-activation, kept for the backward);
+//   q_row / scale_row     act(h)'s rowwise 1x128 operand (GEMM2's A): the pair's 128 act columns are
+//                         one block;
+//   q_col / scale_col     act(h)'s columnwise 128x1 operand (the down projection's wgrad), transposed:
+//                         the tile's rows are one block (tiles start at group starts, as the quantize
+//                         pass's panels); only when q_col is set.
+// The bytes are those of the gather GEMM writing h followed by the tile128 quantize pass over the
+// SWIGLU source: h is written once and not read back (the pass read it: 2I bf16 per row).
+//
+// Who does what, as in the dSwiGLU epilogue: the math warpgroups hand each tile over as bf16 in shared
+// memory (the gate tile into G, the up tile into S, the base's epilogue buffer) and go on to the next
+// tile's mainloop. The epilogue warpgroup stores the gate tile as h while the up tile's mainloop runs;
+// then the up tile; then act(h) a row per thread (values into S in place, the row's maximum, scale and
+// codes); then a column per thread (maximum, scale, codes transposed through G, stored by 8 threads per
+// 128-byte column run); then frees both buffers. Three mbarriers: full G and full S (the 256 math
+// threads arrive) and empty (the 128 epilogue threads arrive, once per pair). The epilogue's work per
+// pair (~25 instructions per act element) is a small part of the pair's two mainloops.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <type_traits>
+
+#include "common/moe_activation.hpp"
+#include "cuda/gemm/sm90/sm90_epilogue_handoff.cuh"
+#include "cuda/gemm/sm90/sm90_fp8_grouped_m_1x128_128x128.cuh"
+#include "cuda/quantize/common.cuh"
+
+namespace mxmoe {
+namespace cuda {
+namespace gemm {
+namespace sm90 {
+
+template <int Stages_>
+struct GroupedMGatherSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
+  using Base = GroupedMGather<128, Stages_, __nv_bfloat16>;
+  static constexpr bool kFusedEpilogue = true;
+  static constexpr bool kEpiWarpgroup = true;
+  static constexpr bool kPairs = true;
+  static constexpr int kThreads = 512;  // producer, two math warpgroups, epilogue
+  // One accumulator set, as the dSwiGLU kernel: four warpgroups share the register file.
+  static constexpr bool kOverlap = false;
+  static constexpr int kProducerRegs = 40, kMathRegs = 168, kEpiRegs = 136;
+  static_assert(kProducerRegs + 2 * kMathRegs + kEpiRegs <= 512, "four warpgroups share 64K registers");
+  static constexpr int kHalfBytes = kHandoffTileBytes;
+  static_assert(Base::kEpiBytes == kHalfBytes, "the epilogue buffer holds one bf16 tile");
+  static constexpr uint32_t kAbs2 = 0x7FFF7FFFu;  // |x| of a bf16 pair
+  // After S (the base's epilogue buffer): G, then the barriers (full G, full S, empty).
+  static constexpr int kEpiExtraBytes = kHalfBytes + 3 * 8;
+  // Base::smem_bytes plus the extra region and the third group table (G + 1 ints).
+  static constexpr size_t smem_bytes(int groups) {
+    return Base::smem_bytes(groups) + kEpiExtraBytes + (static_cast<size_t>(groups) + 1) * sizeof(int);
+  }
+
+  static __device__ __forceinline__ uint64_t* handoff_bars(uint8_t* smem_epi) {
+    return reinterpret_cast<uint64_t*>(smem_epi + 2 * kHalfBytes);
+  }
+  static __device__ __forceinline__ void init_handoff(uint8_t* smem_epi) {
+    uint64_t* bars = handoff_bars(smem_epi);
+    cutlass::arch::ClusterBarrier::init(&bars[0], 256);  // full G: every math thread stored its gate pairs
+    cutlass::arch::ClusterBarrier::init(&bars[1], 256);  // full S: every math thread stored its up pairs
+    cutlass::arch::ClusterBarrier::init(&bars[2], 128);  // empty: every epilogue thread is done with G and S
+  }
+  // Nothing to prefetch: the epilogue reads only what the math warpgroups hand over.
+  static __device__ __forceinline__ void prefetch_tile(const GroupedMParams&, const TileCoord&, int) {}
+
+  // A math thread (mw, warp, lane) after its tile's mainloop, holding rows lr and lr + 8, columns
+  // 8 j + 2 (lane % 4) + {0, 1}: the tile as the gather GEMM stores it (+ 0, its bias-free output, so
+  // -0 is stored as +0; then bf16), into G (gate tile, once the epilogue warpgroup has freed the
+  // pair's buffers: phase ph) or S (up tile).
+  template <bool PLAIN>
+  static __device__ __forceinline__ void handoff(const GroupedMParams& p, const TileCoord& c,
+                                                 const float (&fin)[Base::kAcc], uint8_t* smem_epi, uint32_t ph,
+                                                 int mw, int warp, int lane, int, int) {
+    const bool gate = c.n0 < p.n / 2;
+    uint8_t* const buf = gate ? smem_epi + kHalfBytes : smem_epi;
+    uint64_t* bars = handoff_bars(smem_epi);
+    const int lr = mw * 64 + warp * 16 + lane / 4, q = lane & 3;
+    if (gate) cutlass::arch::ClusterBarrier::wait(&bars[2], ph ^ 1u);
+#pragma unroll
+    for (int j = 0; j < Base::kAcc / 4; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        *reinterpret_cast<uint32_t*>(buf + handoff_offset(lr + 8 * r, j) + 4 * q) =
+            qk::cvt_bf16x2(__fadd_rn(fin[4 * j + 2 * r], 0.f), __fadd_rn(fin[4 * j + 2 * r + 1], 0.f));
+    cutlass::arch::ClusterBarrier::arrive(&bars[gate ? 0 : 1]);
+  }
+
+  // The tile's rows of `buf` (rows < rows) to dst (row 0, its first column; row stride ld elements):
+  // 16 threads per 256-byte row, thread et taking chunk et % 16 of rows et / 16 + 8 i.
+  static __device__ __forceinline__ void store_rows(const uint8_t* buf, uint16_t* dst, int64_t ld, int rows, int et) {
+    const int ch = et & 15;
+#pragma unroll 4
+    for (int i = 0; i < 16; ++i) {
+      const int r = (et >> 4) + 8 * i;
+      if (r < rows)
+        *reinterpret_cast<uint4*>(dst + r * ld + 8 * ch) = *reinterpret_cast<const uint4*>(buf + handoff_offset(r, ch));
+    }
+  }
+
+  // act of one 8-column chunk (g4, u4: bf16 gate and up), rounded to bf16 (zero outside the tile's
+  // rows), its |act| maxima continued in m (bf16 pairs).
+  template <bool PLAIN, bool kModerate>
+  static __device__ __forceinline__ uint4 act_chunk(const uint4& g4, const uint4& u4, bool in, const SwigluParams& act,
+                                                    uint32_t& m) {
+    const uint32_t gw[4] = {g4.x, g4.y, g4.z, g4.w}, uw[4] = {u4.x, u4.y, u4.z, u4.w};
+    uint32_t o[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const float v0 = swiglu_value<PLAIN, kModerate>(__uint_as_float(gw[w] << 16), __uint_as_float(uw[w] << 16), act);
+      const float v1 = swiglu_value<PLAIN, kModerate>(__uint_as_float(gw[w] & 0xFFFF0000u),
+                                                      __uint_as_float(uw[w] & 0xFFFF0000u), act);
+      o[w] = in ? qk::cvt_bf16x2(v0, v1) : 0u;
+      m = __vmaxu2(m, o[w] & kAbs2);
+    }
+    return make_uint4(o[0], o[1], o[2], o[3]);
+  }
+
+  // The epilogue warpgroup's thread et (< 128) on one tile of a pair (hand-over phase ph, per pair).
+  template <bool PLAIN>
+  static __device__ __forceinline__ void epilogue_tile(const GroupedMParams& p, const TileCoord& c, int et,
+                                                       uint8_t* smem_epi, const int* s_end, const int* s_runs, int,
+                                                       uint32_t ph) {
+    uint8_t* const S = smem_epi;               // the up tile, then act(h)
+    uint8_t* const G = smem_epi + kHalfBytes;  // the gate tile, then act's transposed codes
+    uint64_t* bars = handoff_bars(smem_epi);
+    const int I = p.n / 2;
+    const int64_t C2 = p.n;
+    uint16_t* const h = static_cast<uint16_t*>(p.out) + static_cast<int64_t>(c.row0) * C2 + c.n0;
+    if (c.n0 < I) {  // the gate tile: stored while the up tile's mainloop runs
+      cutlass::arch::ClusterBarrier::wait(&bars[0], ph);
+      store_rows(G, h, C2, c.rows, et);
+      return;
+    }
+    cutlass::arch::ClusterBarrier::wait(&bars[1], ph);
+    store_rows(S, h, C2, c.rows, et);
+    asm volatile("bar.sync 3, 128;" ::: "memory");  // every row of S stored before act replaces it
+    const int a0 = c.n0 - I;  // act's columns a0 .. a0 + 127
+    const auto mode = static_cast<mxmoe_scale_mode>(p.mode);
+
+    // ---- one thread per row r: act(h) into S, the row's scale and codes ----
+    const int r = et;
+    const bool in = r < c.rows;
+    const int64_t row = c.row0 + r;
+    uint32_t m = 0;
+#pragma unroll 1
+    for (int j0 = 0; j0 < 16; j0 += 4) {
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        const int off = handoff_offset(r, j0 + jj);
+        const uint4 g4 = *reinterpret_cast<const uint4*>(G + off);
+        const uint4 u4 = *reinterpret_cast<const uint4*>(S + off);
+        uint4 a4;
+        if constexpr (PLAIN) {
+          // The moderate sigmoid when no gate value of the warp's chunk is below -87 (one vote per 8
+          // columns, a branch around the math; the same bits either way).
+          const uint32_t gm = __vmaxu2(__vmaxu2(g4.x, g4.y), __vmaxu2(g4.z, g4.w));
+          if (__all_sync(0xffffffffu, bf16x2_sigmoid_moderate(gm)))
+            a4 = act_chunk<true, true>(g4, u4, in, p.act, m);
+          else
+            a4 = act_chunk<true, false>(g4, u4, in, p.act, m);
+        } else {
+          a4 = act_chunk<false, false>(g4, u4, in, p.act, m);
+        }
+        *reinterpret_cast<uint4*>(S + off) = a4;
+      }
+    }
+    // The row's scale (|bf16| maxima as fp32 bits, NaN above all) and codes: 16-byte stores of 16 codes.
+    const uint32_t sr = e8m0_from_amax_bits(max(m << 16, m & 0xFFFF0000u), mode);
+    if (in) {
+      *reinterpret_cast<uint32_t*>(p.scale_row + row * (I / 32) + a0 / 32) = sr * 0x01010101u;
+      const float rc = qk::e8m0_recip(sr);
+      uint8_t* dst = p.q_row + row * I + a0;
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        uint32_t o[4];
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+          const uint4 v = *reinterpret_cast<const uint4*>(S + handoff_offset(r, 2 * jj + h2));
+          const uint32_t vw[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+          for (int w = 0; w < 4; w += 2) {
+            const uint32_t lo = qk::cvt_e4m3x2(__fmul_rn(__uint_as_float(vw[w] << 16), rc),
+                                               __fmul_rn(__uint_as_float(vw[w] & 0xFFFF0000u), rc));
+            const uint32_t hi = qk::cvt_e4m3x2(__fmul_rn(__uint_as_float(vw[w + 1] << 16), rc),
+                                               __fmul_rn(__uint_as_float(vw[w + 1] & 0xFFFF0000u), rc));
+            o[2 * h2 + w / 2] = sr == kE8M0Nan ? 0x7F7F7F7Fu : lo | (hi << 16);
+          }
+        }
+        *reinterpret_cast<uint4*>(dst + 16 * jj) = make_uint4(o[0], o[1], o[2], o[3]);
+      }
+    }
+    asm volatile("bar.sync 3, 128;" ::: "memory");  // every row's act in S; G read by every thread
+
+    // ---- one thread per column: its maximum over the tile's 128 rows (rows past the group hold
+    // zeros), scale and transposed codes (column runs of the group's rows) ----
+    if (p.q_col != nullptr) {
+      const int cl = et, jc = cl >> 3, wo = 4 * ((cl & 7) >> 1);
+      const bool hi = cl & 1;  // the column's half of its bf16 pair
+      uint32_t mc = 0;
+#pragma unroll 8
+      for (int rr = 0; rr < 128; ++rr)
+        mc = __vmaxu2(mc, *reinterpret_cast<const uint32_t*>(S + handoff_offset(rr, jc) + wo) & kAbs2);
+      const uint32_t sc = e8m0_from_amax_bits(hi ? mc & 0xFFFF0000u : mc << 16, mode);
+      const float rc = qk::e8m0_recip(sc);
+      // Rows 16 u .. 16 u + 15 as one 16-byte chunk (byte b: row 16 u + b), staged in G at column cl's
+      // chunk u ^ (cl % 8), a quarter-warp's 8 columns on distinct banks.
+#pragma unroll 1
+      for (int u = 0; u < 8; ++u) {
+        uint32_t wd[4];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {  // rows 16 u + 2 i, + 1
+          const int ra = 16 * u + 2 * i;
+          const uint32_t a = *reinterpret_cast<const uint32_t*>(S + handoff_offset(ra, jc) + wo);
+          const uint32_t b = *reinterpret_cast<const uint32_t*>(S + handoff_offset(ra + 1, jc) + wo);
+          const float va = __uint_as_float(hi ? a & 0xFFFF0000u : a << 16);
+          const float vb = __uint_as_float(hi ? b & 0xFFFF0000u : b << 16);
+          uint32_t two = qk::cvt_e4m3x2(__fmul_rn(va, rc), __fmul_rn(vb, rc));
+          two = sc == kE8M0Nan ? 0x7F7Fu : two;  // the NaN scale: NaN codes
+          wd[i / 2] = (i & 1) ? wd[i / 2] | (two << 16) : two;
+        }
+        *reinterpret_cast<uint4*>(G + cl * 128 + 16 * (u ^ (cl & 7))) = make_uint4(wd[0], wd[1], wd[2], wd[3]);
+      }
+      asm volatile("bar.sync 3, 128;" ::: "memory");  // every column's codes in G
+      const int64_t M = p.m;
+      const bool vec = (c.row0 & 15) == 0 && (M & 15) == 0;
+#pragma unroll 4
+      for (int i = 0; i < 8; ++i) {
+        const int id = et + 128 * i, cs = id >> 3, u = id & 7;
+        if (16 * u >= c.rows) continue;
+        uint8_t* dst = p.q_col + static_cast<int64_t>(a0 + cs) * M + c.row0 + 16 * u;
+        const uint4 w = *reinterpret_cast<const uint4*>(G + cs * 128 + 16 * (u ^ (cs & 7)));
+        if (vec && 16 * u + 16 <= c.rows) {
+          *reinterpret_cast<uint4*>(dst) = w;
+        } else {
+          const int n = min(16, c.rows - 16 * u);
+          for (int b = 0; b < n; ++b) {
+            const uint32_t word = b < 4 ? w.x : b < 8 ? w.y : b < 12 ? w.z : w.w;
+            dst[b] = static_cast<uint8_t>(word >> (8 * (b & 3)));
+          }
+        }
+      }
+      // The column's scale: the block's byte in each of its 32-row runs (grouped compact layout).
+      const int start = c.g ? s_end[c.g - 1] : 0;
+      const int64_t run0 = s_runs[c.g] + 4 * ((c.row0 - start) / 128);
+      const int64_t nruns = min(static_cast<int64_t>((c.rows + 31) / 32), min(int64_t{4}, p.n_r - run0));
+      for (int e = 0; e < nruns; ++e) p.scale_col[static_cast<int64_t>(a0 + cl) * p.n_r + run0 + e] = static_cast<uint8_t>(sc);
+    }
+    cutlass::arch::ClusterBarrier::arrive(&bars[2]);  // G and S read: the next pair may come
+  }
+
+  // The outputs' entries past the groups, by thread t of 256 in every CTA after its tiles: rows past
+  // the last group (end .. M) as the gather GEMM and the quantize pass write them (h zero, zero codes,
+  // the all-zero block's scale) and the column scales past the groups' runs (zero).
+  static __device__ __forceinline__ void tail(const GroupedMParams& p, int64_t end, int64_t runs, int t) {
+    const int64_t M = p.m, C2 = p.n, I = p.n / 2;
+    const int64_t first = static_cast<int64_t>(blockIdx.x) * 256 + t, stride = static_cast<int64_t>(gridDim.x) * 256;
+    const int64_t rows = M - end;
+    if (rows > 0) {
+      uint4* hz = reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + end * C2);  // 2 C2 % 16 == 0
+      for (int64_t i = first; i < rows * C2 / 8; i += stride) hz[i] = make_uint4(0, 0, 0, 0);
+      uint4* q = reinterpret_cast<uint4*>(p.q_row + end * I);  // I % 16 == 0
+      for (int64_t i = first; i < rows * I / 16; i += stride) q[i] = make_uint4(0, 0, 0, 0);
+      const uint32_t z = e8m0_from_amax_bits(0u, static_cast<mxmoe_scale_mode>(p.mode)) * 0x01010101u;
+      uint32_t* s = reinterpret_cast<uint32_t*>(p.scale_row + end * (I / 32));  // I / 32 % 4 == 0
+      for (int64_t i = first; i < rows * I / 128; i += stride) s[i] = z;
+      for (int64_t i = first; p.q_col != nullptr && i < rows * I; i += stride) {
+        const int64_t col = i / rows;
+        p.q_col[col * M + end + (i - col * rows)] = 0;
+      }
+    }
+    const int64_t extra = p.n_r - runs;
+    for (int64_t i = first; p.q_col != nullptr && extra > 0 && i < extra * I; i += stride) {
+      const int64_t col = i / extra;
+      p.scale_col[col * p.n_r + runs + (i - col * extra)] = 0;
+    }
+  }
+};
+
+}  // namespace sm90
+}  // namespace gemm
+}  // namespace cuda
+}  // namespace mxmoe
