@@ -84,7 +84,7 @@ __all__ = [
     "grouped_mm_mx_kgroups", "check_offsets", "clamp_offsets", "quantize_fused", "grouped_mm_tile128",
     "grouped_mm_tile128_kgroups", "zero_rows_past_groups", "sm90_tile128_weight", "sm90_tile128_forward", "sm90_exact_weight", "sm90_tile128_backward",
     "sm90_exact_forward", "sm90_exact_backward", "quantize_fused_source", "moe_tile128_forward",
-    "moe_tile128_backward", "moe_tile128_dswiglu_backward", "moe_exact_forward", "moe_exact_backward", "grouped_scale_capacity", "blocked_size", "quantize_fused_sides",
+    "moe_tile128_backward", "moe_tile128_dswiglu_backward", "moe_tile128_swiglu_forward", "moe_exact_forward", "moe_exact_backward", "grouped_scale_capacity", "blocked_size", "quantize_fused_sides",
     "weight_forms_if", "capture_id", "sm90_gemm_config",
 ]
 
@@ -144,6 +144,7 @@ quantize_fused_source = _python_op("quantize_fused_source")
 moe_tile128_forward = _python_op("moe_tile128_forward")
 moe_tile128_backward = _python_op("moe_tile128_backward")
 moe_tile128_dswiglu_backward = _python_op("moe_tile128_dswiglu_backward")
+moe_tile128_swiglu_forward = _python_op("moe_tile128_swiglu_forward")
 moe_exact_forward = _python_op("moe_exact_forward")
 moe_exact_backward = _python_op("moe_exact_backward")
 
@@ -430,6 +431,13 @@ def _(dout, perm, k, row_scale, w2_qt, w2_scale, h, alpha, limit, up_offset, w13
     dxs = h.new_empty((m, w13_qt.shape[1]) if need_dxs else (0,), dtype=a_dtype)
     dw13 = h.new_empty((offs.shape[0], two_i, x.shape[1]) if need_dw13 else (0,), dtype=w_dtype)
     return dxs, dw13, h.new_empty((m, two_i // 256), dtype=torch.float32)
+
+
+@_fake("moe_tile128_swiglu_forward")
+def _(x, perm, k, w13_q, w13_scale, alpha, limit, up_offset, w2_q, w2_scale, offs, b2, mode, want_col):
+    m, i = perm.shape[0], w13_q.shape[1] // 2
+    y_col = _side(x.new_empty((m, i), dtype=BF16), offs, False, (FUSED_QT | FUSED_SCALE) if want_col else 0)
+    return x.new_empty((m, 2 * i), dtype=BF16), x.new_empty((m, w2_q.shape[1]), dtype=BF16), y_col[1], y_col[2]
 
 
 @_fake("moe_exact_forward")

@@ -150,6 +150,35 @@ void gather_dswiglu_host(const GatherDSwigluArgs& x, const std::vector<uint16_t>
   }
 }
 
+// The host side of mxmoe_grouped_mm_tile128_gather_swiglu: the composition it is defined by (the gather
+// GEMM into h, then the quantize pass over the SWIGLU source).
+void gather_swiglu_host(const GatherSwigluArgs& x) {
+  GroupedMMGatherArgs gm;
+  gm.mm = x.g.mm;
+  gm.gather = x.g.gather;
+  gm.fanout = x.g.fanout;
+  cpu::grouped_mm_gather(gm);
+  const mxmoe_tensor& h = x.g.mm.out;
+  mxmoe_fused_source src{};
+  src.kind = MXMOE_SOURCE_SWIGLU;
+  src.a = &h;
+  src.layout = MXMOE_SWIGLU_CONCAT;
+  src.alpha = x.alpha;
+  src.limit = x.limit;
+  src.up_offset = x.up_offset;
+  mxmoe_tensor q = x.q, sc = x.scale, qt = x.qt.t, sct = x.scale_t.t;
+  mxmoe_fused_side row{}, col{};
+  row.q = &q;
+  row.scale = &sc;
+  if (x.qt.present) {
+    col.qt = &qt;
+    col.scale = &sct;
+  }
+  const mxmoe_fused_config cfg{128, 128, 0, x.mode};
+  if (mxmoe_quantize_fused_source(&src, &x.g.mm.offs, cfg, &row, x.qt.present ? &col : nullptr, nullptr) != MXMOE_OK)
+    fail(mxmoe_last_error());
+}
+
 }  // namespace
 }  // namespace mxmoe
 
@@ -419,6 +448,112 @@ mxmoe_status mxmoe_grouped_mm_tile128_gather_dswiglu(
 #endif
   } else {
     gather_dswiglu_host(x, host_dy);
+  }
+  MXMOE_API_END
+}
+
+int32_t mxmoe_grouped_mm_tile128_gather_swiglu_available(int64_t m, int64_t i, int64_t k, int64_t g, int64_t t,
+                                                         int64_t fanout, int32_t layout, int32_t device) {
+  if (m < 0 || i <= 0 || i % 128 != 0 || k < 0 || g < 0 || t < 0 || fanout < 1 || device < -1) return 0;
+  if (layout != MXMOE_SWIGLU_CONCAT) return 0;
+  if (device < 0) return 1;  // the CPU composition takes every call
+#if defined(MXMOE_WITH_CUDA)
+  try {
+    return cuda::grouped_mm_tile128_gather_swiglu_available(m, i, k, g, t, fanout, layout, device) ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
+#else
+  return 0;
+#endif
+}
+
+mxmoe_status mxmoe_grouped_mm_tile128_gather_swiglu(
+    const mxmoe_tensor* a_, const mxmoe_tensor* a_scale_, const mxmoe_tensor* gather_, int64_t fanout,
+    const mxmoe_tensor* b_, const mxmoe_tensor* b_scale_, const mxmoe_tensor* offs_, int32_t layout, float alpha,
+    float limit, float up_offset, mxmoe_scale_mode mode, mxmoe_tensor* h_, mxmoe_tensor* act_q_,
+    mxmoe_tensor* act_scale_, mxmoe_tensor* act_qt_, mxmoe_tensor* act_scale_t_, void* stream) {
+  MXMOE_API_BEGIN
+  GatherSwigluArgs x;
+  const mxmoe_tensor& gather = require(gather_, "gather");
+  check_dtype(gather, "gather", {MXMOE_DTYPE_I32});
+  check_ndim(gather, "gather", {1});
+  const int64_t M = gather.shape[0];
+  if (M >= (int64_t{1} << 31)) fail("gather: expected fewer than 2^31 rows, got ", M);
+  const mxmoe_tensor& b = require(b_, "b");
+  check_ndim(b, "b", {3});
+  const int64_t G = b.shape[0], N = b.shape[1], I = N / 2;
+  if (N % 256 != 0)
+    fail("b: expected the gate | up width (dim 1) to be a multiple of 256 (two halves of a multiple of 128), got ", N);
+  if (layout != MXMOE_SWIGLU_CONCAT) fail("layout: expected MXMOE_SWIGLU_CONCAT (0), got ", layout);
+  if (!std::isfinite(alpha)) fail("alpha: expected a finite value, got ", alpha);
+  if (!(limit > 0.f)) fail("limit: expected a positive value (+inf: no clamp), got ", limit);
+  if (!std::isfinite(up_offset)) fail("up_offset: expected a finite value, got ", up_offset);
+  if (mode < MXMOE_SCALE_RCEIL || mode > MXMOE_SCALE_EVEN)
+    fail("mode: expected RCEIL (0), FLOOR (1), CEIL (2) or EVEN (3), got ", static_cast<int>(mode));
+  const mxmoe_tensor& h = require(h_, "h");
+  check_dtype(h, "h", {MXMOE_DTYPE_BF16});
+  x.g.mm = api::check_grouped_mm(a_, a_scale_, b_, b_scale_, offs_, nullptr, h_, stream, M);
+  const mxmoe_tensor& a = x.g.mm.a;
+  const int64_t T = a.shape[0];
+  check_device(gather, "gather", a.device);
+  check_contiguous(gather, "gather");
+  check_contiguous(a, "a");
+  check_contiguous(x.g.mm.a_scale, "a_scale");
+  check_contiguous(h, "h");
+  if (fanout < 1 || (T > 0 && fanout > ((int64_t{1} << 31) - 1) / T))
+    fail("fanout: expected 1 <= fanout and T * fanout < 2^31 (T = ", T, "), got ", fanout);
+  if ((act_qt_ == nullptr) != (act_scale_t_ == nullptr))
+    fail("act_qt, act_scale_t: expected both or neither, got ", act_qt_ ? "act_qt only" : "act_scale_t only");
+  const int64_t n_r = mxmoe_grouped_scale_capacity(M, G);
+  struct Out {
+    mxmoe_tensor* t;
+    const char* name;
+    mxmoe_dtype dtype;
+    std::vector<int64_t> shape;
+  };
+  std::vector<Out> outs = {{act_q_, "act_q", MXMOE_DTYPE_E4M3, {M, I}},
+                           {act_scale_, "act_scale", MXMOE_DTYPE_E8M0, {M, I / 32}}};
+  if (act_qt_ != nullptr) {
+    outs.push_back({act_qt_, "act_qt", MXMOE_DTYPE_E4M3, {I, M}});
+    outs.push_back({act_scale_t_, "act_scale_t", MXMOE_DTYPE_E8M0, {I, n_r}});
+  }
+  for (const Out& o : outs) {
+    const mxmoe_tensor& t = require(o.t, o.name);
+    check_dtype(t, o.name, {o.dtype});
+    check_shape(t, o.name, o.shape);
+    check_device(t, o.name, a.device);
+    check_contiguous(t, o.name);
+  }
+  // No output overlaps an input or another output.
+  std::vector<std::pair<const mxmoe_tensor*, const char*>> written = {{h_, "h"}};
+  for (const Out& o : outs) written.emplace_back(o.t, o.name);
+  const std::pair<const mxmoe_tensor*, const char*> read[] = {
+      {&a, "a"}, {&x.g.mm.a_scale, "a_scale"}, {&gather, "gather"}, {&x.g.mm.b, "b"},
+      {&x.g.mm.b_scale, "b_scale"}, {&x.g.mm.offs, "offs"}};
+  for (size_t i = 0; i < written.size(); ++i) {
+    for (const auto& [t, name] : read) check_no_overlap(*written[i].first, written[i].second, *t, name);
+    for (size_t j = i + 1; j < written.size(); ++j)
+      check_no_overlap(*written[i].first, written[i].second, *written[j].first, written[j].second);
+  }
+  x.g.gather = gather;
+  x.g.fanout = fanout;
+  x.alpha = alpha;
+  x.limit = limit;
+  x.up_offset = up_offset;
+  x.mode = mode;
+  x.q = *act_q_;
+  x.scale = *act_scale_;
+  if (act_qt_ != nullptr) {
+    x.qt = {true, *act_qt_};
+    x.scale_t = {true, *act_scale_t_};
+  }
+  if (a.device >= 0) {
+#if defined(MXMOE_WITH_CUDA)
+    cuda::grouped_mm_tile128_gather_swiglu(x);
+#endif
+  } else {
+    gather_swiglu_host(x);
   }
   MXMOE_API_END
 }

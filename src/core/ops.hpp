@@ -79,6 +79,17 @@ struct GatherDSwigluArgs {
   mxmoe_tensor dh_q{}, dh_scale{}, dh_qt{}, dh_scale_t{}, tw_part{};
 };
 
+// mxmoe_grouped_mm_tile128_gather_swiglu: g.mm.out is h (M, 2I) bf16 (no bias, no row_scale); act(h)'s
+// rowwise operand q (M, I) + scale (M, I/32) and, when present, its columnwise operand qt (I, M) +
+// scale_t (I, n_r).
+struct GatherSwigluArgs {
+  GroupedMMGatherArgs g;
+  float alpha = 1.f, limit = 0.f, up_offset = 0.f;
+  mxmoe_scale_mode mode = MXMOE_SCALE_RCEIL;
+  mxmoe_tensor q{}, scale{};
+  OptTensor qt, scale_t;
+};
+
 // out (G, N, K) = A (N, M)[:, group] . B (K, M)[:, group]^T; scales grouped compact along M.
 struct GroupedMMKArgs {
   mxmoe_tensor a{}, a_scale{}, b{}, b_scale{}, offs{};
@@ -155,6 +166,9 @@ void grouped_mm_tile128_gather(const GroupedMMGatherArgs& args);
 bool grouped_mm_tile128_gather_dswiglu_available(int64_t m, int64_t i, int64_t k, int64_t g, int64_t a_rows,
                                                  int64_t fanout, int32_t layout, int32_t device);
 void grouped_mm_tile128_gather_dswiglu(const GatherDSwigluArgs& args);
+bool grouped_mm_tile128_gather_swiglu_available(int64_t m, int64_t i, int64_t k, int64_t g, int64_t a_rows,
+                                                int64_t fanout, int32_t layout, int32_t device);
+void grouped_mm_tile128_gather_swiglu(const GatherSwigluArgs& args);
 
 void quantize(const QuantizeArgs& args);
 void dequantize(const DequantizeArgs& args);

@@ -94,6 +94,15 @@ std::tuple<Tensor, Tensor, Tensor> moe_tile128_dswiglu_backward(Tensor dout, Ten
 // Whether that op's kernel takes a call with I, K = H, groups, T tokens, fanout on `device` (-1: the
 // host, always); the routed row count is not asked (it only needs to be below 2^31).
 bool moe_tile128_dswiglu_available(int64_t i, int64_t k, int64_t groups, int64_t t, int64_t fanout, int64_t device);
+// The tile128 layer's forward with concatenated halves: x per token, the gather GEMM with the SwiGLU
+// epilogue (mxmoe_grouped_mm_tile128_gather_swiglu: h and act(h)'s FP8 forms), then o = act(h) . w2 (+ b2)
+// on the rowwise form. Returns (h, o, act_qt, act_scale_t); the last two (the down projection's wgrad
+// operand) are empty without want_col.
+std::tuple<Tensor, Tensor, Tensor, Tensor> moe_tile128_swiglu_forward(Tensor x, Tensor perm, int64_t k, Tensor w13_q,
+                                                                       Tensor w13_scale, double alpha, double limit,
+                                                                       double up_offset, Tensor w2_q, Tensor w2_scale,
+                                                                       Tensor offs, OptTensor b2, int64_t mode,
+                                                                       bool want_col);
 std::tuple<Tensor, Tensor, Tensor> moe_exact_forward(MXMOE_SOURCE_ARGS, Tensor w_dq, Tensor offs, int64_t mode,
                                                      bool want_a_col);
 std::tuple<Tensor, Tensor> moe_exact_backward(MXMOE_SOURCE_ARGS, Tensor w_q, Tensor w_scale, OptTensor a_q,

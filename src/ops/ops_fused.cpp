@@ -310,6 +310,52 @@ std::tuple<Tensor, Tensor, Tensor> tile128_dswiglu_backward(const char* op, cons
   return {dxs, dw13, tw_part};
 }
 
+// The up projection with SwiGLU in its epilogue, then the down projection on the act(h) operand it wrote
+// (the tile128 layer's forward with concatenated halves): x quantized once per token, the gather GEMM
+// storing h and act(h)'s FP8 forms (mxmoe_grouped_mm_tile128_gather_swiglu), GEMM2. Returns (h, o,
+// act's columnwise codes and scales, or empty ones without want_col).
+std::tuple<Tensor, Tensor, Tensor, Tensor> tile128_swiglu_forward(const char* op, const Tensor& x_in,
+                                                                  const Tensor& perm, int64_t k, const Tensor& w13_q,
+                                                                  const Tensor& w13_scale, double alpha, double limit,
+                                                                  double up_offset, const Tensor& w2_q,
+                                                                  const Tensor& w2_scale, const Tensor& offs,
+                                                                  const OptTensor& b2, int64_t mode, bool want_col) {
+  require_dims(x_in, "x", 2, 2, op);
+  require_dims(w13_q, "w13_q", 3, 3, op);
+  require_dims(w2_q, "w2_q", 3, 3, op);
+  const Input x(x_in);
+  Launch L(x.a);
+  const int64_t M = perm.size(0), I = w13_q.size(1) / 2, G = offs.size(0);
+  Side x_row(x, std::nullopt, true, kQ | kScale, ScalarType::BFloat16, L.device, op);
+  quantize_per_token(op, x, mode, x_row, L);
+  Tensor h = empty({M, 2 * I}, ScalarType::BFloat16, L.device);
+  Tensor y_q = empty({M, I}, ScalarType::Float8_e4m3fn, L.device);
+  Tensor y_s = empty({M, I / kBlock}, ScalarType::Float8_e8m0fnu, L.device);
+  Tensor y_qt = want_col ? empty({I, M}, ScalarType::Float8_e4m3fn, L.device)
+                         : none_output(ScalarType::Float8_e4m3fn, L.device);
+  Tensor y_st = want_col ? empty({I, cdiv(M, kBlock) + G}, ScalarType::Float8_e8m0fnu, L.device)
+                         : none_output(ScalarType::Float8_e8m0fnu, L.device);
+  {
+    mxmoe_tensor av = view(x_row.q(), "x_q", op), asv = view(x_row.scale(), "x_scale", op),
+                 pv = view(perm, "perm", op), bv = view(w13_q, "w13_q", op), bsv = view(w13_scale, "w13_scale", op),
+                 ov = view(offs, "offs", op), hv = view(h, "h", op), qv = view(y_q, "act_q", op),
+                 sv = view(y_s, "act_scale", op), qtv{}, stv{};
+    if (want_col) {
+      qtv = view(y_qt, "act_qt", op);
+      stv = view(y_st, "act_scale_t", op);
+    }
+    check(mxmoe_grouped_mm_tile128_gather_swiglu(&av, &asv, &pv, k, &bv, &bsv, &ov, MXMOE_SWIGLU_CONCAT,
+                                                 static_cast<float>(alpha), static_cast<float>(limit),
+                                                 static_cast<float>(up_offset),
+                                                 static_cast<mxmoe_scale_mode>(to_i32(mode, "mode", op)), &hv, &qv,
+                                                 &sv, want_col ? &qtv : nullptr, want_col ? &stv : nullptr, L.stream),
+          op);
+  }
+  Tensor o = empty({M, w2_q.size(1)}, ScalarType::BFloat16, L.device);
+  tile128_mm_into(y_q, y_s, w2_q, w2_scale, offs, b2, o, L, op);
+  return {h, o, y_qt, y_st};
+}
+
 std::tuple<Tensor, Tensor, Tensor> exact_forward(const char* op, const Input& a, const Tensor& w_dq,
                                                  const Tensor& offs, int64_t mode, bool want_a_col) {
   if (w_dq.dim() != 3 || w_dq.scalar_type() != ScalarType::BFloat16)
@@ -474,6 +520,15 @@ std::tuple<Tensor, Tensor, Tensor> moe_tile128_dswiglu_backward(Tensor dout, Ten
   return tile128_dswiglu_backward("moe_tile128_dswiglu_backward", dout, perm, k, row_scale, w2_qt, w2_scale, h, alpha,
                                   limit, up_offset, w13_qt, w13_scale, x, offs, mode, need_dxs, need_dw13, a_dtype,
                                   w_dtype);
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> moe_tile128_swiglu_forward(Tensor x, Tensor perm, int64_t k, Tensor w13_q,
+                                                                       Tensor w13_scale, double alpha, double limit,
+                                                                       double up_offset, Tensor w2_q, Tensor w2_scale,
+                                                                       Tensor offs, OptTensor b2, int64_t mode,
+                                                                       bool want_col) {
+  return tile128_swiglu_forward("moe_tile128_swiglu_forward", x, perm, k, w13_q, w13_scale, alpha, limit, up_offset,
+                                w2_q, w2_scale, offs, b2, mode, want_col);
 }
 
 bool moe_tile128_dswiglu_available(int64_t i, int64_t k, int64_t groups, int64_t t, int64_t fanout, int64_t device) {

@@ -904,3 +904,104 @@ TEST(CudaGemmTile128, GatherDSwigluSameBytesAsGemmThenQuantize) {
   }
   g_data = Data::kFullRange;
 }
+
+// The gather GEMM with the SwiGLU epilogue (mxmoe_grouped_mm_tile128_gather_swiglu, the MoE layer's up
+// projection): h the same bytes as the gather GEMM's, act(h)'s rowwise and columnwise operands the same
+// bytes as the tile128 quantize pass over the SWIGLU source read from that h (both on the device), every
+// output byte written (poisoned first), also rows past the last group; and without the columnwise form.
+TEST(CudaGemmTile128, GatherSwigluSameBytesAsGemmThenQuantize) {
+  SKIP_WITHOUT_CUDA();
+  struct Case {
+    int64_t t, k, i, fanout;
+    std::vector<int32_t> sizes;
+    float alpha, limit, up_offset;
+    int tail;  // rows past the last group
+  };
+  const float inf = std::numeric_limits<float>::infinity();
+  // As the dSwiGLU test: 16-byte column runs (the first case), byte runs (the others); an odd count of
+  // act blocks per row (I = 768: 6 pairs) and the clamped SwiGLU in the third.
+  const Case cases[] = {{300, 512, 256, 8, {400, 0, 336, 704, 16, 944}, 1.f, inf, 0.f, 16},
+                        {97, 256, 128, 3, {50, 128, 0, 113}, 1.f, inf, 0.f, 13},
+                        {256, 2048, 768, 8, {512, 1024, 0, 496}, 1.702f, 7.f, 1.f, 9}};
+  uint32_t seed = 90;
+  for (const Case& c : cases) {
+    std::mt19937 rng(seed++);
+    g_data = Data::kNormal;
+    const int64_t G = static_cast<int64_t>(c.sizes.size()), I = c.i;
+    Buffer a = random_e4m3_buffer({c.t, c.k}, rng), as = rowwise_scales_1x128(c.t, c.k, rng);
+    as.bytes[3 * (c.k / 32)] = 0xFF;  // token 3's first block: a NaN scale, its rows' h and act NaN
+    Buffer b = random_e4m3_buffer({G, 2 * I, c.k}, rng), bs = tile_scales_128x128(G, 2 * I, c.k, rng);
+    std::vector<int32_t> gather;
+    for (int32_t s : c.sizes)
+      for (int32_t r = 0; r < s; ++r) {
+        const uint32_t u = rng() % 32;
+        gather.push_back(u == 0 ? -1 : (u == 1 ? static_cast<int32_t>(c.t * c.fanout + 3)
+                                               : static_cast<int32_t>(rng() % (c.t * c.fanout))));
+      }
+    gather[7] = 3 * static_cast<int32_t>(c.fanout);  // a row of token 3
+    for (int r = 0; r < c.tail; ++r) gather.push_back(static_cast<int32_t>(rng() % (c.t * c.fanout)));  // tail rows
+    const int64_t M = static_cast<int64_t>(gather.size());
+    const std::vector<int32_t> ends = ends_of(c.sizes);
+    const int64_t n_r = mxmoe_grouped_scale_capacity(M, G);
+    Buffer offs = mxtest::offsets(ends), gi({M}, MXMOE_DTYPE_I32);
+    std::memcpy(gi.bytes.data(), gather.data(), gather.size() * 4);
+    if (!mxmoe_grouped_mm_tile128_gather_swiglu_available(M, I, c.k, G, c.t, c.fanout, 0, 0))
+      GTEST_SKIP() << "the sm_90a SwiGLU gather kernel is not available here";
+    DevBuf da(a), das(as), db(b), dbs(bs), doffs(offs), dgi(gi);
+    auto va = da.view(), vas = das.view(), vb = db.view(), vbs = dbs.view(), vo = doffs.view(), vg = dgi.view();
+    // The reference: h by the gather GEMM, then the quantize pass over act(h).
+    DevBuf rh(Buffer({M, 2 * I}, MXMOE_DTYPE_BF16), false);
+    auto vrh = rh.view();
+    ASSERT_EQ(mxmoe_grouped_mm_tile128_gather(&va, &vas, &vg, c.fanout, nullptr, &vb, &vbs, &vo, nullptr, &vrh, nullptr),
+              MXMOE_OK)
+        << mxmoe_last_error();
+    DevBuf rq(Buffer({M, I}, MXMOE_DTYPE_E4M3), false), rsc(Buffer({M, I / 32}, MXMOE_DTYPE_E8M0), false),
+        rqt(Buffer({I, M}, MXMOE_DTYPE_E4M3), false), rst(Buffer({I, n_r}, MXMOE_DTYPE_E8M0), false);
+    {
+      auto vq = rq.view(), vs = rsc.view(), vqt = rqt.view(), vst = rst.view();
+      mxmoe_fused_source src{};
+      src.kind = MXMOE_SOURCE_SWIGLU;
+      src.a = &vrh;
+      src.layout = 0;
+      src.alpha = c.alpha;
+      src.limit = c.limit;
+      src.up_offset = c.up_offset;
+      mxmoe_fused_side row{}, col{};
+      row.q = &vq;
+      row.scale = &vs;
+      col.qt = &vqt;
+      col.scale = &vst;
+      ASSERT_EQ(mxmoe_quantize_fused_source(&src, &vo, mxmoe_fused_config{128, 128, 0, MXMOE_SCALE_RCEIL}, &row, &col,
+                                            nullptr),
+                MXMOE_OK)
+          << mxmoe_last_error();
+    }
+    const std::string where = "T=" + std::to_string(c.t) + " K=" + std::to_string(c.k) + " I=" + std::to_string(I);
+    for (bool with_col : {true, false}) {
+      DevBuf h(Buffer({M, 2 * I}, MXMOE_DTYPE_BF16), false), q(Buffer({M, I}, MXMOE_DTYPE_E4M3), false),
+          sc(Buffer({M, I / 32}, MXMOE_DTYPE_E8M0), false), qt(Buffer({I, M}, MXMOE_DTYPE_E4M3), false),
+          st(Buffer({I, n_r}, MXMOE_DTYPE_E8M0), false);
+      for (DevBuf* d : {&h, &q, &sc, &qt, &st}) d->poison();  // every byte must be written
+      auto vh = h.view(), vq = q.view(), vs = sc.view(), vqt = qt.view(), vst = st.view();
+      ASSERT_EQ(mxmoe_grouped_mm_tile128_gather_swiglu(&va, &vas, &vg, c.fanout, &vb, &vbs, &vo, 0, c.alpha, c.limit,
+                                                       c.up_offset, MXMOE_SCALE_RCEIL, &vh, &vq, &vs,
+                                                       with_col ? &vqt : nullptr, with_col ? &vst : nullptr, nullptr),
+                MXMOE_OK)
+          << mxmoe_last_error();
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::string w = where + (with_col ? "" : " (no columnwise form)");
+      const Buffer gh = h.download(), wh = rh.download();
+      EXPECT_EQ(gh.bytes, wh.bytes) << w;
+      EXPECT_EQ(q.download().bytes, rq.download().bytes) << w;
+      EXPECT_EQ(sc.download().bytes, rsc.download().bytes) << w;
+      if (with_col) {
+        EXPECT_EQ(qt.download().bytes, rqt.download().bytes) << w;
+        EXPECT_EQ(st.download().bytes, rst.download().bytes) << w;
+      }
+      // The NaN scale reached its row (h NaN; the act block's scale NaN) and the reference agrees.
+      EXPECT_TRUE(std::isnan(gh.get(7 * 2 * I))) << w;
+      EXPECT_EQ(sc.download().u8(7 * (I / 32)), 0xFF) << w;
+    }
+  }
+  g_data = Data::kFullRange;
+}

@@ -250,4 +250,110 @@ TEST(GatherDSwiglu, Validation) {
   EXPECT_EQ(mxmoe_grouped_mm_tile128_gather_dswiglu_available(10, 256, 128, 2, 20, 2, 1, -1), 0);
 }
 
+// The SwiGLU epilogue variant on the host (mxmoe_grouped_mm_tile128_gather_swiglu): h is the gather
+// GEMM's output and act(h)'s forms are the quantize pass's over the SWIGLU source (the composition the
+// host runs; test_cuda_gemm.cpp holds the device kernel to the same bytes), with and without the
+// columnwise form; and the argument checks.
+struct Swiglu {
+  Operands o;
+  int64_t I, M;
+  Buffer h, q, sc, qt, st;
+};
+
+Swiglu make_swiglu(uint32_t seed) {
+  Swiglu d{make(40, 128, 512, 4, {33, 17, 0, 64}, seed), 256, 0, {}, {}, {}, {}, {}};
+  d.M = static_cast<int64_t>(d.o.gather.size());
+  const int64_t G = static_cast<int64_t>(d.o.ends.size());
+  d.h = Buffer({d.M, 2 * d.I}, MXMOE_DTYPE_BF16, 0xEE);
+  d.q = Buffer({d.M, d.I}, MXMOE_DTYPE_E4M3, 0xEE);
+  d.sc = Buffer({d.M, d.I / 32}, MXMOE_DTYPE_E8M0, 0xEE);
+  d.qt = Buffer({d.I, d.M}, MXMOE_DTYPE_E4M3, 0xEE);
+  d.st = Buffer({d.I, mxmoe_grouped_scale_capacity(d.M, G)}, MXMOE_DTYPE_E8M0, 0xEE);
+  return d;
+}
+
+mxmoe_status run_swiglu(Swiglu& d, bool with_col = true, int32_t layout = 0, bool scale_t = true,
+                        mxmoe_tensor* q_override = nullptr) {
+  Buffer gi = gather_buf(d.o.gather);
+  auto va = d.o.a.view(), vas = d.o.as.view(), vg = gi.view(), vb = d.o.b.view(), vbs = d.o.bs.view(),
+       vo = d.o.offs.view(), vh = d.h.view(), vq = d.q.view(), vs = d.sc.view(), vqt = d.qt.view(), vst = d.st.view();
+  return mxmoe_grouped_mm_tile128_gather_swiglu(&va, &vas, &vg, d.o.fanout, &vb, &vbs, &vo, layout, 1.702f, 7.f, 1.f,
+                                                MXMOE_SCALE_RCEIL, &vh, q_override ? q_override : &vq, &vs,
+                                                with_col ? &vqt : nullptr, with_col && scale_t ? &vst : nullptr,
+                                                nullptr);
+}
+
+TEST(GatherSwiglu, GemmThenQuantize) {
+  Swiglu d = make_swiglu(31);
+  ASSERT_EQ(run_swiglu(d), MXMOE_OK) << mxmoe_last_error();
+  Buffer h({d.M, 2 * d.I}, MXMOE_DTYPE_BF16);
+  ASSERT_EQ(run_gather(d.o, false, false, h), MXMOE_OK) << mxmoe_last_error();
+  EXPECT_EQ(d.h.bytes, h.bytes);
+  Swiglu w = make_swiglu(31);
+  auto vh = h.view(), vq = w.q.view(), vs = w.sc.view(), vqt = w.qt.view(), vst = w.st.view(), vo = d.o.offs.view();
+  mxmoe_fused_source src{};
+  src.kind = MXMOE_SOURCE_SWIGLU;
+  src.a = &vh;
+  src.layout = 0;
+  src.alpha = 1.702f;
+  src.limit = 7.f;
+  src.up_offset = 1.f;
+  mxmoe_fused_side row{}, col{};
+  row.q = &vq;
+  row.scale = &vs;
+  col.qt = &vqt;
+  col.scale = &vst;
+  ASSERT_EQ(mxmoe_quantize_fused_source(&src, &vo, mxmoe_fused_config{128, 128, 0, MXMOE_SCALE_RCEIL}, &row, &col,
+                                        nullptr),
+            MXMOE_OK)
+      << mxmoe_last_error();
+  EXPECT_EQ(d.q.bytes, w.q.bytes);
+  EXPECT_EQ(d.sc.bytes, w.sc.bytes);
+  EXPECT_EQ(d.qt.bytes, w.qt.bytes);
+  EXPECT_EQ(d.st.bytes, w.st.bytes);
+  // The rows carry act: most in-group codes are nonzero.
+  int64_t nonzero = 0;
+  for (int64_t i = 0; i < d.o.ends.back() * d.I; ++i) nonzero += d.q.u8(i) != 0;
+  EXPECT_GT(nonzero, d.o.ends.back() * d.I / 2);
+  // Without the columnwise form: the same h and rowwise bytes, qt untouched.
+  Swiglu n = make_swiglu(31);
+  ASSERT_EQ(run_swiglu(n, false), MXMOE_OK) << mxmoe_last_error();
+  EXPECT_EQ(n.h.bytes, h.bytes);
+  EXPECT_EQ(n.q.bytes, w.q.bytes);
+  EXPECT_EQ(n.sc.bytes, w.sc.bytes);
+  for (uint8_t v : n.qt.bytes) ASSERT_EQ(v, 0xEE);
+}
+
+TEST(GatherSwiglu, Validation) {
+  Swiglu d = make_swiglu(32);
+  auto expect_error = [&](mxmoe_status st, const std::string& what) {
+    EXPECT_EQ(st, MXMOE_ERR_INVALID_ARGUMENT) << what;
+    EXPECT_NE(std::string(mxmoe_last_error()).find(what), std::string::npos) << mxmoe_last_error();
+  };
+  expect_error(run_swiglu(d, true, 1), "layout");
+  expect_error(run_swiglu(d, true, 0, false), "act_qt, act_scale_t");
+  Buffer q_bad({d.M, d.I - 32}, MXMOE_DTYPE_E4M3);
+  auto vq_bad = q_bad.view();
+  expect_error(run_swiglu(d, true, 0, true, &vq_bad), "act_q");
+  Buffer h_ok = d.h;
+  d.h = Buffer({d.M, 2 * d.I}, MXMOE_DTYPE_F32);
+  expect_error(run_swiglu(d), "h");
+  d.h = h_ok;
+  // Nothing was written by the failed calls.
+  for (const Buffer* b : {&d.h, &d.q, &d.sc, &d.qt, &d.st})
+    for (uint8_t v : b->bytes) ASSERT_EQ(v, 0xEE);
+  // 2I = 384: halves of 192, not a multiple of 128.
+  Swiglu narrow{make(20, 128, 384, 2, {10, 12}, 33), 192, 0, {}, {}, {}, {}, {}};
+  narrow.M = static_cast<int64_t>(narrow.o.gather.size());
+  narrow.h = Buffer({narrow.M, 384}, MXMOE_DTYPE_BF16);
+  narrow.q = Buffer({narrow.M, 192}, MXMOE_DTYPE_E4M3);
+  narrow.sc = Buffer({narrow.M, 6}, MXMOE_DTYPE_E8M0);
+  narrow.qt = Buffer({192, narrow.M}, MXMOE_DTYPE_E4M3);
+  narrow.st = Buffer({192, mxmoe_grouped_scale_capacity(narrow.M, 2)}, MXMOE_DTYPE_E8M0);
+  expect_error(run_swiglu(narrow), "multiple of 256");
+  EXPECT_EQ(mxmoe_grouped_mm_tile128_gather_swiglu_available(10, 256, 128, 2, 20, 2, 0, -1), 1);
+  EXPECT_EQ(mxmoe_grouped_mm_tile128_gather_swiglu_available(10, 192, 128, 2, 20, 2, 0, -1), 0);
+  EXPECT_EQ(mxmoe_grouped_mm_tile128_gather_swiglu_available(10, 256, 128, 2, 20, 2, 1, -1), 0);
+}
+
 }  // namespace

@@ -70,6 +70,28 @@ class Tile128Phases:
         return ops.moe_tile128_backward(*src, *bwd, a_q, a_s, offs, mode, need_da, need_dw, BF16, w_dtype)
 
     @staticmethod
+    def fused_up_takes(x: Tensor, w13_f, k: int, layout: int) -> bool:
+        """Whether fused_up_forward runs this call: concatenated halves, I a multiple of 128; on the GPU
+        where the sm_90a kernel takes the shape. This mirrors
+        mxmoe_grouped_mm_tile128_gather_swiglu_available (the op enforces it with a clear error), in
+        Python for torch.compile as fused_down_takes."""
+        E, two_i, H = w13_f[0].shape
+        T = x.shape[0]
+        if layout != 0 or two_i % 256 != 0:
+            return False
+        if x.device.type != "cuda":
+            return True  # the CPU composition takes every call
+        # int32 rows and indices, 32-bit byte offsets of x's rows, the group tables in shared memory.
+        return H % 16 == 0 and 0 < E <= 2048 and E * two_i < 2**31 and T * H < 2**32 and T * k < 2**31
+
+    @staticmethod
+    def fused_up_forward(x, perm, k, w13_f, act, w2_f, offs, b2, mode, want_col):
+        """The up projection with SwiGLU in its epilogue (h and act(h)'s FP8 forms from one GEMM), then
+        the down projection: (h, o, act's wgrad codes, scales)."""
+        return ops.moe_tile128_swiglu_forward(x, perm, k, *w13_f, act.alpha, act.limit, act.up_offset, *w2_f, offs, b2,
+                                              mode, want_col)
+
+    @staticmethod
     def fused_down_takes(dout: Tensor, h: Tensor, w2_b, k: int, layout: int) -> bool:
         """Whether fused_down_backward runs this call: concatenated halves, I a multiple of 128; on the
         GPU where the sm_90a kernel takes the shape. This mirrors

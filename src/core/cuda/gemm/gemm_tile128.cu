@@ -794,5 +794,45 @@ void grouped_mm_tile128_gather_dswiglu(const GatherDSwigluArgs& x) {
               " (mxmoe_grouped_mm_tile128_gather_dswiglu_available says which calls it takes)");
 }
 
+bool grouped_mm_tile128_gather_swiglu_available(int64_t m, int64_t i, int64_t k, int64_t g, int64_t a_rows,
+                                                int64_t fanout, int32_t layout, int32_t device) {
+#if defined(MXMOE_HAVE_CUTLASS)
+  return g > 0 && gemm::sm90_grouped_m_gather_swiglu_takes(m, 2 * i, k, g, a_rows, k, fanout, layout, device);
+#else
+  (void)m, (void)i, (void)k, (void)g, (void)a_rows, (void)fanout, (void)layout, (void)device;
+  return false;
+#endif
+}
+
+void grouped_mm_tile128_gather_swiglu(const GatherSwigluArgs& x) {
+  const char* what = "grouped_mm_tile128_gather_swiglu";
+  const GroupedMMArgs& a = x.g.mm;
+  const int64_t T = a.a.shape[0], K = a.a.shape[1], M = a.out.shape[0], N = a.b.shape[1];
+  const int G = static_cast<int>(a.offs.shape[0]);
+  const DeviceProps props = require_hopper(a.a.device, what);
+  DeviceGuard guard(a.a.device, what);
+#if defined(MXMOE_HAVE_CUTLASS)
+  gemm::GroupedMGatherSwigluRun r;
+  fill_grouped_m_run(a, M, props.sm_count, static_cast<cudaStream_t>(a.stream), r);
+  r.gather = static_cast<const int32_t*>(x.g.gather.data);
+  r.fanout = x.g.fanout;
+  r.a_rows = T;
+  r.lda = a.a.strides[0];
+  r.alpha = x.alpha;
+  r.limit = x.limit;
+  r.up_offset = x.up_offset;
+  r.mode = static_cast<int>(x.mode);
+  r.q = static_cast<uint8_t*>(x.q.data);
+  r.scale = static_cast<uint8_t*>(x.scale.data);
+  r.qt = x.qt.present ? static_cast<uint8_t*>(x.qt.t.data) : nullptr;
+  r.scale_t = x.scale_t.present ? static_cast<uint8_t*>(x.scale_t.t.data) : nullptr;
+  r.n_r = x.scale_t.present ? x.scale_t.t.shape[1] : 0;
+  if (G > 0 && gemm::sm90_grouped_m_gather_swiglu(r)) return;
+#endif
+  fail_status(MXMOE_ERR_UNSUPPORTED, what, ": the sm_90a kernel does not take M = ", M, ", 2I = ", N, ", K = ", K,
+              ", G = ", G, ", T = ", T, ", fanout = ", x.g.fanout,
+              " (mxmoe_grouped_mm_tile128_gather_swiglu_available says which calls it takes)");
+}
+
 }  // namespace cuda
 }  // namespace mxmoe

@@ -1,5 +1,5 @@
-// Host side of the gather variants of the sm_90a M-grouped FP8 GEMM (stored output, and the dSwiGLU
-// epilogue of the MoE layer's down-projection dgrad): checks, B's TMA descriptor, launch. sm_90a only (built with the CUTLASS-header SM90 objects, src/core/CMakeLists.txt).
+// Host side of the gather variants of the sm_90a M-grouped FP8 GEMM (stored output, the SwiGLU epilogue
+// of the MoE layer's up projection, the dSwiGLU epilogue of its down-projection dgrad): checks, B's TMA descriptor, launch. sm_90a only (built with the CUTLASS-header SM90 objects, src/core/CMakeLists.txt).
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -9,6 +9,7 @@
 #include "common/moe_activation.hpp"
 #include "cuda/gemm/sm90/sm90_fp8_grouped_m_1x128_128x128.cuh"
 #include "cuda/gemm/sm90/sm90_fp8_grouped_m_gather_dswiglu_1x128.cuh"
+#include "cuda/gemm/sm90/sm90_fp8_grouped_m_gather_swiglu_1x128.cuh"
 #include "cuda/gemm/sm90/sm90_grouped_m_gather.hpp"
 #include "cuda/gemm/sm90/sm90_host.hpp"
 
@@ -23,6 +24,8 @@ using Kernel = sm90::GroupedMGather<128, 5, __nv_bfloat16>;
 // The dSwiGLU epilogue's variant: the same mainloop with 4 stages, so that its hand-over buffers
 // (64 KB) fit beside them (4 and 5 stages measured the same there: docs/design/gemm-sm90.md).
 using DSwigluKernel = sm90::GroupedMGatherDSwiglu<4>;
+// The SwiGLU epilogue's variant: the same mainloop and stages, its two hand-over tiles (64 KB) beside them.
+using SwigluKernel = sm90::GroupedMGatherSwiglu<4>;
 
 int device_sm_major(int device) {
   int major = 0;
@@ -30,9 +33,9 @@ int device_sm_major(int device) {
   return major;
 }
 
-// The gather fields of the device arguments and the launch, shared by both variants; false (nothing
-// launched) where the shared memory does not fit. With always, a launch also for m == 0 (the dSwiGLU
-// variant writes its outputs' tails).
+// The gather fields of the device arguments and the launch, shared by the variants; false (nothing
+// launched) where the shared memory does not fit. With always, a launch also for m == 0 (the fused
+// epilogues write their outputs' tails).
 template <class K>
 bool launch_gather(const GroupedMGatherRun& r, sm90::GroupedMParams& p, const char* what, bool always) {
   void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const sm90::GroupedMParams) =
@@ -40,7 +43,8 @@ bool launch_gather(const GroupedMGatherRun& r, sm90::GroupedMParams& p, const ch
   const int limit = sm90_prepare_smem(reinterpret_cast<const void*>(kernel), r.device);
   if (K::smem_bytes(r.groups) > static_cast<size_t>(limit)) return false;
   const CUtensorMap mb = kmajor_map(r.b, r.k, static_cast<uint64_t>(r.groups) * r.n, r.k, K::kBlockN / 2);
-  const int64_t nt = (r.n + K::kBlockN - 1) / K::kBlockN;
+  // The tile order's columns: tiles, or pairs of tiles (nt is even there: n % 256 == 0).
+  const int64_t nt = (r.n + K::kBlockN - 1) / K::kBlockN / (K::kPairs ? 2 : 1);
   p.band_div = sm90::make_fast_div(static_cast<uint32_t>(K::kBand * nt));
   p.gather = r.gather;
   p.a = r.a;
@@ -49,7 +53,7 @@ bool launch_gather(const GroupedMGatherRun& r, sm90::GroupedMParams& p, const ch
   p.fanout_div = sm90::make_fast_div(static_cast<uint32_t>(r.fanout));
   p.row_scale = r.row_scale;
   if (r.m == 0 && !always) return true;
-  const int64_t upper = ((r.m + 127) / 128 + r.groups) * nt;  // m-tiles <= ceil(M / 128) + G
+  const int64_t upper = ((r.m + 127) / 128 + r.groups) * nt;  // m-tiles <= ceil(M / 128) + G (in pairs: pairs)
   const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(r.sm_count, upper));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
@@ -57,7 +61,7 @@ bool launch_gather(const GroupedMGatherRun& r, sm90::GroupedMParams& p, const ch
   cfg.dynamicSmemBytes = K::smem_bytes(r.groups);
   cfg.stream = r.stream;
   // The A map is unused by the gather variants (the producer copies A): B's map fills its slot, and
-  // the output's where nothing is stored by TMA (the dSwiGLU variant).
+  // the output's where nothing is stored by TMA (the fused epilogues).
   CUtensorMap mo = mb;
   if constexpr (!K::kFusedEpilogue) mo = output_map(r.out, r.out_bf16, std::max<int64_t>(r.m, 1), r.n, K::kEpiBoxBytes);
   cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, mb, mb, mo, p);
@@ -128,6 +132,35 @@ bool sm90_grouped_m_gather_dswiglu(const GroupedMGatherDSwigluRun& r) {
   p.n_r = r.n_r;
   p.tw_part = r.tw_part;
   return launch_gather<DSwigluKernel>(r, p, "grouped_mm_tile128_gather_dswiglu", true);
+}
+
+bool sm90_grouped_m_gather_swiglu_takes(int64_t m, int64_t n, int64_t k, int64_t groups, int64_t a_rows,
+                                        int64_t lda, int64_t fanout, int layout, int device) {
+  if (layout != kSwigluConcat || n % 256 != 0 || !gather_shape_ok(m, n, k, groups, a_rows, lda, fanout, device))
+    return false;
+  return SwigluKernel::smem_bytes(static_cast<int>(std::min<int64_t>(groups, 1 << 20))) <= 227 * 1024;
+}
+
+bool sm90_grouped_m_gather_swiglu(const GroupedMGatherSwigluRun& r) {
+  if (!sm90_grouped_m_gather_swiglu_takes(r.m, r.n, r.k, r.groups, r.a_rows, r.lda, r.fanout, kSwigluConcat,
+                                          r.device))
+    return false;
+  if (reinterpret_cast<uintptr_t>(r.a) % 16 != 0 || reinterpret_cast<uintptr_t>(r.b) % 16 != 0) return false;
+  if ((r.qt == nullptr) != (r.scale_t == nullptr) || r.out == nullptr || !r.out_bf16) return false;
+  for (const void* q : {static_cast<const void*>(r.out), static_cast<const void*>(r.q), static_cast<const void*>(r.qt)})
+    if (reinterpret_cast<uintptr_t>(q) % 16 != 0) return false;
+  if (reinterpret_cast<uintptr_t>(r.scale) % 4 != 0) return false;
+  sm90::GroupedMParams p = sm90::grouped_m_params(r);
+  p.bias = nullptr;
+  p.act = SwigluParams{kSwigluConcat, r.alpha, r.limit, r.up_offset};
+  p.plain = swiglu_is_plain(p.act) ? 1 : 0;
+  p.mode = r.mode;
+  p.q_row = r.q;
+  p.scale_row = r.scale;
+  p.q_col = r.qt;
+  p.scale_col = r.scale_t;
+  p.n_r = r.n_r;
+  return launch_gather<SwigluKernel>(r, p, "grouped_mm_tile128_gather_swiglu", true);
 }
 
 }  // namespace gemm

@@ -60,6 +60,31 @@ bool sm90_grouped_m_gather_dswiglu_takes(int64_t m, int64_t n, int64_t k, int64_
 // 16-byte aligned. Throws on CUDA errors.
 bool sm90_grouped_m_gather_dswiglu(const GroupedMGatherDSwigluRun& r);
 
+// The gather GEMM of the MoE layer's up projection with the SwiGLU epilogue
+// (sm90_fp8_grouped_m_gather_swiglu_1x128.cuh): out = h (M, N = 2I) bf16 = A[rows] . B[g]^T, gate | up
+// halves concatenated, stored as the gather GEMM stores it, and act(h) = swiglu(gate, up) (M, I) as the
+// tile128 operands: rowwise q / scale (M, I/32) and, when qt is set, columnwise per group qt (I, M) /
+// scale_t (I, n_r). bias, row_scale: unused (none).
+struct GroupedMGatherSwigluRun : GroupedMGatherRun {
+  float alpha = 1.f, limit = 0.f, up_offset = 0.f;
+  int mode = 0;  // mxmoe_scale_mode
+  uint8_t* q = nullptr;
+  uint8_t* scale = nullptr;
+  uint8_t* qt = nullptr;  // optional, with scale_t
+  uint8_t* scale_t = nullptr;
+  int64_t n_r = 0;
+};
+
+// Whether sm90_grouped_m_gather_swiglu takes a call of this shape (n = 2I, I a multiple of 128,
+// concatenated gate | up halves only). Launches nothing.
+bool sm90_grouped_m_gather_swiglu_takes(int64_t m, int64_t n, int64_t k, int64_t groups, int64_t a_rows,
+                                        int64_t lda, int64_t fanout, int layout, int device);
+
+// Launches on r.stream and returns true (also for m == 0: the outputs' tails are written), or returns
+// false having launched nothing where sm90_grouped_m_gather_swiglu_takes says no or a base is not
+// 16-byte aligned. Throws on CUDA errors.
+bool sm90_grouped_m_gather_swiglu(const GroupedMGatherSwigluRun& r);
+
 }  // namespace gemm
 }  // namespace cuda
 }  // namespace mxmoe
