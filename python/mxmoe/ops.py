@@ -41,6 +41,9 @@ Ops (schemas in src/ops/library.cpp):
       layer's dispatch gather, SwiGLU, SwiGLU backward), never materialized
   moe_tile128_forward / moe_tile128_backward / moe_exact_forward / moe_exact_backward
       the sm90 phases with A (or dY) a computed input (mxmoe/moe/, backends/phases.py)
+  moe_tile128_swiglu_forward / moe_tile128_dswiglu_backward
+      the tile128 layer's up projection with SwiGLU in its epilogue (then GEMM2), and its
+      down-projection dgrad with dSwiGLU in its epilogue (then the up projection's dgrad / wgrad)
   moe_routing(topk_idx, num_experts) -> (offs (E,), perm (T*k,), inv (T, k)) int32: stable expert order
       of the router's choices (ids outside [0, E) dropped to the end); no host sync
   moe_gather(x, perm, k, row_scale?, out_dtype) -> x[perm // k] (* row_scale.flat[perm]) (T*k, H)

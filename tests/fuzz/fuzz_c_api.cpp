@@ -1435,6 +1435,42 @@ void op_gemm_gather_dswiglu(FuzzedDataProvider& fdp) {
       Call::ptr(st), Call::ptr(tw), stream));
 }
 
+// mxmoe_grouped_mm_tile128_gather_swiglu: the gather GEMM with the SwiGLU epilogue (2I a multiple of 256
+// mostly; h and act(h)'s forms shaped around it, the columnwise pair mostly both or neither).
+void op_gemm_gather_swiglu(FuzzedDataProvider& fdp) {
+  g_op = "mxmoe_grouped_mm_tile128_gather_swiglu";
+  Call c(fdp);
+  GatherShape sh = gather_shape(c, c.pick(0, 3) == 3 ? c.dim() : 256 * c.pick(1, 3));
+  Call::cap({&sh.M, &sh.N}, kMaxElems / 4);  // h: M x 2I
+  const int64_t T = sh.T, K = sh.K, N = sh.N, G = sh.G, fanout = sh.fanout, M = sh.M, I = N / 2;
+  const int32_t layout = c.pick(0, 9) == 9 ? c.fdp().ConsumeIntegral<int32_t>() : 0;
+  const bool gpt = c.coin();
+  const float alpha = activation_param(c, gpt ? 1.702f : 1.0f);
+  const float limit = activation_param(c, gpt ? 7.0f : INFINITY);
+  const float up = activation_param(c, gpt ? 1.0f : 0.0f);
+  const mxmoe_scale_mode mode = scale_mode(c);
+  const int64_t n_r = sadd(sceil(M, 32), G);
+  const bool col = c.coin(), col_scale = c.pick(0, 9) == 9 ? !col : col;
+  Arg& a = c.add("a", Role::kIn, MXMOE_DTYPE_E4M3, {T, K}, true);
+  Arg& as = c.add("a_scale", Role::kIn, MXMOE_DTYPE_E8M0, {T, K / 32}, true);
+  Arg& gather = c.add_index("gather", MXMOE_DTYPE_I32, {M}, std::max<int64_t>(smul(T, std::max<int64_t>(fanout, 1)), 1));
+  Arg& b = c.add("b", Role::kIn, MXMOE_DTYPE_E4M3, {G, N, K}, true);
+  Arg& bs = c.add("b_scale", Role::kIn, MXMOE_DTYPE_E8M0, {G, N, K / 32}, true);
+  Arg& offs = c.add_offs("offs", G, M);
+  Arg& h = c.add("h", Role::kOut, MXMOE_DTYPE_BF16, {M, N}, false);
+  Arg& q = c.add("act_q", Role::kOut, MXMOE_DTYPE_E4M3, {M, I}, false);
+  Arg& sc = c.add("act_scale", Role::kOut, MXMOE_DTYPE_E8M0, {M, I / 32}, false);
+  Arg& qt = c.add("act_qt", Role::kOut, MXMOE_DTYPE_E4M3, {I, M}, false, col);
+  Arg& st = c.add("act_scale_t", Role::kOut, MXMOE_DTYPE_E8M0, {I, n_r}, false, col_scale);
+  void* stream = c.stream();
+  if (!c.prepare()) return;
+  c.verbose_dump();
+  c.check(mxmoe_grouped_mm_tile128_gather_swiglu(Call::ptr(a), Call::ptr(as), Call::ptr(gather), fanout, Call::ptr(b),
+                                                 Call::ptr(bs), Call::ptr(offs), layout, alpha, limit, up, mode,
+                                                 Call::ptr(h), Call::ptr(q), Call::ptr(sc), Call::ptr(qt),
+                                                 Call::ptr(st), stream));
+}
+
 // mxmoe_moe_swiglu_weight_grad: the routing weights' grad from the unweighted dgrad and h.
 void op_swiglu_weight_grad(FuzzedDataProvider& fdp) {
   g_op = "mxmoe_moe_swiglu_weight_grad";
@@ -1540,12 +1576,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Ops 0-16 are data[0] % 17 as they always were (the corpus and tests/fuzz/regressions keep their
   // meaning); op 16's inputs pick with data[1] between clamp_offsets and the MoE layer's entry
   // points 17-24 (added later: no regression input has op 16).
-  int op = g_knobs.only >= 0 ? g_knobs.only % 28 : data[0] % 17;
+  int op = g_knobs.only >= 0 ? g_knobs.only % 29 : data[0] % 17;
   size_t skip = 1;
   if (g_knobs.only < 0 && op == 16 && size >= 2) {
     // 24: mxmoe_quantize_fused_source (added after 17-23); 25, 26: the gather GEMM and the SwiGLU
-    // weight grad (added later still); 27 (data[1] 240-247, taken from 24): the dSwiGLU gather GEMM
-    op = data[1] >= 248 ? 25 + data[1] % 2 : data[1] >= 240 ? 27 : data[1] >= 224 ? 24 : 16 + data[1] % 8;
+    // weight grad (added later still); 27 (data[1] 240-247, taken from 24): the dSwiGLU gather GEMM;
+    // 28 (data[1] 232-239, taken from 24; its corpus seed is 224): the SwiGLU gather GEMM
+    op = data[1] >= 248   ? 25 + data[1] % 2
+         : data[1] >= 240 ? 27
+         : data[1] >= 232 ? 28
+         : data[1] >= 224 ? 24
+                          : 16 + data[1] % 8;
     skip = 2;
   }
   FuzzedDataProvider fdp(data + skip, size - skip);
@@ -1588,6 +1629,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 24: op_fused_source(fdp); break;
     case 25: op_gemm_gather(fdp); break;
     case 27: op_gemm_gather_dswiglu(fdp); break;
+    case 28: op_gemm_gather_swiglu(fdp); break;
     default: op_swiglu_weight_grad(fdp); break;
   }
   return 0;

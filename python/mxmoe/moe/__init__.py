@@ -12,7 +12,8 @@ nothing waits on the host):
   GEMM1     h = dispatch(x) @ w13[e]^T (+ bias13)   dispatch = the gather of x's rows, quantized by the
                                                     GEMM's quantizer as it reads them (no copy of x)
   GEMM2     o = act(h) @ w2[e]^T (+ bias2)          act (SwiGLU) computed by GEMM2's quantizer as it
-                                                    reads h: no activation tensor is stored
+                                                    reads h, or (tile128, concatenated halves) in
+                                                    GEMM1's epilogue: no bf16 activation tensor
   combine   out[t] = sum_j w[t, j] * o[inv[t, j]]   fp32, j in order: deterministic
 Backward: the down projection's dgrad runs on the unweighted rows, dY' = gather(dout) @ w2, and the
 weights are applied where dY' is read next, dH = act'(h, w * dY') (inside the quantizers of the GEMMs
