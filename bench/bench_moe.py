@@ -30,6 +30,9 @@ with grads for x, topk_weights, w13, w2 (and the biases where the model has them
   mxmoe_bf16         mxmoe.moe_experts(recipe=None): mxmoe's fused layer with quantization off
   mxmoe_tile128      mxmoe.moe_experts(recipe="mxfp8_rceil_tile128")
   mxmoe_exact        mxmoe.moe_experts(recipe="mxfp8_rceil")
+  mxmoe_tile128_unfused  (only when named) mxmoe_tile128 with the layer's epilogue fusions off: SwiGLU
+                     and dSwiGLU run as quantize passes over a stored h / dY' instead of in GEMM1's and
+                     the down-projection dgrad's epilogues; the same run then shows what they buy
 Routing (outside the timed step, seeded): router logits = x @ R for a random bf16 R (H, E), softmax in
 fp32, top-k, renormalized (Qwen3's norm_topk_prob), weights in bf16; the load imbalance that gives is
 in each row (load_max_over_mean). Weights are bf16 N(0, 1/fan_in).
@@ -66,6 +69,7 @@ A benchmark, not a test: nothing here asserts a time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import os
@@ -88,6 +92,10 @@ RECIPES = {"mxmoe_bf16": None, "mxmoe_tile128": "mxfp8_rceil_tile128", "mxmoe_ex
 # gradient-accumulation micro-batches 2..N of an optimizer step (eager only: the cache is off during
 # CUDA-graph capture, so its graph rows re-quantize the weights as the plain impl's do).
 CACHED = {"mxmoe_tile128_cached"}
+# Measurement-only impls, run when named in --moe-impls (not in the default list).
+UNFUSED = "mxmoe_tile128_unfused"
+EXTRA_IMPLS = [UNFUSED]
+RECIPES[UNFUSED] = "mxfp8_rceil_tile128"
 MODES = ["eager", "graph"]
 GPT_OSS_ALPHA, GPT_OSS_LIMIT = 1.702, 7.0  # transformers' GptOssExperts
 
@@ -453,20 +461,32 @@ class Case:
         self.zero_grads()
         return res
 
+    def paths(self):
+        """The layer's path choice for this impl's steps: UNFUSED turns the tile128 phases' epilogue
+        fusions off while a step runs (forward and backward, also while a CUDA graph is captured)."""
+        if self.impl != UNFUSED:
+            return contextlib.nullcontext()
+        from mxmoe.backends.phases import Tile128Phases
+
+        return _patched(Tile128Phases, fused_up_takes=staticmethod(lambda *a: False),
+                        fused_down_takes=staticmethod(lambda *a: False))
+
     def step(self, fwd: Callable[[], torch.Tensor]) -> Callable[[], None]:
         def run():
-            self.zero_grads()
-            out = fwd()
-            out.backward(self.dy)
-            self.out = out
+            with self.paths():
+                self.zero_grads()
+                out = fwd()
+                out.backward(self.dy)
+                self.out = out
 
         return run
 
     def fwd_step(self, fwd: Callable[[], torch.Tensor]) -> Callable[[], None]:
         def run():
-            self.zero_grads()
-            with torch.no_grad():
-                self.out = fwd()
+            with self.paths():
+                self.zero_grads()
+                with torch.no_grad():
+                    self.out = fwd()
 
         return run
 
@@ -487,6 +507,19 @@ class Case:
         for t in self.grad_tensors("all").values():
             t.grad = None
         self.out = None
+
+
+@contextlib.contextmanager
+def _patched(cls, **attrs):
+    """cls's attributes replaced for the duration of the block."""
+    old = {n: cls.__dict__[n] for n in attrs}
+    try:
+        for n, v in attrs.items():
+            setattr(cls, n, v)
+        yield
+    finally:
+        for n, v in old.items():
+            setattr(cls, n, v)
 
 
 # ---- timing -------------------------------------------------------------------------------------
@@ -879,7 +912,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--moe-tokens", default="",
                    help="comma list of token counts for every config (default: 16384, and 4096 too for Qwen3)")
     p.add_argument("--moe-modes", default="eager,graph", help="comma list of eager, graph")
-    p.add_argument("--moe-impls", default=",".join(IMPLS), help=f"comma list of {', '.join(IMPLS)}")
+    p.add_argument("--moe-impls", default=",".join(IMPLS), help=f"comma list of {', '.join(IMPLS + EXTRA_IMPLS)} (default: all but the last)")
     p.add_argument("--moe-reps", type=int, default=10, help="timed repetitions per measurement (median); "
                    "configs whose step takes over 50 ms use at most 6")
     p.add_argument("--moe-warmup", type=int, default=3, help="untimed steps before each measurement")
@@ -919,9 +952,9 @@ def run(configs: str = "default", tokens: str = "", modes: str = "eager,graph", 
     asked = [s.strip() for s in impls.split(",") if s.strip()]
     # SonicMoE first (its numbers are every row's "vs sonic"), then the transformers baseline (always).
     impl_list = list(dict.fromkeys(([SONIC] if SONIC in asked else []) + [BASELINE] + asked))
-    bad = [i for i in impl_list if i not in IMPLS]
+    bad = [i for i in impl_list if i not in IMPLS + EXTRA_IMPLS]
     if bad:
-        raise SystemExit(f"unknown impl(s) {bad}; choose from {IMPLS}")
+        raise SystemExit(f"unknown impl(s) {bad}; choose from {IMPLS + EXTRA_IMPLS}")
     import mxmoe
 
     env = env_info(dev)
