@@ -85,9 +85,58 @@ int64_t workspace_size(SizeFn cuda_size, int64_t m, int64_t n, int64_t k, int64_
 
 #if defined(MXMOE_WITH_CUDA)
 #define CUDA_SIZE_FN(name) &cuda::name
+#define CUDA_FUSED_FN(name) &cuda::name
 #else
 #define CUDA_SIZE_FN(name) static_cast<SizeFn>(nullptr)
+#define CUDA_FUSED_FN(name) static_cast<FusedAvailableFn>(nullptr)
 #endif
+
+// The gather variants' routed-row index list: int32 (M,), M < 2^31.
+const mxmoe_tensor& check_gather_index(const mxmoe_tensor* gather_) {
+  const mxmoe_tensor& gather = require(gather_, "gather");
+  check_dtype(gather, "gather", {MXMOE_DTYPE_I32});
+  check_ndim(gather, "gather", {1});
+  if (gather.shape[0] >= (int64_t{1} << 31)) fail("gather: expected fewer than 2^31 rows, got ", gather.shape[0]);
+  return gather;
+}
+
+// After check_grouped_mm: the index list on A's device, fanout in range, the operands read in place.
+void check_gather_operands(const GroupedMMArgs& mm, const mxmoe_tensor& gather, int64_t fanout) {
+  const int64_t T = mm.a.shape[0];
+  check_device(gather, "gather", mm.a.device);
+  check_contiguous(gather, "gather");
+  if (fanout < 1 || (T > 0 && fanout > ((int64_t{1} << 31) - 1) / T))
+    fail("fanout: expected 1 <= fanout and T * fanout < 2^31 (T = ", T, "), got ", fanout);
+  check_contiguous(mm.a, "a");
+  check_contiguous(mm.a_scale, "a_scale");
+}
+
+// The fused gather variants' activation (as mxmoe_swiglu, concatenated halves) and scale mode.
+void check_swiglu_args(int32_t layout, float alpha, float limit, float up_offset, mxmoe_scale_mode mode) {
+  if (layout != MXMOE_SWIGLU_CONCAT) fail("layout: expected MXMOE_SWIGLU_CONCAT (0), got ", layout);
+  if (!std::isfinite(alpha)) fail("alpha: expected a finite value, got ", alpha);
+  if (!(limit > 0.f)) fail("limit: expected a positive value (+inf: no clamp), got ", limit);
+  if (!std::isfinite(up_offset)) fail("up_offset: expected a finite value, got ", up_offset);
+  if (mode < MXMOE_SCALE_RCEIL || mode > MXMOE_SCALE_EVEN)
+    fail("mode: expected RCEIL (0), FLOOR (1), CEIL (2) or EVEN (3), got ", static_cast<int>(mode));
+}
+
+using FusedAvailableFn = bool (*)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int32_t, int32_t);
+
+// The fused gather variants' _available (I a multiple of 128, concatenated halves): the host always,
+// a device where the sm_90a kernel takes the shape.
+int32_t fused_gather_available(FusedAvailableFn cuda_fn, int64_t m, int64_t i, int64_t k, int64_t g, int64_t t,
+                               int64_t fanout, int32_t layout, int32_t device) {
+  if (m < 0 || i <= 0 || i % 128 != 0 || k < 0 || g < 0 || t < 0 || fanout < 1 || device < -1) return 0;
+  if (layout != MXMOE_SWIGLU_CONCAT) return 0;
+  if (device < 0) return 1;  // the CPU composition takes every call
+  if (cuda_fn == nullptr) return 0;
+  try {
+    return cuda_fn(m, i, k, g, t, fanout, layout, device) ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
+}
 
 // The host side of mxmoe_grouped_mm_tile128_gather_dswiglu: the composition it is defined by (the gather
 // GEMM into dy, the quantize pass over the SWIGLU_BACKWARD source, the routing weights' partials), then
@@ -286,21 +335,12 @@ mxmoe_status mxmoe_grouped_mm_tile128_gather(const mxmoe_tensor* a_, const mxmoe
                                              const mxmoe_tensor* b_scale_, const mxmoe_tensor* offs_,
                                              const mxmoe_tensor* bias_, mxmoe_tensor* out_, void* stream) {
   MXMOE_API_BEGIN
-  const mxmoe_tensor& gather = require(gather_, "gather");
-  check_dtype(gather, "gather", {MXMOE_DTYPE_I32});
-  check_ndim(gather, "gather", {1});
-  const int64_t M = gather.shape[0];
-  if (M >= (int64_t{1} << 31)) fail("gather: expected fewer than 2^31 rows, got ", M);
+  const mxmoe_tensor& gather = check_gather_index(gather_);
   GroupedMMGatherArgs args;
-  args.mm = api::check_grouped_mm(a_, a_scale_, b_, b_scale_, offs_, bias_, out_, stream, M);
+  args.mm = api::check_grouped_mm(a_, a_scale_, b_, b_scale_, offs_, bias_, out_, stream, gather.shape[0]);
   const mxmoe_tensor& a = args.mm.a;
   const int64_t T = a.shape[0];
-  check_device(gather, "gather", a.device);
-  check_contiguous(gather, "gather");
-  if (fanout < 1 || (T > 0 && fanout > ((int64_t{1} << 31) - 1) / T))
-    fail("fanout: expected 1 <= fanout and T * fanout < 2^31 (T = ", T, "), got ", fanout);
-  check_contiguous(a, "a");
-  check_contiguous(args.mm.a_scale, "a_scale");
+  check_gather_operands(args.mm, gather, fanout);
   check_no_overlap(args.mm.out, "out", gather, "gather");
   if (row_scale_ != nullptr) {
     const mxmoe_tensor& rs = require(row_scale_, "row_scale");
@@ -326,18 +366,8 @@ mxmoe_status mxmoe_grouped_mm_tile128_gather(const mxmoe_tensor* a_, const mxmoe
 
 int32_t mxmoe_grouped_mm_tile128_gather_dswiglu_available(int64_t m, int64_t i, int64_t k, int64_t g, int64_t t,
                                                           int64_t fanout, int32_t layout, int32_t device) {
-  if (m < 0 || i <= 0 || i % 128 != 0 || k < 0 || g < 0 || t < 0 || fanout < 1 || device < -1) return 0;
-  if (layout != MXMOE_SWIGLU_CONCAT) return 0;
-  if (device < 0) return 1;  // the CPU composition takes every call
-#if defined(MXMOE_WITH_CUDA)
-  try {
-    return cuda::grouped_mm_tile128_gather_dswiglu_available(m, i, k, g, t, fanout, layout, device) ? 1 : 0;
-  } catch (...) {
-    return 0;
-  }
-#else
-  return 0;
-#endif
+  return fused_gather_available(CUDA_FUSED_FN(grouped_mm_tile128_gather_dswiglu_available), m, i, k, g, t, fanout,
+                                layout, device);
 }
 
 mxmoe_status mxmoe_grouped_mm_tile128_gather_dswiglu(
@@ -350,21 +380,13 @@ mxmoe_status mxmoe_grouped_mm_tile128_gather_dswiglu(
   GatherDSwigluArgs x;
   // The outputs first: dY' (M, I) bf16 is described on a device by dh_q's bytes (M x 2I e4m3: the same
   // byte count), which the kernel writes only as dh_q; the host composes through its own buffer.
-  const mxmoe_tensor& gather = require(gather_, "gather");
-  check_dtype(gather, "gather", {MXMOE_DTYPE_I32});
-  check_ndim(gather, "gather", {1});
+  const mxmoe_tensor& gather = check_gather_index(gather_);
   const int64_t M = gather.shape[0];
-  if (M >= (int64_t{1} << 31)) fail("gather: expected fewer than 2^31 rows, got ", M);
   const mxmoe_tensor& b = require(b_, "b");
   check_ndim(b, "b", {3});
   const int64_t G = b.shape[0], I = b.shape[1];
   if (I % 128 != 0) fail("b: expected the intermediate width (dim 1) to be a multiple of 128, got ", I);
-  if (layout != MXMOE_SWIGLU_CONCAT) fail("layout: expected MXMOE_SWIGLU_CONCAT (0), got ", layout);
-  if (!std::isfinite(alpha)) fail("alpha: expected a finite value, got ", alpha);
-  if (!(limit > 0.f)) fail("limit: expected a positive value (+inf: no clamp), got ", limit);
-  if (!std::isfinite(up_offset)) fail("up_offset: expected a finite value, got ", up_offset);
-  if (mode < MXMOE_SCALE_RCEIL || mode > MXMOE_SCALE_EVEN)
-    fail("mode: expected RCEIL (0), FLOOR (1), CEIL (2) or EVEN (3), got ", static_cast<int>(mode));
+  check_swiglu_args(layout, alpha, limit, up_offset, mode);
   mxmoe_tensor& dh_q = const_cast<mxmoe_tensor&>(require(dh_q_, "dh_q"));
   check_dtype(dh_q, "dh_q", {MXMOE_DTYPE_E4M3});
   check_shape(dh_q, "dh_q", {M, 2 * I});
@@ -382,13 +404,8 @@ mxmoe_status mxmoe_grouped_mm_tile128_gather_dswiglu(
   x.g.mm = api::check_grouped_mm(a_, a_scale_, b_, b_scale_, offs_, nullptr, &dy, stream, M);
   const mxmoe_tensor& a = x.g.mm.a;
   const int64_t T = a.shape[0];
-  check_device(gather, "gather", a.device);
   check_device(dh_q, "dh_q", a.device);
-  check_contiguous(gather, "gather");
-  check_contiguous(a, "a");
-  check_contiguous(x.g.mm.a_scale, "a_scale");
-  if (fanout < 1 || (T > 0 && fanout > ((int64_t{1} << 31) - 1) / T))
-    fail("fanout: expected 1 <= fanout and T * fanout < 2^31 (T = ", T, "), got ", fanout);
+  check_gather_operands(x.g.mm, gather, fanout);
   const mxmoe_tensor& rs = require(row_scale_, "row_scale");
   check_dtype(rs, "row_scale", {MXMOE_DTYPE_F32});
   check_shape(rs, "row_scale", {T, fanout});
@@ -454,18 +471,8 @@ mxmoe_status mxmoe_grouped_mm_tile128_gather_dswiglu(
 
 int32_t mxmoe_grouped_mm_tile128_gather_swiglu_available(int64_t m, int64_t i, int64_t k, int64_t g, int64_t t,
                                                          int64_t fanout, int32_t layout, int32_t device) {
-  if (m < 0 || i <= 0 || i % 128 != 0 || k < 0 || g < 0 || t < 0 || fanout < 1 || device < -1) return 0;
-  if (layout != MXMOE_SWIGLU_CONCAT) return 0;
-  if (device < 0) return 1;  // the CPU composition takes every call
-#if defined(MXMOE_WITH_CUDA)
-  try {
-    return cuda::grouped_mm_tile128_gather_swiglu_available(m, i, k, g, t, fanout, layout, device) ? 1 : 0;
-  } catch (...) {
-    return 0;
-  }
-#else
-  return 0;
-#endif
+  return fused_gather_available(CUDA_FUSED_FN(grouped_mm_tile128_gather_swiglu_available), m, i, k, g, t, fanout,
+                                layout, device);
 }
 
 mxmoe_status mxmoe_grouped_mm_tile128_gather_swiglu(
@@ -475,34 +482,20 @@ mxmoe_status mxmoe_grouped_mm_tile128_gather_swiglu(
     mxmoe_tensor* act_scale_, mxmoe_tensor* act_qt_, mxmoe_tensor* act_scale_t_, void* stream) {
   MXMOE_API_BEGIN
   GatherSwigluArgs x;
-  const mxmoe_tensor& gather = require(gather_, "gather");
-  check_dtype(gather, "gather", {MXMOE_DTYPE_I32});
-  check_ndim(gather, "gather", {1});
+  const mxmoe_tensor& gather = check_gather_index(gather_);
   const int64_t M = gather.shape[0];
-  if (M >= (int64_t{1} << 31)) fail("gather: expected fewer than 2^31 rows, got ", M);
   const mxmoe_tensor& b = require(b_, "b");
   check_ndim(b, "b", {3});
   const int64_t G = b.shape[0], N = b.shape[1], I = N / 2;
   if (N % 256 != 0)
     fail("b: expected the gate | up width (dim 1) to be a multiple of 256 (two halves of a multiple of 128), got ", N);
-  if (layout != MXMOE_SWIGLU_CONCAT) fail("layout: expected MXMOE_SWIGLU_CONCAT (0), got ", layout);
-  if (!std::isfinite(alpha)) fail("alpha: expected a finite value, got ", alpha);
-  if (!(limit > 0.f)) fail("limit: expected a positive value (+inf: no clamp), got ", limit);
-  if (!std::isfinite(up_offset)) fail("up_offset: expected a finite value, got ", up_offset);
-  if (mode < MXMOE_SCALE_RCEIL || mode > MXMOE_SCALE_EVEN)
-    fail("mode: expected RCEIL (0), FLOOR (1), CEIL (2) or EVEN (3), got ", static_cast<int>(mode));
+  check_swiglu_args(layout, alpha, limit, up_offset, mode);
   const mxmoe_tensor& h = require(h_, "h");
   check_dtype(h, "h", {MXMOE_DTYPE_BF16});
   x.g.mm = api::check_grouped_mm(a_, a_scale_, b_, b_scale_, offs_, nullptr, h_, stream, M);
   const mxmoe_tensor& a = x.g.mm.a;
-  const int64_t T = a.shape[0];
-  check_device(gather, "gather", a.device);
-  check_contiguous(gather, "gather");
-  check_contiguous(a, "a");
-  check_contiguous(x.g.mm.a_scale, "a_scale");
+  check_gather_operands(x.g.mm, gather, fanout);
   check_contiguous(h, "h");
-  if (fanout < 1 || (T > 0 && fanout > ((int64_t{1} << 31) - 1) / T))
-    fail("fanout: expected 1 <= fanout and T * fanout < 2^31 (T = ", T, "), got ", fanout);
   if ((act_qt_ == nullptr) != (act_scale_t_ == nullptr))
     fail("act_qt, act_scale_t: expected both or neither, got ", act_qt_ ? "act_qt only" : "act_scale_t only");
   const int64_t n_r = mxmoe_grouped_scale_capacity(M, G);

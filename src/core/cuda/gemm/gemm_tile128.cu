@@ -472,6 +472,17 @@ void fill_grouped_m_run(const GroupedMMArgs& a, int64_t M, int sm_count, cudaStr
   r.device = a.a.device;
   r.stream = stream;
 }
+
+// The gather variants' run: the GEMM's fields, then the routed rows of the per-token operand.
+void fill_gather_run(const GroupedMMGatherArgs& ga, int sm_count, gemm::GroupedMGatherRun& r) {
+  const GroupedMMArgs& a = ga.mm;
+  fill_grouped_m_run(a, a.out.shape[0], sm_count, static_cast<cudaStream_t>(a.stream), r);
+  r.gather = static_cast<const int32_t*>(ga.gather.data);
+  r.fanout = ga.fanout;
+  r.a_rows = a.a.shape[0];
+  r.lda = a.a.strides[0];
+  r.row_scale = ga.row_scale.present ? static_cast<const float*>(ga.row_scale.t.data) : nullptr;
+}
 }  // namespace
 #endif
 
@@ -732,12 +743,7 @@ void grouped_mm_tile128_gather(const GroupedMMGatherArgs& ga) {
     fail_status(MXMOE_ERR_UNSUPPORTED, what, ": out: the gather kernel writes bfloat16 only, got float32");
 #if defined(MXMOE_HAVE_CUTLASS)
   gemm::GroupedMGatherRun r;
-  fill_grouped_m_run(a, M, props.sm_count, static_cast<cudaStream_t>(a.stream), r);
-  r.gather = static_cast<const int32_t*>(ga.gather.data);
-  r.fanout = ga.fanout;
-  r.a_rows = T;
-  r.lda = a.a.strides[0];
-  r.row_scale = ga.row_scale.present ? static_cast<const float*>(ga.row_scale.t.data) : nullptr;
+  fill_gather_run(ga, props.sm_count, r);
   if (G == 0) {
     if (M * N > 0) cudaMemsetAsync(a.out.data, 0, static_cast<size_t>(M * N * 2), r.stream);
     check_launch(what);
@@ -769,13 +775,8 @@ void grouped_mm_tile128_gather_dswiglu(const GatherDSwigluArgs& x) {
   DeviceGuard guard(a.a.device, what);
 #if defined(MXMOE_HAVE_CUTLASS)
   gemm::GroupedMGatherDSwigluRun r;
-  fill_grouped_m_run(a, M, props.sm_count, static_cast<cudaStream_t>(a.stream), r);
+  fill_gather_run(x.g, props.sm_count, r);
   r.out = nullptr;
-  r.gather = static_cast<const int32_t*>(x.g.gather.data);
-  r.fanout = x.g.fanout;
-  r.a_rows = T;
-  r.lda = a.a.strides[0];
-  r.row_scale = static_cast<const float*>(x.g.row_scale.t.data);
   r.h = static_cast<const uint16_t*>(x.h.data);
   r.alpha = x.alpha;
   r.limit = x.limit;
@@ -813,11 +814,7 @@ void grouped_mm_tile128_gather_swiglu(const GatherSwigluArgs& x) {
   DeviceGuard guard(a.a.device, what);
 #if defined(MXMOE_HAVE_CUTLASS)
   gemm::GroupedMGatherSwigluRun r;
-  fill_grouped_m_run(a, M, props.sm_count, static_cast<cudaStream_t>(a.stream), r);
-  r.gather = static_cast<const int32_t*>(x.g.gather.data);
-  r.fanout = x.g.fanout;
-  r.a_rows = T;
-  r.lda = a.a.strides[0];
+  fill_gather_run(x.g, props.sm_count, r);
   r.alpha = x.alpha;
   r.limit = x.limit;
   r.up_offset = x.up_offset;

@@ -45,23 +45,16 @@ namespace gemm {
 namespace sm90 {
 
 template <int Stages_>
-struct GroupedMGatherDSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
-  using Base = GroupedMGather<128, Stages_, __nv_bfloat16>;
-  static constexpr bool kFusedEpilogue = true;
-  static constexpr bool kEpiWarpgroup = true;
-  static constexpr int kThreads = 512;  // producer, two math warpgroups, epilogue
-  static constexpr bool kOverlap = false;
-  static constexpr int kProducerRegs = 40, kMathRegs = 168, kEpiRegs = 136;
-  static_assert(kProducerRegs + 2 * kMathRegs + kEpiRegs <= 512, "four warpgroups share 64K registers");
+struct GroupedMGatherDSwiglu : GroupedMGatherHandoff<Stages_> {
+  using Base = typename GroupedMGatherHandoff<Stages_>::Gather;
+  using GroupedMGatherHandoff<Stages_>::kHalfBytes;
+  using GroupedMGatherHandoff<Stages_>::kAbs2;
   // S (the base's epilogue buffer) and U: hand-over tiles (sm90_epilogue_handoff.cuh). After U: each
   // row's statistics of the math warpgroups' chunks (RowStats), then the hand-over barriers (full, empty).
-  static constexpr int kHalfBytes = kHandoffTileBytes;
-  static_assert(Base::kEpiBytes == kHalfBytes, "the epilogue buffer holds one tile of bf16 dY'");
   // The math warpgroups compute dH of the tile's first kMathChunks 8-column chunks themselves (they
   // hold dY' in registers), the epilogue warpgroup the rest (Qwen3-30B-A3B 16K, same run: 0, 4 and 8
   // chunks about the same, 4 marginally best: docs/design/gemm-sm90.md).
   static constexpr int kMathChunks = 4;
-  static constexpr uint32_t kAbs2 = 0x7FFF7FFFu;  // |x| of a bf16 pair
   static_assert(kMathChunks % 4 == 0 && kMathChunks < 16, "the epilogue takes its chunks 4 at a time");
   struct RowStats {
     float part[4];    // the partial's sums s4[q] over the math warpgroups' chunks

@@ -39,19 +39,11 @@ namespace gemm {
 namespace sm90 {
 
 template <int Stages_>
-struct GroupedMGatherSwiglu : GroupedMGather<128, Stages_, __nv_bfloat16> {
-  using Base = GroupedMGather<128, Stages_, __nv_bfloat16>;
-  static constexpr bool kFusedEpilogue = true;
-  static constexpr bool kEpiWarpgroup = true;
+struct GroupedMGatherSwiglu : GroupedMGatherHandoff<Stages_> {
+  using Base = typename GroupedMGatherHandoff<Stages_>::Gather;
+  using GroupedMGatherHandoff<Stages_>::kHalfBytes;
+  using GroupedMGatherHandoff<Stages_>::kAbs2;
   static constexpr bool kPairs = true;
-  static constexpr int kThreads = 512;  // producer, two math warpgroups, epilogue
-  // One accumulator set, as the dSwiGLU kernel: four warpgroups share the register file.
-  static constexpr bool kOverlap = false;
-  static constexpr int kProducerRegs = 40, kMathRegs = 168, kEpiRegs = 136;
-  static_assert(kProducerRegs + 2 * kMathRegs + kEpiRegs <= 512, "four warpgroups share 64K registers");
-  static constexpr int kHalfBytes = kHandoffTileBytes;
-  static_assert(Base::kEpiBytes == kHalfBytes, "the epilogue buffer holds one bf16 tile");
-  static constexpr uint32_t kAbs2 = 0x7FFF7FFFu;  // |x| of a bf16 pair
   // After S (the base's epilogue buffer): G, then the barriers (full G, full S, empty).
   static constexpr int kEpiExtraBytes = kHalfBytes + 3 * 8;
   // Base::smem_bytes plus the extra region and the third group table (G + 1 ints).
