@@ -497,12 +497,15 @@ class Case:
         if self.out is None or tuple(self.out.shape) != tuple(self.x.shape):
             raise RuntimeError(f"output shape {None if self.out is None else tuple(self.out.shape)}, "
                                f"expected {tuple(self.x.shape)}")
-        if not bool(torch.isfinite(self.out).all()):
+        # MXMOE_BENCH_UNCHECKED=1: a bound variant (a kernel with a step removed, scripts/ab_variants.sh)
+        # leaves outputs unwritten; it is timed without the finiteness checks.
+        unchecked = os.environ.get("MXMOE_BENCH_UNCHECKED") == "1"
+        if not unchecked and not bool(torch.isfinite(self.out).all()):
             raise RuntimeError("non-finite output")
         for name, t in self.grad_tensors(None).items():
             if t.grad is None or t.grad.shape != t.shape:
                 raise RuntimeError(f"no grad of {name} of shape {tuple(t.shape)}")
-            if not bool(torch.isfinite(t.grad).all()):
+            if not unchecked and not bool(torch.isfinite(t.grad).all()):
                 raise RuntimeError(f"non-finite grad of {name}")
         for t in self.grad_tensors("all").values():
             t.grad = None

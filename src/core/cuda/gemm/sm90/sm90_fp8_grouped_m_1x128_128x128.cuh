@@ -147,6 +147,9 @@ struct GroupedM {
   // gate and up columns of one act block; the order runs over the pairs.
   static constexpr bool kPairs = false;
   static constexpr int kEpiExtraBytes = 0;
+  // What a fused epilogue's math side keeps from one tile to the next (K::handoff's last argument):
+  // nothing here; GroupedMGatherSwiglu holds the gate tile of a pair.
+  struct HandoffState {};
   // A fourth warpgroup that runs most of tile i's epilogue while the math warpgroups run tile i + 1's
   // mainloop (GroupedMGatherDSwiglu): the math warpgroups hand the tile over through shared memory.
   static constexpr bool kEpiWarpgroup = false;
@@ -569,6 +572,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     float acc2[K::kOverlap ? K::kAcc : 1];  // the second in-flight set (overlapped promotion only)
     RingPos<K::kStages> ri, rr;  // the next k-block to issue and the next to retire
     [[maybe_unused]] uint32_t hph = 0;  // the epilogue warpgroup's hand-over phase
+    [[maybe_unused]] typename K::HandoffState hs{};
     int g_mine = 0, g_peer = 0;
     for (int P = first_slot; P < slots; P = next_slot(P)) {
       const Slot sl = slot(P, g_mine, g_peer);
@@ -722,9 +726,9 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         // sm90_fp8_grouped_m_gather_dswiglu_1x128.cuh; h into act(h)'s: ..._swiglu_1x128.cuh) while
         // this one runs the next tile.
         if (p.plain)
-          K::template handoff<true>(p, c, fin, smem_epi, hph, mw, warp, lane, src0, src1);
+          K::template handoff<true>(p, c, fin, smem_epi, hph, mw, warp, lane, src0, src1, hs);
         else
-          K::template handoff<false>(p, c, fin, smem_epi, hph, mw, warp, lane, src0, src1);
+          K::template handoff<false>(p, c, fin, smem_epi, hph, mw, warp, lane, src0, src1, hs);
         if (!K::kPairs || (P & 1)) hph ^= 1u;
       } else {
         // Epilogue: + bias, rounded to Out into this warpgroup's staged boxes (accumulator layout), then

@@ -121,7 +121,8 @@ struct GroupedMGatherDSwiglu : GroupedMGatherHandoff<Stages_> {
   template <bool PLAIN>
   static __device__ __forceinline__ void handoff(const GroupedMParams& p, const TileCoord& c,
                                                  const float (&fin)[Base::kAcc], uint8_t* smem_epi, uint32_t ph,
-                                                 int mw, int warp, int lane, int src0, int src1) {
+                                                 int mw, int warp, int lane, int src0, int src1,
+                                                 typename Base::HandoffState&) {
     constexpr int kJ = kMathChunks;
     uint8_t* const S = smem_epi;
     uint8_t* const U = smem_epi + kHalfBytes;

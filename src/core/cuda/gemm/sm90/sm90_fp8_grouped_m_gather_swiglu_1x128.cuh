@@ -14,14 +14,17 @@
 // The bytes are those of the gather GEMM writing h followed by the tile128 quantize pass over the
 // SWIGLU source: h is written once and not read back (the pass read it: 2I bf16 per row).
 //
-// Who does what, as in the dSwiGLU epilogue: the math warpgroups hand each tile over as bf16 in shared
+// Who does what, as in the dSwiGLU epilogue: the math warpgroups hand each pair over as bf16 in shared
 // memory (the gate tile into G, the up tile into S, the base's epilogue buffer) and go on to the next
-// tile's mainloop. The epilogue warpgroup stores the gate tile as h while the up tile's mainloop runs;
-// then the up tile; then act(h) a row per thread (values into S in place, the row's maximum, scale and
-// codes); then a column per thread (maximum, scale, codes transposed through G, stored by 8 threads per
-// 128-byte column run); then frees both buffers. Three mbarriers: full G and full S (the 256 math
-// threads arrive) and empty (the 128 epilogue threads arrive, once per pair). The epilogue's work per
-// pair (~25 instructions per act element) is a small part of the pair's two mainloops.
+// pair's mainloops. They keep the gate tile in registers (32 bf16 pairs a thread) through the up
+// tile's mainloop and hand both tiles over after it, so the epilogue warpgroup has the whole next pair
+// (two mainloops) for one pair's work: it stores both tiles as h, computes act(h) a row per thread
+// (values into S in place, the row's maximum, scale and codes), then a column per thread (maximum,
+// scale, codes transposed through G, stored by 8 threads per 128-byte column run), then frees both
+// buffers. (Handing the gate tile over on its own left the epilogue one mainloop for the pair's act
+// and codes, its bound.) Two mbarriers: full (the 256 math threads arrive) and empty (the 128
+// epilogue threads), once per pair. The register budgets move 8 from the epilogue warpgroup to each
+// math warpgroup for the held gate tile.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -44,8 +47,14 @@ struct GroupedMGatherSwiglu : GroupedMGatherHandoff<Stages_> {
   using GroupedMGatherHandoff<Stages_>::kHalfBytes;
   using GroupedMGatherHandoff<Stages_>::kAbs2;
   static constexpr bool kPairs = true;
-  // After S (the base's epilogue buffer): G, then the barriers (full G, full S, empty).
-  static constexpr int kEpiExtraBytes = kHalfBytes + 3 * 8;
+  static constexpr int kProducerRegs = 40, kMathRegs = 176, kEpiRegs = 120;
+  static_assert(kProducerRegs + 2 * kMathRegs + kEpiRegs <= 512, "four warpgroups share 64K registers");
+  // The math side's gate tile of the current pair, bf16 pairs as handoff stores them: [2 j + r].
+  struct HandoffState {
+    uint32_t gate[Base::kAcc / 2];
+  };
+  // After S (the base's epilogue buffer): G, then the barriers (full, empty).
+  static constexpr int kEpiExtraBytes = kHalfBytes + 2 * 8;
   // Base::smem_bytes plus the extra region and the third group table (G + 1 ints).
   static constexpr size_t smem_bytes(int groups) {
     return Base::smem_bytes(groups) + kEpiExtraBytes + (static_cast<size_t>(groups) + 1) * sizeof(int);
@@ -56,33 +65,44 @@ struct GroupedMGatherSwiglu : GroupedMGatherHandoff<Stages_> {
   }
   static __device__ __forceinline__ void init_handoff(uint8_t* smem_epi) {
     uint64_t* bars = handoff_bars(smem_epi);
-    cutlass::arch::ClusterBarrier::init(&bars[0], 256);  // full G: every math thread stored its gate pairs
-    cutlass::arch::ClusterBarrier::init(&bars[1], 256);  // full S: every math thread stored its up pairs
-    cutlass::arch::ClusterBarrier::init(&bars[2], 128);  // empty: every epilogue thread is done with G and S
+    cutlass::arch::ClusterBarrier::init(&bars[0], 256);  // full: every math thread stored its pairs of both tiles
+    cutlass::arch::ClusterBarrier::init(&bars[1], 128);  // empty: every epilogue thread is done with G and S
   }
   // Nothing to prefetch: the epilogue reads only what the math warpgroups hand over.
   static __device__ __forceinline__ void prefetch_tile(const GroupedMParams&, const TileCoord&, int) {}
 
   // A math thread (mw, warp, lane) after its tile's mainloop, holding rows lr and lr + 8, columns
   // 8 j + 2 (lane % 4) + {0, 1}: the tile as the gather GEMM stores it (+ 0, its bias-free output, so
-  // -0 is stored as +0; then bf16), into G (gate tile, once the epilogue warpgroup has freed the
-  // pair's buffers: phase ph) or S (up tile).
+  // -0 is stored as +0; then bf16). The gate tile stays in hs; after the up tile, once the epilogue
+  // warpgroup has freed the buffers (phase ph), the gate tile goes into G and the up tile into S.
   template <bool PLAIN>
   static __device__ __forceinline__ void handoff(const GroupedMParams& p, const TileCoord& c,
                                                  const float (&fin)[Base::kAcc], uint8_t* smem_epi, uint32_t ph,
-                                                 int mw, int warp, int lane, int, int) {
-    const bool gate = c.n0 < p.n / 2;
-    uint8_t* const buf = gate ? smem_epi + kHalfBytes : smem_epi;
+                                                 int mw, int warp, int lane, int, int, HandoffState& hs) {
+    auto pair = [&](int j, int r) {
+      return qk::cvt_bf16x2(__fadd_rn(fin[4 * j + 2 * r], 0.f), __fadd_rn(fin[4 * j + 2 * r + 1], 0.f));
+    };
+    if (c.n0 < p.n / 2) {
+#pragma unroll
+      for (int j = 0; j < Base::kAcc / 4; ++j)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) hs.gate[2 * j + r] = pair(j, r);
+      return;
+    }
+    uint8_t* const S = smem_epi;
+    uint8_t* const G = smem_epi + kHalfBytes;
     uint64_t* bars = handoff_bars(smem_epi);
     const int lr = mw * 64 + warp * 16 + lane / 4, q = lane & 3;
-    if (gate) cutlass::arch::ClusterBarrier::wait(&bars[2], ph ^ 1u);
+    cutlass::arch::ClusterBarrier::wait(&bars[1], ph ^ 1u);
 #pragma unroll
     for (int j = 0; j < Base::kAcc / 4; ++j)
 #pragma unroll
-      for (int r = 0; r < 2; ++r)
-        *reinterpret_cast<uint32_t*>(buf + handoff_offset(lr + 8 * r, j) + 4 * q) =
-            qk::cvt_bf16x2(__fadd_rn(fin[4 * j + 2 * r], 0.f), __fadd_rn(fin[4 * j + 2 * r + 1], 0.f));
-    cutlass::arch::ClusterBarrier::arrive(&bars[gate ? 0 : 1]);
+      for (int r = 0; r < 2; ++r) {
+        const int off = handoff_offset(lr + 8 * r, j) + 4 * q;
+        *reinterpret_cast<uint32_t*>(G + off) = hs.gate[2 * j + r];
+        *reinterpret_cast<uint32_t*>(S + off) = pair(j, r);
+      }
+    cutlass::arch::ClusterBarrier::arrive(&bars[0]);
   }
 
   // The tile's rows of `buf` (rows < rows) to dst (row 0, its first column; row stride ld elements):
@@ -125,13 +145,10 @@ struct GroupedMGatherSwiglu : GroupedMGatherHandoff<Stages_> {
     uint64_t* bars = handoff_bars(smem_epi);
     const int I = p.n / 2;
     const int64_t C2 = p.n;
+    if (c.n0 < I) return;  // the gate tile: handed over with the up tile
     uint16_t* const h = static_cast<uint16_t*>(p.out) + static_cast<int64_t>(c.row0) * C2 + c.n0;
-    if (c.n0 < I) {  // the gate tile: stored while the up tile's mainloop runs
-      cutlass::arch::ClusterBarrier::wait(&bars[0], ph);
-      store_rows(G, h, C2, c.rows, et);
-      return;
-    }
-    cutlass::arch::ClusterBarrier::wait(&bars[1], ph);
+    cutlass::arch::ClusterBarrier::wait(&bars[0], ph);
+    store_rows(G, h - I, C2, c.rows, et);
     store_rows(S, h, C2, c.rows, et);
     asm volatile("bar.sync 3, 128;" ::: "memory");  // every row of S stored before act replaces it
     const int a0 = c.n0 - I;  // act's columns a0 .. a0 + 127
@@ -144,24 +161,31 @@ struct GroupedMGatherSwiglu : GroupedMGatherHandoff<Stages_> {
     uint32_t m = 0;
 #pragma unroll 1
     for (int j0 = 0; j0 < 16; j0 += 4) {
+      // Four chunks at a time, one branch around them, so that their math interleaves.
+      uint4 g4[4], u4[4];
+      uint32_t gm = 0;
 #pragma unroll
       for (int jj = 0; jj < 4; ++jj) {
         const int off = handoff_offset(r, j0 + jj);
-        const uint4 g4 = *reinterpret_cast<const uint4*>(G + off);
-        const uint4 u4 = *reinterpret_cast<const uint4*>(S + off);
-        uint4 a4;
-        if constexpr (PLAIN) {
-          // The moderate sigmoid when no gate value of the warp's chunk is below -87 (one vote per 8
-          // columns, a branch around the math; the same bits either way).
-          const uint32_t gm = __vmaxu2(__vmaxu2(g4.x, g4.y), __vmaxu2(g4.z, g4.w));
-          if (__all_sync(0xffffffffu, bf16x2_sigmoid_moderate(gm)))
-            a4 = act_chunk<true, true>(g4, u4, in, p.act, m);
-          else
-            a4 = act_chunk<true, false>(g4, u4, in, p.act, m);
-        } else {
-          a4 = act_chunk<false, false>(g4, u4, in, p.act, m);
-        }
-        *reinterpret_cast<uint4*>(S + off) = a4;
+        g4[jj] = *reinterpret_cast<const uint4*>(G + off);
+        u4[jj] = *reinterpret_cast<const uint4*>(S + off);
+        gm = __vmaxu2(gm, __vmaxu2(__vmaxu2(g4[jj].x, g4[jj].y), __vmaxu2(g4[jj].z, g4[jj].w)));
+      }
+      auto act4 = [&](auto plain, auto moderate) {
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj)
+          *reinterpret_cast<uint4*>(S + handoff_offset(r, j0 + jj)) =
+              act_chunk<decltype(plain)::value, decltype(moderate)::value>(g4[jj], u4[jj], in, p.act, m);
+      };
+      if constexpr (PLAIN) {
+        // The moderate sigmoid when no gate value of the warp's 4 chunks is below -87 (one vote per 32
+        // columns; the same bits either way).
+        if (__all_sync(0xffffffffu, bf16x2_sigmoid_moderate(gm)))
+          act4(std::true_type{}, std::true_type{});
+        else
+          act4(std::true_type{}, std::false_type{});
+      } else {
+        act4(std::false_type{}, std::false_type{});
       }
     }
     // The row's scale (|bf16| maxima as fp32 bits, NaN above all) and codes: 16-byte stores of 16 codes.
@@ -245,7 +269,7 @@ struct GroupedMGatherSwiglu : GroupedMGatherHandoff<Stages_> {
       const int64_t nruns = min(static_cast<int64_t>((c.rows + 31) / 32), min(int64_t{4}, p.n_r - run0));
       for (int e = 0; e < nruns; ++e) p.scale_col[static_cast<int64_t>(a0 + cl) * p.n_r + run0 + e] = static_cast<uint8_t>(sc);
     }
-    cutlass::arch::ClusterBarrier::arrive(&bars[2]);  // G and S read: the next pair may come
+    cutlass::arch::ClusterBarrier::arrive(&bars[1]);  // G and S read: the next pair may come
   }
 
   // The outputs' entries past the groups, by thread t of 256 in every CTA after its tiles: rows past
