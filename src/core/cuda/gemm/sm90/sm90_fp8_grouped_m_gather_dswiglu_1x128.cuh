@@ -364,31 +364,12 @@ struct GroupedMGatherDSwiglu : GroupedMGatherHandoff<Stages_> {
             make_uint4(chi[u][0], chi[u][1], chi[u][2], chi[u][3]);
       }
       asm volatile("bar.sync 3, 128;" ::: "memory");
-      const bool vec = (c.row0 & 15) == 0 && (M & 15) == 0;
-#pragma unroll 4
-      for (int i = 0; i < 16; ++i) {
-        const int id = et + 128 * i, cs = id >> 3, u = id & 7;
-        if (16 * u >= c.rows) continue;
-        const int64_t colg = (cs < 128 ? 0 : I - 128) + c.n0 + cs;
-        uint8_t* dst = p.q_col + colg * M + c.row0 + 16 * u;
-        const uint4 w = *reinterpret_cast<const uint4*>(S + cs * 128 + 16 * (u ^ (cs & 7)));
-        if (vec && 16 * u + 16 <= c.rows) {
-          *reinterpret_cast<uint4*>(dst) = w;
-        } else {
-          const int n = min(16, c.rows - 16 * u);
-          for (int b = 0; b < n; ++b) {
-            const uint32_t word = b < 4 ? w.x : b < 8 ? w.y : b < 12 ? w.z : w.w;
-            dst[b] = static_cast<uint8_t>(word >> (8 * (b & 3)));
-          }
-        }
-      }
-      // Column scales: the block's byte in each of its 32-row runs (grouped compact layout).
-      const int start = c.g ? s_end[c.g - 1] : 0;
-      const int64_t run0 = s_runs[c.g] + 4 * ((c.row0 - start) / 128);
-      const int64_t nruns = min(static_cast<int64_t>((c.rows + 31) / 32), min(int64_t{4}, p.n_r - run0));
-      for (int e = 0; e < nruns; ++e) {
-        p.scale_col[col * p.n_r + run0 + e] = static_cast<uint8_t>(slo);
-        p.scale_col[(col + 1) * p.n_r + run0 + e] = static_cast<uint8_t>(shi);
+      store_column_runs<256>(S, p.q_col, M, c, et, [&](int cs) { return (cs < 128 ? 0 : I - 128) + c.n0 + cs; });
+      // Column scales: the block's byte in each of its 32-row runs.
+      const ScaleRuns sr = tile_scale_runs(p, c, s_end, s_runs);
+      for (int e = 0; e < sr.count; ++e) {
+        p.scale_col[col * p.n_r + sr.first + e] = static_cast<uint8_t>(slo);
+        p.scale_col[(col + 1) * p.n_r + sr.first + e] = static_cast<uint8_t>(shi);
       }
     }
     cutlass::arch::ClusterBarrier::arrive(&bars[1]);  // S and U read: the next tile's dY' may come

@@ -245,29 +245,11 @@ struct GroupedMGatherSwiglu : GroupedMGatherHandoff<Stages_> {
         *reinterpret_cast<uint4*>(G + cl * 128 + 16 * (u ^ (cl & 7))) = make_uint4(wd[0], wd[1], wd[2], wd[3]);
       }
       asm volatile("bar.sync 3, 128;" ::: "memory");  // every column's codes in G
-      const int64_t M = p.m;
-      const bool vec = (c.row0 & 15) == 0 && (M & 15) == 0;
-#pragma unroll 4
-      for (int i = 0; i < 8; ++i) {
-        const int id = et + 128 * i, cs = id >> 3, u = id & 7;
-        if (16 * u >= c.rows) continue;
-        uint8_t* dst = p.q_col + static_cast<int64_t>(a0 + cs) * M + c.row0 + 16 * u;
-        const uint4 w = *reinterpret_cast<const uint4*>(G + cs * 128 + 16 * (u ^ (cs & 7)));
-        if (vec && 16 * u + 16 <= c.rows) {
-          *reinterpret_cast<uint4*>(dst) = w;
-        } else {
-          const int n = min(16, c.rows - 16 * u);
-          for (int b = 0; b < n; ++b) {
-            const uint32_t word = b < 4 ? w.x : b < 8 ? w.y : b < 12 ? w.z : w.w;
-            dst[b] = static_cast<uint8_t>(word >> (8 * (b & 3)));
-          }
-        }
-      }
-      // The column's scale: the block's byte in each of its 32-row runs (grouped compact layout).
-      const int start = c.g ? s_end[c.g - 1] : 0;
-      const int64_t run0 = s_runs[c.g] + 4 * ((c.row0 - start) / 128);
-      const int64_t nruns = min(static_cast<int64_t>((c.rows + 31) / 32), min(int64_t{4}, p.n_r - run0));
-      for (int e = 0; e < nruns; ++e) p.scale_col[static_cast<int64_t>(a0 + cl) * p.n_r + run0 + e] = static_cast<uint8_t>(sc);
+      store_column_runs<128>(G, p.q_col, p.m, c, et, [&](int cs) { return a0 + cs; });
+      // The column's scale: the block's byte in each of its 32-row runs.
+      const ScaleRuns sr = tile_scale_runs(p, c, s_end, s_runs);
+      for (int e = 0; e < sr.count; ++e)
+        p.scale_col[static_cast<int64_t>(a0 + cl) * p.n_r + sr.first + e] = static_cast<uint8_t>(sc);
     }
     cutlass::arch::ClusterBarrier::arrive(&bars[1]);  // G and S read: the next pair may come
   }
