@@ -135,22 +135,28 @@ def _moe_vs_sonic(d, by, cell) -> list:
 # instances; 0 with tile: the weights' 128x128 pass).
 _TILE128_PIECES = [
     # column, name patterns, work(N, H, I, E, fused) -> (amount, unit), what it is and the next step. A kernel
-    # counts in the first column whose pattern it matches (the fused down-projection dgrad before the GEMMs).
+    # counts in the first column whose pattern it matches (the fused GEMMs before the plain ones); fused: the
+    # set of fused kernels the step ran ("dswiglu", "swiglu").
     ("down dgrad + dSwiGLU", ("GroupedMGatherDSwigl",), lambda n, h, i, e, f: (2 * n * h * i, "flop"),
      "the down projection's dgrad (2 N H I FLOPs) with dSwiGLU, the routing weights' grad and dH's two FP8 "
-     "forms in its epilogue (h read, the forms written: 8 N I bytes); its epilogue is about half of its time "
-     "(exact per-element SwiGLU derivative on the 8 math warps, after the mainloop); next: the epilogue "
-     "overlapped with the next tile's mainloop (bounded by registers: docs/design/gemm-sm90.md)"),
-    ("fwd+dgrad GEMMs", ("grouped_m_kernel",), lambda n, h, i, e, f: ((10 if f else 12) * n * h * i, "flop"),
-     "the other forward / dgrad GEMMs, 10 N H I FLOPs (12 with the unfused down dgrad); next: SwiGLU into "
-     "GEMM1's epilogue"),
+     "forms in its epilogue (h read, the forms written: 8 N I bytes) on a fourth warpgroup, its bound; "
+     "next: a tile's hand-over overlapped with the epilogue's work"),
+    ("up proj + SwiGLU", ("GroupedMGatherSwigl",), lambda n, h, i, e, f: (4 * n * h * i, "flop"),
+     "GEMM1 (4 N H I FLOPs) storing h and writing act's two FP8 forms in its epilogue (a fourth warpgroup, "
+     "a gate and up tile pair per hand-over); next: its epilogue below the pair's two mainloops"),
+    ("fwd+dgrad GEMMs", ("grouped_m_kernel",),
+     lambda n, h, i, e, f: ((6 + (0 if "swiglu" in f else 4) + (0 if "dswiglu" in f else 2)) * n * h * i, "flop"),
+     "the other forward / dgrad GEMMs, 6 N H I FLOPs (+4 with GEMM1 unfused, +2 with the down dgrad "
+     "unfused)"),
     ("wgrad GEMMs", ("GemmUniversal", "grouped_k_kernel", "grouped_k_prepare", "kg_prologue"),
      lambda n, h, i, e, f: (6 * n * h * i, "flop"),
-     "6 N H I; next: the promotion overlapped with the next k-block's wgmmas"),
+     "6 N H I; latency-bound at fine-grained experts; next: fewer warps idle on barriers"),
     ("weights' pass", ("tile128_pass_kernel<0, true>",), lambda n, h, i, e, f: (12 * e * h * i, "byte"),
-     "W read, q and qt written, 12 E H I bytes; next: once per optimizer step (cached W) or in the GEMM producer"),
+     "W read, q and qt written, 12 E H I bytes; next: once per optimizer step (cached W), or the dgrad "
+     "reading the forward form (qt not written)"),
     ("SwiGLU pass", ("tile128_pass_kernel<102,", "tile128_pass_kernel<2,"), lambda n, h, i, e, f: (6 * n * i, "byte"),
-     "h read, act's two FP8 forms written, 6 N I; next: GEMM1's epilogue"),
+     "where GEMM1 is unfused (interleaved halves, I % 128 != 0, b13): h read, act's two FP8 forms written, "
+     "6 N I; next: the fused epilogue for those layouts"),
     ("dSwiGLU pass", ("tile128_pass_kernel<103,", "tile128_pass_kernel<3,"),
      lambda n, h, i, e, f: (10 * n * i, "byte"),
      "where the down dgrad is unfused (interleaved halves, I % 128 != 0, b13): dY' and h read, dH's two forms "
@@ -173,7 +179,8 @@ def _tile128_bound(d) -> list:
             continue
         r = shape[(b["config"], b["tokens"])]
         n, h, i, e = b["tokens"] * r["top_k"], r["hidden"], r["intermediate"], r["experts"]
-        fused = any("GroupedMGatherDSwigl" in t["kernel"] for t in b["top"])
+        fused = {name for name, pat in (("dswiglu", "GroupedMGatherDSwigl"), ("swiglu", "GroupedMGatherSwigl"))
+                 if any(pat in t["kernel"] for t in b["top"])}
         left, cells = list(b["top"]), []
         for _, pats, work, _ in _TILE128_PIECES:
             hit = [t for t in left if any(p in t["kernel"] for p in pats)]

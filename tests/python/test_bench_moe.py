@@ -203,3 +203,26 @@ def test_moe_memory_trace():
         H, I, E, k = 64, 32, 4, 2  # the tiny config
         must = (E * 2 * I * H + 512 * k * 2 * I) * 2  # dW13 and h, bf16
         assert must <= peak < 8 * must, (line, must)
+
+
+def test_tile128_pieces_count_fused_gemms_once():
+    """BENCHMARKS.md's 'where tile128's time goes': each fused GEMM in its own column with its own FLOPs,
+    and the plain forward / dgrad GEMMs' FLOPs without the fused ones (hand-computed rates)."""
+    spec = importlib.util.spec_from_file_location("bench_tables", BENCH_MOE.parent / "tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    n_tok, k, h, i = 1000, 2, 1024, 512  # N = 2000 routed rows
+    n = n_tok * k
+    top = [{"kernel": "void mxmoe::cuda::gemm::sm90::grouped_m_kernel<GroupedMGatherDSwiglu<4> >(...)", "us": 100.0},
+           {"kernel": "void mxmoe::cuda::gemm::sm90::grouped_m_kernel<GroupedMGatherSwiglu<4> >(...)", "us": 200.0},
+           {"kernel": "void mxmoe::cuda::gemm::sm90::grouped_m_kernel<GroupedM<128, 5, __nv_bfloat16> >", "us": 300.0},
+           {"kernel": "mxmoe::cuda::tile128_pass_kernel<0, true>(...)", "us": 50.0}]
+    d = {"rows": [{"config": "c", "tokens": n_tok, "top_k": k, "hidden": h, "intermediate": i, "experts": 4}],
+         "breakdown": [{"config": "c", "tokens": n_tok, "impl": "mxmoe_tile128", "total_us": 700.0, "top": top}]}
+    (row,) = tables._tile128_bound(d)
+    cols = {c: v for (c, *_), v in zip(tables._TILE128_PIECES, row[3:])}
+    assert cols["down dgrad + dSwiGLU"] == f"100, {2 * n * h * i / 100 / 1e6:.0f} TF/s"
+    assert cols["up proj + SwiGLU"] == f"200, {4 * n * h * i / 200 / 1e6:.0f} TF/s"
+    assert cols["fwd+dgrad GEMMs"] == f"300, {6 * n * h * i / 300 / 1e6:.0f} TF/s"  # 6 N H I: both fused
+    assert cols["weights' pass"] == f"50, {12 * 4 * h * i / 50 / 1e6:.2f} TB/s"
+    assert cols["SwiGLU pass"] == "-" and row[-1] == "50"  # the rest: 700 - 650 us
