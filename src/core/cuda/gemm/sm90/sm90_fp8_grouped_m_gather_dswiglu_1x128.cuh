@@ -27,7 +27,8 @@
 // leave transposed through S, and frees S. Two mbarriers order the hand-over (full: 256 math threads
 // arrive; empty: 128 epilogue threads arrive). The math warpgroups keep one accumulator set (the
 // overlapped promotion's second set measured free here) so that four warpgroups fit the register
-// file, and the ring has 4 stages so that S and U fit beside it.
+// file, and the ring has 3 stages beside S and U (the host's choice: fewer stages leave more L1 for
+// the epilogue's loads of h).
 #pragma once
 
 #include <cuda_bf16.h>
