@@ -8,7 +8,8 @@
 #   On the GPU machine (carrying .carry: the packed build of device_run.sh --pack and the variants):
 #     MXMOE_BUILD=$PWD/.carry/build bash scripts/ab_variants.sh run NAME...
 #
-# run: for each variant, the GoogleTest filter MXMOE_AB_GTEST (none by default) against its library,
+# run: for each variant, the GoogleTest filter MXMOE_AB_GTEST against its library (default: the tile128
+# GEMM tests, the fused variants among them; "none" skips them), so no variant is timed unchecked,
 # then MXMOE_AB_REPS rounds (default 2) over all variants of `python -m mxmoe bench --moe` with
 # MXMOE_AB_ARGS (default: Qwen3-30B-A3B, 16K tokens, mxmoe_tile128, eager, with the per-kernel
 # profile): per variant the fwd+bwd and fwd times and the 9 largest kernels (us / calls). The rows and
@@ -38,10 +39,11 @@ case "$cmd" in
     for v in "$@"; do
       [[ -f ".carry/var/$v/libmxmoe.so" ]] || xz -dk ".carry/var/$v/libmxmoe.so.xz" || exit 1
     done
-    if [[ -n "${MXMOE_AB_GTEST:-}" ]]; then
+    gtest=${MXMOE_AB_GTEST:-CudaGemmTile128.*}
+    if [[ "$gtest" != none ]]; then
       for v in "$@"; do
         echo "== gtest $v: $(LD_LIBRARY_PATH=$PWD/.carry/var/$v timeout 300 "$MXMOE_BUILD/tests/cpp/mxmoe_tests" \
-          --gtest_filter="$MXMOE_AB_GTEST" 2>&1 | grep -E '^\[  (PASSED|FAILED)' | tr '\n' ' ')"
+          --gtest_filter="$gtest" 2>&1 | grep -E '^\[  (PASSED|FAILED)' | tr '\n' ' ')"
       done
     fi
     args=${MXMOE_AB_ARGS:---moe-configs qwen3-30b-a3b --moe-tokens 16384 --moe-impls mxmoe_tile128 --moe-modes eager --moe-profile}
