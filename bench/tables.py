@@ -133,15 +133,17 @@ def _moe_vs_sonic(d, by, cell) -> list:
 # truncates them; the quantize pass's template argument names its source (quantize.h: 1 gather with
 # row scale, 2 SwiGLU, 3 SwiGLU backward; tile128_bf16.cu: 100 gather, 102 / 103 their plain-layout
 # instances; 0 with tile: the weights' 128x128 pass).
+# The fused GEMMs' kernel names (as the profiler truncates them), by the name `fused` gives them below.
+_FUSED = {"dswiglu": "GroupedMGatherDSwigl", "swiglu": "GroupedMGatherSwigl"}
 _TILE128_PIECES = [
     # column, name patterns, work(N, H, I, E, fused) -> (amount, unit), what it is and the next step. A kernel
     # counts in the first column whose pattern it matches (the fused GEMMs before the plain ones); fused: the
     # set of fused kernels the step ran ("dswiglu", "swiglu").
-    ("down dgrad + dSwiGLU", ("GroupedMGatherDSwigl",), lambda n, h, i, e, f: (2 * n * h * i, "flop"),
+    ("down dgrad + dSwiGLU", (_FUSED["dswiglu"],), lambda n, h, i, e, f: (2 * n * h * i, "flop"),
      "the down projection's dgrad (2 N H I FLOPs) with dSwiGLU, the routing weights' grad and dH's two FP8 "
      "forms in its epilogue (h read, the forms written: 8 N I bytes) on a fourth warpgroup, its bound; "
      "next: a tile's hand-over overlapped with the epilogue's work"),
-    ("up proj + SwiGLU", ("GroupedMGatherSwigl",), lambda n, h, i, e, f: (4 * n * h * i, "flop"),
+    ("up proj + SwiGLU", (_FUSED["swiglu"],), lambda n, h, i, e, f: (4 * n * h * i, "flop"),
      "GEMM1 (4 N H I FLOPs) storing h and writing act's two FP8 forms in its epilogue (a fourth warpgroup, "
      "a gate and up tile pair per hand-over); next: its epilogue below the pair's two mainloops"),
     ("fwd+dgrad GEMMs", ("grouped_m_kernel",),
@@ -179,8 +181,7 @@ def _tile128_bound(d) -> list:
             continue
         r = shape[(b["config"], b["tokens"])]
         n, h, i, e = b["tokens"] * r["top_k"], r["hidden"], r["intermediate"], r["experts"]
-        fused = {name for name, pat in (("dswiglu", "GroupedMGatherDSwigl"), ("swiglu", "GroupedMGatherSwigl"))
-                 if any(pat in t["kernel"] for t in b["top"])}
+        fused = {name for name, pat in _FUSED.items() if any(pat in t["kernel"] for t in b["top"])}
         left, cells = list(b["top"]), []
         for _, pats, work, _ in _TILE128_PIECES:
             hit = [t for t in left if any(p in t["kernel"] for p in pats)]

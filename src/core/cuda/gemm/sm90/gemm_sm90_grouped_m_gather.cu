@@ -22,8 +22,8 @@ namespace {
 // (5), no cluster (the producer warpgroup copies A; multicast of B is not wired for it).
 using Kernel = sm90::GroupedMGather<128, 5, __nv_bfloat16>;
 // The dSwiGLU epilogue's variant: the same mainloop with 3 stages beside its hand-over buffers (64 KB).
-// 3 stages measured 11% faster than 4 at Qwen3-30B-A3B 16K (H100, same run): the shared memory left
-// over is L1, which the epilogue's loads of h go through (docs/design/gemm-sm90.md).
+// 3 stages measured 11% faster than 4 at Qwen3-30B-A3B 16K (H100, same run), most likely because the
+// shared memory left over is L1, which the epilogue's loads of h go through (docs/design/gemm-sm90.md).
 using DSwigluKernel = sm90::GroupedMGatherDSwiglu<3>;
 // The SwiGLU epilogue's variant: the same mainloop and stages, its two hand-over tiles (64 KB) beside them.
 using SwigluKernel = sm90::GroupedMGatherSwiglu<4>;
