@@ -56,9 +56,10 @@ def _gather_src(x, perm, k, row_scale=None):
 
 
 def _scale_rows(rows: Tensor, perm: Tensor, rs: Tensor, k: int) -> Tensor:
-    """rows[n] * rs.flat[perm[n]] (0 for padding rows), one fp32 multiply rounded to rows' dtype."""
+    """rows[n] * rs.flat[perm[n]] (0 for padding rows), one fp32 multiply rounded to rows' dtype: one
+    pass (bf16 x fp32 computes in fp32; out= rounds the product once), no fp32 copy of rows."""
     factor = ops.moe_gather(torch.ones(rs.shape[0], 1, dtype=F32, device=rs.device), perm, k, rs, F32)
-    return (rows.float() * factor).to(rows.dtype)
+    return torch.mul(rows, factor, out=torch.empty_like(rows))
 
 
 def _bias_weight_grad(dout: Tensor, topk_idx: Tensor, b2: Tensor) -> Tensor:
