@@ -195,6 +195,58 @@ def _tile128_bound(d) -> list:
     return out
 
 
+# Issue 32's targets against SonicMoE (tile128 fwd+bwd, same run, eager) and what they ask of the
+# layer: the time a target needs, the floor of the fused data flow at this H200's ceilings, and the pieces
+# furthest above their own floor. Ceilings: FP8 GEMMs at the best grouped FP8 rate measured here
+# (BENCHMARKS.md GEMM table, mxmoe sm90 grouped_m, ~1260 TFLOP/s); memory at the copy rate (~4.3 TB/s,
+# bytes read + written; device/KINDS.md).
+_TARGETS = {("qwen3-30b-a3b", 4096): 1.3}  # every other config: 1.5
+_FP8_TFLOPS, _COPY_TBS = 1260.0, 4.3
+# The fused data flow's work beyond the pieces of _TILE128_PIECES: the combine (forward, and dx in the
+# backward: N rows of H read, T rows written, bf16).
+_COMBINE = ("combine", ("combine_kernel",), lambda n, h, i, e, t: (4 * n * h + 4 * t * h, "byte"))
+
+
+def _floor_us(amount, unit) -> float:
+    return amount / (_FP8_TFLOPS * 1e6 if unit == "flop" else _COPY_TBS * 1e6)
+
+
+def _tile128_targets(d) -> list:
+    """One row per config with SonicMoE and tile128 eager rows and a tile128 breakdown: SonicMoE us,
+    tile128's ratio, the target, the us it needs, the fused data flow's floor (18 N H I GEMM FLOPs, the
+    weights' pass, the two wgrad operands, the combine, at the ceilings above) and the three pieces
+    furthest above their floor, peak over SonicMoE's and the size of the weights' FP8 forms (6 E H I bytes)."""
+    rows = {(r["config"], r["tokens"], r["impl"], r["mode"]): r for r in d["rows"]}
+    out = []
+    for b in d.get("breakdown", []):
+        key = (b["config"], b["tokens"])
+        s, t = rows.get(key + ("sonic_bf16", "eager")), rows.get(key + ("mxmoe_tile128", "eager"))
+        if b.get("error") or b["impl"] != "mxmoe_tile128" or not (s or {}).get("fwd_bwd_us") or not (t or {}).get("fwd_bwd_us"):
+            continue
+        n, h, i, e = b["tokens"] * t["top_k"], t["hidden"], t["intermediate"], t["experts"]
+        target = _TARGETS.get((t.get("config_key"), b["tokens"]), 1.5)
+        need = s["fwd_bwd_us"] / target
+        fused = {name for name, pat in _FUSED.items() if any(pat in k["kernel"] for k in b["top"])}
+        floor = _floor_us(18 * n * h * i, "flop") + _floor_us(12 * e * h * i, "byte") + 2 * _floor_us(3 * n * h, "byte") \
+            + _floor_us(*_COMBINE[2](n, h, i, e, b["tokens"]))
+        left, over = list(b["top"]), []
+        for name, pats, work, *_ in _TILE128_PIECES + [_COMBINE]:
+            hit = [k for k in left if any(p in k["kernel"] for p in pats)]
+            left = [k for k in left if k not in hit]
+            if hit:
+                args = (n, h, i, e, b["tokens"] if name == "combine" else fused)
+                us = sum(k["us"] for k in hit)
+                over.append((us - _floor_us(*work(*args)), name))
+        over.sort(reverse=True)
+        forms = 6 * e * h * i / 2**20
+        peak = f"{t['peak_mib'] / s['peak_mib']:.2f}x" if t.get("peak_mib") and s.get("peak_mib") else "-"
+        out.append([b["config"], b["tokens"], f"{s['fwd_bwd_us']:.0f}", f"{s['fwd_bwd_us'] / t['fwd_bwd_us']:.2f}x",
+                    f"{target:.1f}x", f"{need:.0f}", f"{t['fwd_bwd_us']:.0f}", f"{floor:.0f} ({s['fwd_bwd_us'] / floor:.2f}x)",
+                    ", ".join(f"{name} +{us:.0f}" for us, name in over[:3]),
+                    peak, f"{forms:.0f}"])
+    return out
+
+
 def moe(path: str, full: bool = True) -> str:
     """bench/bench_moe.py's moe_layer.json: the table against SonicMoE (where the run measured it), a
     summary (each impl's fwd+bwd ratio vs transformers' bf16 grouped_mm experts, eager with graph in
@@ -252,7 +304,9 @@ def moe(path: str, full: bool = True) -> str:
                   for r in rows if r.get("error")]
         if failed:
             text.append("Failed rows: " + "; ".join(failed) + "\n")
-        bds = [b for b in d.get("breakdown", []) if not b.get("error")]
+        # The impls the targets compare (the exact, cached and transformers' breakdowns stay in the JSON).
+        bds = [b for b in d.get("breakdown", []) if not b.get("error")
+               and b["impl"] in ("sonic_bf16", "mxmoe_bf16", "mxmoe_tile128")]
         cats = list(dict.fromkeys(c for b in bds for c in b["categories_us"]))
         if bds:
             text.append("Kernel time of one eager fwd+bwd (us, torch.profiler):\n")
@@ -267,6 +321,17 @@ def moe(path: str, full: bool = True) -> str:
                         "once per routed row; this H200 copies ~4.3 TB/s; -: not among the 10 largest kernels, in rest):\n")
             text.append(_md(["config", "tokens", "total us"] + [c for c, *_ in _TILE128_PIECES] + ["rest"], bound))
             text.append("\n" + "; ".join(f"**{c}**: {what}" for c, _, _, what in _TILE128_PIECES) + ".\n")
+        targets = _tile128_targets(d)
+        if targets:
+            text.append("Against the targets (tile128 vs SonicMoE, eager fwd+bwd): the us a target needs, the floor "
+                        "and the pieces furthest above their own floor (us; next steps above):\n")
+            text.append(_md(["config", "tokens", "SonicMoE us", "tile128", "target", "needs us", "tile128 us",
+                             "floor us (x SonicMoE)", "furthest above their floor", "peak vs SonicMoE",
+                             "W forms MiB"], targets))
+            text.append(f"\nFloor: the fused data flow at FP8 GEMMs {_FP8_TFLOPS:.0f} TFLOP/s (the best grouped rate "
+                        f"measured here) and {_COPY_TBS} TB/s: 18 N H I FLOPs, the weights' pass (12 E H I bytes), the two "
+                        "wgrad operands (3 N H each), the combine (4 N H + 4 T H). W forms: the weights' two FP8 forms "
+                        "(6 E H I bytes), which the bf16 layers do not have.\n")
         return "\n".join(text)
     full = []
     for r in rows:

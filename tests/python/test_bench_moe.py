@@ -226,3 +226,39 @@ def test_tile128_pieces_count_fused_gemms_once():
     assert cols["fwd+dgrad GEMMs"] == f"300, {6 * n * h * i / 300 / 1e6:.0f} TF/s"  # 6 N H I: both fused
     assert cols["weights' pass"] == f"50, {12 * 4 * h * i / 50 / 1e6:.2f} TB/s"
     assert cols["SwiGLU pass"] == "-" and row[-1] == "50"  # the rest: 700 - 650 us
+
+
+def test_tile128_targets_floor_and_gaps():
+    """BENCHMARKS.md's targets table: the time a target needs, the fused data flow's floor at the
+    ceilings and the pieces furthest above their floor (hand-computed)."""
+    spec = importlib.util.spec_from_file_location("bench_tables", BENCH_MOE.parent / "tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    t, k, h, i, e = 1000, 2, 1024, 512, 4
+    n = t * k
+    top = [{"kernel": "grouped_k_kernel<GroupedK<5> >", "us": 400.0},
+           {"kernel": "mxmoe::cuda::tile128_pass_kernel<0, true>(...)", "us": 50.0},
+           {"kernel": "mxmoe::cuda::combine_kernel<true>", "us": 30.0}]
+    shape = {"config": "c", "config_key": "qwen3-30b-a3b", "tokens": t, "top_k": k, "hidden": h,
+             "intermediate": i, "experts": e, "mode": "eager"}
+    d = {"rows": [dict(shape, impl="sonic_bf16", fwd_bwd_us=1300.0, peak_mib=100.0),
+                  dict(shape, impl="mxmoe_tile128", fwd_bwd_us=1000.0, peak_mib=150.0)],
+         "breakdown": [{"config": "c", "tokens": t, "impl": "mxmoe_tile128", "total_us": 500.0, "top": top}]}
+    (row,) = tables._tile128_targets(d)
+    fp8, copy = 1260e6, 4.3e6  # FLOP and bytes per us
+    floor = 18 * n * h * i / fp8 + 12 * e * h * i / copy + 2 * 3 * n * h / copy + (4 * n * h + 4 * t * h) / copy
+    wgrad_over = 400 - 6 * n * h * i / fp8
+    weights_over = 50 - 12 * e * h * i / copy
+    combine_over = 30 - (4 * n * h + 4 * t * h) / copy
+    assert row[:8] == ["c", t, "1300", "1.30x", "1.5x", f"{1300 / 1.5:.0f}", "1000",
+                       f"{floor:.0f} ({1300 / floor:.2f}x)"]
+    gaps = sorted([(wgrad_over, "wgrad GEMMs"), (weights_over, "weights' pass"), (combine_over, "combine")], reverse=True)
+    assert row[8] == ", ".join(f"{name} +{us:.0f}" for us, name in gaps)
+    assert row[9:] == ["1.50x", f"{6 * e * h * i / 2**20:.0f}"]
+    # Qwen3-30B-A3B at 4K tokens has its own target; a config without SonicMoE has no row.
+    for r in d["rows"]:
+        r["tokens"] = 4096
+    d["breakdown"][0]["tokens"] = 4096
+    assert tables._tile128_targets(d)[0][4] == "1.3x"
+    d["rows"] = d["rows"][1:]
+    assert tables._tile128_targets(d) == []
