@@ -235,11 +235,8 @@ __device__ __forceinline__ void load_pair(const KParams& K, const Tile& t, uint4
 // straight into its slots of the shared tile (cp.async, zero-filled past the panel's rows, the
 // tensor's columns and for padding rows), so the next tile's bytes are in flight without holding
 // registers.
-// GATHER: pr holds tile t's perm entries (tile_perms), loaded earlier so that their latency is not
-// paid at the copies.
 template <bool GATHER, bool SCALED = false>
-__device__ __forceinline__ void copy_tile_async(const KParams& K, const Tile& t, uint8_t* buf, float* rs,
-                                                const int32_t (&pr)[8]) {
+__device__ __forceinline__ void copy_tile_async(const KParams& K, const Tile& t, uint8_t* buf, float* rs = nullptr) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, h = lane >> 4, j = lane & 15;
   const Tile128Pass& A = K.a;
   const bool any = reads_tile(K, t);
@@ -248,6 +245,8 @@ __device__ __forceinline__ void copy_tile_async(const KParams& K, const Tile& t,
   // x itself: the thread's first row, then 16 rows per chunk (no per-chunk 64-bit row products).
   const uint16_t* row0 = x + (static_cast<long long>(t.b) * A.R + t.r0 + 2 * w + h) * A.C + c;
   const long long step16 = 16LL * A.C;
+  int32_t pr[8];
+  if constexpr (GATHER) tile_perms(K, t, any, pr);
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int r = 16 * i + 2 * w + h;
@@ -422,13 +421,9 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
   Tile t = resolve(K, table, covered, tot_panels, first, lo);
   // x itself keeps two tiles in flight (three buffers: the tile being worked on, the next two landing).
   Tile tn = resolve(K, table, covered, tot_panels, ahead(first, 0, 1), lo);
-  // The gathers: the perm entries of the tile whose copies are issued next (pr), loaded a phase early.
-  int32_t pr[8] = {};
   if constexpr (kAsync) {
-    if constexpr (kGatherAsync) tile_perms(K, t, reads_tile(K, t), pr);
-    copy_tile_async<kGatherAsync, kScaled>(K, t, bufs, row_scales, pr);
-    if constexpr (kGatherAsync) tile_perms(K, tn, reads_tile(K, tn), pr);
-    copy_tile_async<kGatherAsync, kScaled>(K, tn, bufs + kTileBytes, row_scales + 128, pr);
+    copy_tile_async<kGatherAsync, kScaled>(K, t, bufs, row_scales);
+    copy_tile_async<kGatherAsync, kScaled>(K, tn, bufs + kTileBytes, row_scales + 128);
   } else if constexpr (kPaired) {
     load_pair<plain_source(SRC)>(K, t, X, Y);
   } else {
@@ -449,14 +444,6 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
     const int cols = min(128, A.C - 128 * t.ct);
     const int nj = min(4, W - 4 * t.ct);
     const bool cok = 8 * j < cols;
-
-    // The gathers: tile it + 2 resolved and its perm entries loaded now, so that they arrive during
-    // this tile's load phase instead of stalling the copies after the barrier (ncu: 14 % of the
-    // warps' samples waited on them there).
-    if constexpr (kGatherAsync) {
-      tnn = resolve(K, table, covered, tot_panels, ahead(tile, it, 2), lo);
-      tile_perms(K, tnn, reads_tile(K, tnn), pr);
-    }
 
     // ---- load phase: the tile and its column maxima into shared memory; activations' row side ----
     uint32_t m[8];
@@ -567,10 +554,9 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
     // x itself: tile it + 2's copies into the buffer of tile it - 1, whose last reader (its staged store
     // phase) every thread finished before the barrier. Computed inputs: the next tile into registers.
     if constexpr (kAsync) {
-      // Each tile is resolved once, two ahead (tnn; the gathers at the top of the iteration), and
-      // handed down through tn and t.
-      if constexpr (!kGatherAsync) tnn = resolve(K, table, covered, tot_panels, ahead(tile, it, 2), lo);
-      copy_tile_async<kGatherAsync, kScaled>(K, tnn, bufs + slot2 * kTileBytes, row_scales + 128 * slot2, pr);
+      // Each tile is resolved once, here, two ahead (tnn), and handed down through tn and t.
+      tnn = resolve(K, table, covered, tot_panels, ahead(tile, it, 2), lo);
+      copy_tile_async<kGatherAsync, kScaled>(K, tnn, bufs + slot2 * kTileBytes, row_scales + 128 * slot2);
     } else if constexpr (kPaired) {
       tn = resolve(K, table, covered, tot_panels, ahead(tile, it, 1), lo);
       if (it & 1) {
