@@ -196,19 +196,24 @@ def _tile128_bound(d) -> list:
 
 
 # Issue 32's targets against SonicMoE (tile128 fwd+bwd, same run, eager) and what they ask of the
-# layer: the time a target needs, the floor of the fused data flow at this H200's ceilings, and the pieces
+# layer: the time a target needs, the floor of the fused data flow at the GPU's ceilings, and the pieces
 # furthest above their own floor. Ceilings: FP8 GEMMs at the best grouped FP8 rate measured here
-# (BENCHMARKS.md GEMM table, mxmoe sm90 grouped_m, ~1260 TFLOP/s); memory at the copy rate (~4.3 TB/s,
+# (BENCHMARKS.md GEMM table, H200, mxmoe sm90 grouped_m, ~1260 TFLOP/s; the H100 has the same FP8 rate);
+# memory at the GPU's device-to-device copy rate (H200 ~4.3 TB/s, H100 ~3.0 TB/s,
 # bytes read + written; device/KINDS.md).
 _TARGETS = {("qwen3-30b-a3b", 4096): 1.3}  # every other config: 1.5
-_FP8_TFLOPS, _COPY_TBS = 1260.0, 4.3
+_FP8_TFLOPS = 1260.0
+
+
+def _copy_tbs(device: str) -> float:
+    return 3.0 if "H100" in (device or "") else 4.3
 # The fused data flow's work beyond the pieces of _TILE128_PIECES: the combine (forward, and dx in the
 # backward: N rows of H read, T rows written, bf16).
 _COMBINE = ("combine", ("combine_kernel",), lambda n, h, i, e, t: (4 * n * h + 4 * t * h, "byte"))
 
 
-def _floor_us(amount, unit) -> float:
-    return amount / (_FP8_TFLOPS * 1e6 if unit == "flop" else _COPY_TBS * 1e6)
+def _floor_us(amount, unit, copy_tbs) -> float:
+    return amount / (_FP8_TFLOPS * 1e6 if unit == "flop" else copy_tbs * 1e6)
 
 
 def _tile128_targets(d) -> list:
@@ -217,18 +222,22 @@ def _tile128_targets(d) -> list:
     weights' pass, the two wgrad operands, the combine, at the ceilings above) and the three pieces
     furthest above their floor, peak over SonicMoE's and the size of the weights' FP8 forms (6 E H I bytes)."""
     rows = {(r["config"], r["tokens"], r["impl"], r["mode"]): r for r in d["rows"]}
+    cb = _copy_tbs(d.get("device"))
     out = []
     for b in d.get("breakdown", []):
         key = (b["config"], b["tokens"])
         s, t = rows.get(key + ("sonic_bf16", "eager")), rows.get(key + ("mxmoe_tile128", "eager"))
         if b.get("error") or b["impl"] != "mxmoe_tile128" or not (s or {}).get("fwd_bwd_us") or not (t or {}).get("fwd_bwd_us"):
             continue
+        # Each layer at its faster mode (SonicMoE's eager step is launch-bound at few tokens).
+        best = lambda r, impl: min(filter(None, [r["fwd_bwd_us"], rows.get(key + (impl, "graph"), {}).get("fwd_bwd_us")]))
+        s, t = dict(s, fwd_bwd_us=best(s, "sonic_bf16")), dict(t, fwd_bwd_us=best(t, "mxmoe_tile128"))
         n, h, i, e = b["tokens"] * t["top_k"], t["hidden"], t["intermediate"], t["experts"]
         target = _TARGETS.get((t.get("config_key"), b["tokens"]), 1.5)
         need = s["fwd_bwd_us"] / target
         fused = {name for name, pat in _FUSED.items() if any(pat in k["kernel"] for k in b["top"])}
-        floor = _floor_us(18 * n * h * i, "flop") + _floor_us(12 * e * h * i, "byte") + 2 * _floor_us(3 * n * h, "byte") \
-            + _floor_us(*_COMBINE[2](n, h, i, e, b["tokens"]))
+        floor = _floor_us(18 * n * h * i, "flop", cb) + _floor_us(12 * e * h * i, "byte", cb) \
+            + 2 * _floor_us(3 * n * h, "byte", cb) + _floor_us(*_COMBINE[2](n, h, i, e, b["tokens"]), cb)
         left, over = list(b["top"]), []
         for name, pats, work, *_ in _TILE128_PIECES + [_COMBINE]:
             hit = [k for k in left if any(p in k["kernel"] for p in pats)]
@@ -236,7 +245,7 @@ def _tile128_targets(d) -> list:
             if hit:
                 args = (n, h, i, e, b["tokens"] if name == "combine" else fused)
                 us = sum(k["us"] for k in hit)
-                over.append((us - _floor_us(*work(*args)), name))
+                over.append((us - _floor_us(*work(*args), cb), name))
         over.sort(reverse=True)
         forms = 6 * e * h * i / 2**20
         peak = f"{t['peak_mib'] / s['peak_mib']:.2f}x" if t.get("peak_mib") and s.get("peak_mib") else "-"
@@ -318,18 +327,20 @@ def moe(path: str, full: bool = True) -> str:
         if bound:
             text.append("\nWhere tile128's time goes (the same eager fwd+bwd; per piece us, and the rate of the work "
                         "it must do: N = tokens x top_k routed rows, bytes read + written once, a gather's reads "
-                        "once per routed row; this H200 copies ~4.3 TB/s; -: not among the 10 largest kernels, in rest):\n")
+                        f"once per routed row; this GPU copies ~{_copy_tbs(d.get('device'))} TB/s; -: not among the 10 "
+                        "largest kernels, in rest):\n")
             text.append(_md(["config", "tokens", "total us"] + [c for c, *_ in _TILE128_PIECES] + ["rest"], bound))
             text.append("\n" + "; ".join(f"**{c}**: {what}" for c, _, _, what in _TILE128_PIECES) + ".\n")
         targets = _tile128_targets(d)
         if targets:
-            text.append("Against the targets (tile128 vs SonicMoE, eager fwd+bwd): the us a target needs, the floor "
+            text.append("Against the targets (tile128 vs SonicMoE, fwd+bwd, each at its faster of eager and graph): "
+                        "the us a target needs, the floor "
                         "and the pieces furthest above their own floor (us; next steps above):\n")
             text.append(_md(["config", "tokens", "SonicMoE us", "tile128", "target", "needs us", "tile128 us",
                              "floor us (x SonicMoE)", "furthest above their floor", "peak vs SonicMoE",
                              "W forms MiB"], targets))
             text.append(f"\nFloor: the fused data flow at FP8 GEMMs {_FP8_TFLOPS:.0f} TFLOP/s (the best grouped rate "
-                        f"measured here) and {_COPY_TBS} TB/s: 18 N H I FLOPs, the weights' pass (12 E H I bytes), the two "
+                        f"measured here) and {_copy_tbs(d.get('device'))} TB/s: 18 N H I FLOPs, the weights' pass (12 E H I bytes), the two "
                         "wgrad operands (3 N H each), the combine (4 N H + 4 T H). W forms: the weights' two FP8 forms "
                         "(6 E H I bytes), which the bf16 layers do not have.\n")
         return "\n".join(text)

@@ -245,7 +245,7 @@ def test_tile128_targets_floor_and_gaps():
                   dict(shape, impl="mxmoe_tile128", fwd_bwd_us=1000.0, peak_mib=150.0)],
          "breakdown": [{"config": "c", "tokens": t, "impl": "mxmoe_tile128", "total_us": 500.0, "top": top}]}
     (row,) = tables._tile128_targets(d)
-    fp8, copy = 1260e6, 4.3e6  # FLOP and bytes per us
+    fp8, copy = 1260e6, 4.3e6  # FLOP and bytes per us (an H200: no device named)
     floor = 18 * n * h * i / fp8 + 12 * e * h * i / copy + 2 * 3 * n * h / copy + (4 * n * h + 4 * t * h) / copy
     wgrad_over = 400 - 6 * n * h * i / fp8
     weights_over = 50 - 12 * e * h * i / copy
@@ -260,5 +260,14 @@ def test_tile128_targets_floor_and_gaps():
         r["tokens"] = 4096
     d["breakdown"][0]["tokens"] = 4096
     assert tables._tile128_targets(d)[0][4] == "1.3x"
+    # Each layer at its faster mode: SonicMoE's graph replay, where faster, sets the bar.
+    d["rows"].append(dict(d["rows"][0], mode="graph", fwd_bwd_us=800.0))
+    assert tables._tile128_targets(d)[0][2:4] == ["800", "0.80x"]
+    d["rows"].pop()
+    # An H100 copies ~3.0 TB/s: the same rows against its floor.
+    d["device"] = "NVIDIA H100 80GB HBM3"
+    n4 = 4096 * k
+    floor_h100 = 18 * n4 * h * i / fp8 + (12 * e * h * i + 6 * n4 * h + 4 * n4 * h + 4 * 4096 * h) / 3.0e6
+    assert tables._tile128_targets(d)[0][7] == f"{floor_h100:.0f} ({1300 / floor_h100:.2f}x)"
     d["rows"] = d["rows"][1:]
     assert tables._tile128_targets(d) == []
