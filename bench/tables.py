@@ -249,10 +249,13 @@ def _tile128_targets(d) -> list:
         over.sort(reverse=True)
         forms = 6 * e * h * i / 2**20
         peak = f"{t['peak_mib'] / s['peak_mib']:.2f}x" if t.get("peak_mib") and s.get("peak_mib") else "-"
+        bf = rows.get(key + ("mxmoe_bf16", "eager"))
+        bf_x = f"{s['fwd_bwd_us'] / best(bf, 'mxmoe_bf16'):.2f}x" if (bf or {}).get("fwd_bwd_us") else "-"
+        bf_peak = f"{bf['peak_mib'] / s['peak_mib']:.2f}x" if (bf or {}).get("peak_mib") and s.get("peak_mib") else "-"
         out.append([b["config"], b["tokens"], f"{s['fwd_bwd_us']:.0f}", f"{s['fwd_bwd_us'] / t['fwd_bwd_us']:.2f}x",
                     f"{target:.1f}x", f"{need:.0f}", f"{t['fwd_bwd_us']:.0f}", f"{floor:.0f} ({s['fwd_bwd_us'] / floor:.2f}x)",
                     ", ".join(f"{name} +{us:.0f}" for us, name in over[:3]),
-                    peak, f"{forms:.0f}"])
+                    f"{peak}, {bf_peak}", f"{forms:.0f}", bf_x])
     return out
 
 
@@ -309,8 +312,9 @@ def moe(path: str, full: bool = True) -> str:
                 "gradient-accumulation step, weights' FP8 forms from the weight cache. Peak: the step's peak "
                 "allocation over transformers'.\n")
     if not full:
-        failed = [f"{r['config']} T={r['tokens']} {r['impl']} {r['mode']}: {(r.get('error') or '')[:80]}"
-                  for r in rows if r.get("error")]
+        # One entry per config, impl and message (eager and graph usually fail alike).
+        failed = list(dict.fromkeys(f"{r['config']} T={r['tokens']} {r['impl']}: {(r.get('error') or '')[:80]}"
+                                    for r in rows if r.get("error")))
         if failed:
             text.append("Failed rows: " + "; ".join(failed) + "\n")
         # The impls the targets compare (the exact, cached and transformers' breakdowns stay in the JSON).
@@ -337,8 +341,8 @@ def moe(path: str, full: bool = True) -> str:
                         "the us a target needs, the floor "
                         "and the pieces furthest above their own floor (us; next steps above):\n")
             text.append(_md(["config", "tokens", "SonicMoE us", "tile128", "target", "needs us", "tile128 us",
-                             "floor us (x SonicMoE)", "furthest above their floor", "peak vs SonicMoE",
-                             "W forms MiB"], targets))
+                             "floor us (x SonicMoE)", "furthest above their floor", "peak tile128, bf16 vs SonicMoE",
+                             "W forms MiB", "mxmoe bf16 (target 1.0x)"], targets))
             text.append(f"\nFloor: the fused data flow at FP8 GEMMs {_FP8_TFLOPS:.0f} TFLOP/s (the best grouped rate "
                         f"measured here) and {_copy_tbs(d.get('device'))} TB/s: 18 N H I FLOPs, the weights' pass (12 E H I bytes), the two "
                         "wgrad operands (3 N H each), the combine (4 N H + 4 T H). W forms: the weights' two FP8 forms "

@@ -254,7 +254,11 @@ def test_tile128_targets_floor_and_gaps():
                        f"{floor:.0f} ({1300 / floor:.2f}x)"]
     gaps = sorted([(wgrad_over, "wgrad GEMMs"), (weights_over, "weights' pass"), (combine_over, "combine")], reverse=True)
     assert row[8] == ", ".join(f"{name} +{us:.0f}" for us, name in gaps)
-    assert row[9:] == ["1.50x", f"{6 * e * h * i / 2**20:.0f}"]
+    assert row[9:] == ["1.50x, -", f"{6 * e * h * i / 2**20:.0f}", "-"]
+    # The bf16 layer's ratio and peak beside (its target: >= 1.0x SonicMoE, peak <= SonicMoE's).
+    d["rows"].append(dict(shape, impl="mxmoe_bf16", fwd_bwd_us=1625.0, peak_mib=90.0))
+    assert tables._tile128_targets(d)[0][9:] == ["1.50x, 0.90x", f"{6 * e * h * i / 2**20:.0f}", "0.80x"]
+    d["rows"].pop()
     # Qwen3-30B-A3B at 4K tokens has its own target; a config without SonicMoE has no row.
     for r in d["rows"]:
         r["tokens"] = 4096
