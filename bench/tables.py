@@ -195,18 +195,20 @@ def _tile128_bound(d) -> list:
     return out
 
 
-# Issue 32's targets against SonicMoE (tile128 fwd+bwd, same run, eager) and what they ask of the
-# layer: the time a target needs, the floor of the fused data flow at the GPU's ceilings, and the pieces
-# furthest above their own floor. Ceilings: FP8 GEMMs at the best grouped FP8 rate measured here
-# (BENCHMARKS.md GEMM table, H200, mxmoe sm90 grouped_m, ~1260 TFLOP/s; the H100 has the same FP8 rate);
-# memory at the GPU's device-to-device copy rate (H200 ~4.3 TB/s, H100 ~3.0 TB/s,
-# bytes read + written; device/KINDS.md).
+# Issue 32's targets against SonicMoE (fwd+bwd, same run, each layer at its faster of eager and graph)
+# and what they ask of the tile128 layer: the time a target needs, the floor of the fused data flow at
+# the GPU's ceilings, and the pieces furthest above their own floor. Ceilings: FP8 GEMMs at the best
+# grouped FP8 rate measured here (BENCHMARKS.md GEMM table, H200, mxmoe sm90 grouped_m, ~1260 TFLOP/s;
+# the H100 has the same FP8 rate); memory at the GPU's device-to-device copy rate (H200 ~4.3 TB/s,
+# H100 ~3.0 TB/s, bytes read + written; device/KINDS.md).
 _TARGETS = {("qwen3-30b-a3b", 4096): 1.3}  # every other config: 1.5
 _FP8_TFLOPS = 1260.0
 
 
 def _copy_tbs(device: str) -> float:
     return 3.0 if "H100" in (device or "") else 4.3
+
+
 # The fused data flow's work beyond the pieces of _TILE128_PIECES: the combine (forward, and dx in the
 # backward: N rows of H read, T rows written, bf16).
 _COMBINE = ("combine", ("combine_kernel",), lambda n, h, i, e, t: (4 * n * h + 4 * t * h, "byte"))
@@ -227,10 +229,12 @@ def _tile128_targets(d) -> list:
     for b in d.get("breakdown", []):
         key = (b["config"], b["tokens"])
         s, t = rows.get(key + ("sonic_bf16", "eager")), rows.get(key + ("mxmoe_tile128", "eager"))
-        if b.get("error") or b["impl"] != "mxmoe_tile128" or not (s or {}).get("fwd_bwd_us") or not (t or {}).get("fwd_bwd_us"):
+        if (b.get("error") or b["impl"] != "mxmoe_tile128" or not (s or {}).get("fwd_bwd_us")
+                or not (t or {}).get("fwd_bwd_us")):
             continue
         # Each layer at its faster mode (SonicMoE's eager step is launch-bound at few tokens).
-        best = lambda r, impl: min(filter(None, [r["fwd_bwd_us"], rows.get(key + (impl, "graph"), {}).get("fwd_bwd_us")]))
+        def best(r, impl):
+            return min(filter(None, [r["fwd_bwd_us"], rows.get(key + (impl, "graph"), {}).get("fwd_bwd_us")]))
         s, t = dict(s, fwd_bwd_us=best(s, "sonic_bf16")), dict(t, fwd_bwd_us=best(t, "mxmoe_tile128"))
         n, h, i, e = b["tokens"] * t["top_k"], t["hidden"], t["intermediate"], t["experts"]
         target = _TARGETS.get((t.get("config_key"), b["tokens"]), 1.5)
@@ -253,7 +257,8 @@ def _tile128_targets(d) -> list:
         bf_x = f"{s['fwd_bwd_us'] / best(bf, 'mxmoe_bf16'):.2f}x" if (bf or {}).get("fwd_bwd_us") else "-"
         bf_peak = f"{bf['peak_mib'] / s['peak_mib']:.2f}x" if (bf or {}).get("peak_mib") and s.get("peak_mib") else "-"
         out.append([b["config"], b["tokens"], f"{s['fwd_bwd_us']:.0f}", f"{s['fwd_bwd_us'] / t['fwd_bwd_us']:.2f}x",
-                    f"{target:.1f}x", f"{need:.0f}", f"{t['fwd_bwd_us']:.0f}", f"{floor:.0f} ({s['fwd_bwd_us'] / floor:.2f}x)",
+                    f"{target:.1f}x", f"{need:.0f}", f"{t['fwd_bwd_us']:.0f}",
+                    f"{floor:.0f} ({s['fwd_bwd_us'] / floor:.2f}x)",
                     ", ".join(f"{name} +{us:.0f}" for us, name in over[:3]),
                     f"{peak}, {bf_peak}", f"{forms:.0f}", bf_x])
     return out
@@ -344,9 +349,9 @@ def moe(path: str, full: bool = True) -> str:
                              "floor us (x SonicMoE)", "furthest above their floor", "peak tile128, bf16 vs SonicMoE",
                              "W forms MiB", "mxmoe bf16 (target 1.0x)"], targets))
             text.append(f"\nFloor: the fused data flow at FP8 GEMMs {_FP8_TFLOPS:.0f} TFLOP/s (the best grouped rate "
-                        f"measured here) and {_copy_tbs(d.get('device'))} TB/s: 18 N H I FLOPs, the weights' pass (12 E H I bytes), the two "
-                        "wgrad operands (3 N H each), the combine (4 N H + 4 T H). W forms: the weights' two FP8 forms "
-                        "(6 E H I bytes), which the bf16 layers do not have.\n")
+                        f"measured here) and {_copy_tbs(d.get('device'))} TB/s: 18 N H I FLOPs, the weights' pass "
+                        "(12 E H I bytes), the two wgrad operands (3 N H each), the combine (4 N H + 4 T H). W forms: "
+                        "the weights' two FP8 forms (6 E H I bytes), which the bf16 layers do not have.\n")
         return "\n".join(text)
     full = []
     for r in rows:
