@@ -172,6 +172,21 @@ _TILE128_PIECES = [
 ]
 
 
+def _match_pieces(top, pieces):
+    """The profile's top kernels split over pieces (each kernel in the first piece whose name patterns
+    it matches): per piece its us (None where no kernel matched), and the kernels left over."""
+    left, us = list(top), []
+    for _, pats, *_ in pieces:
+        hit = [t for t in left if any(p in t["kernel"] for p in pats)]
+        left = [t for t in left if t not in hit]
+        us.append(sum(t["us"] for t in hit) if hit else None)
+    return us, left
+
+
+def _fused_kernels(top) -> set:
+    return {name for name, pat in _FUSED.items() if any(pat in t["kernel"] for t in top)}
+
+
 def _tile128_bound(d) -> list:
     """One row per tile128 breakdown: per piece 'us, rate', then the rest of the kernel time."""
     shape = {(r["config"], r["tokens"]): r for r in d["rows"] if r.get("hidden")}
@@ -181,15 +196,13 @@ def _tile128_bound(d) -> list:
             continue
         r = shape[(b["config"], b["tokens"])]
         n, h, i, e = b["tokens"] * r["top_k"], r["hidden"], r["intermediate"], r["experts"]
-        fused = {name for name, pat in _FUSED.items() if any(pat in t["kernel"] for t in b["top"])}
-        left, cells = list(b["top"]), []
-        for _, pats, work, _ in _TILE128_PIECES:
-            hit = [t for t in left if any(p in t["kernel"] for p in pats)]
-            left = [t for t in left if t not in hit]
-            us = sum(t["us"] for t in hit)
+        fused = _fused_kernels(b["top"])
+        piece_us, left = _match_pieces(b["top"], _TILE128_PIECES)
+        cells = []
+        for (_, _, work, _), us in zip(_TILE128_PIECES, piece_us):
             amount, unit = work(n, h, i, e, fused)
-            cells.append("-" if not hit else f"{us:.0f}, " + (f"{amount / us / 1e6:.0f} TF/s" if unit == "flop"
-                                                             else f"{amount / us / 1e6:.2f} TB/s"))
+            cells.append("-" if us is None else f"{us:.0f}, " + (f"{amount / us / 1e6:.0f} TF/s" if unit == "flop"
+                                                                 else f"{amount / us / 1e6:.2f} TB/s"))
         rest = b["total_us"] - sum(t["us"] for t in b["top"]) + sum(t["us"] for t in left)
         out.append([b["config"], b["tokens"], f"{b['total_us']:.0f}"] + cells + [f"{rest:.0f}"])
     return out
@@ -239,18 +252,13 @@ def _tile128_targets(d) -> list:
         n, h, i, e = b["tokens"] * t["top_k"], t["hidden"], t["intermediate"], t["experts"]
         target = _TARGETS.get((t.get("config_key"), b["tokens"]), 1.5)
         need = s["fwd_bwd_us"] / target
-        fused = {name for name, pat in _FUSED.items() if any(pat in k["kernel"] for k in b["top"])}
+        fused = _fused_kernels(b["top"])
         floor = _floor_us(18 * n * h * i, "flop", cb) + _floor_us(12 * e * h * i, "byte", cb) \
             + 2 * _floor_us(3 * n * h, "byte", cb) + _floor_us(*_COMBINE[2](n, h, i, e, b["tokens"]), cb)
-        left, over = list(b["top"]), []
-        for name, pats, work, *_ in _TILE128_PIECES + [_COMBINE]:
-            hit = [k for k in left if any(p in k["kernel"] for p in pats)]
-            left = [k for k in left if k not in hit]
-            if hit:
-                args = (n, h, i, e, b["tokens"] if name == "combine" else fused)
-                us = sum(k["us"] for k in hit)
-                over.append((us - _floor_us(*work(*args), cb), name))
-        over.sort(reverse=True)
+        pieces = _TILE128_PIECES + [_COMBINE]
+        over = sorted(((us - _floor_us(*work(n, h, i, e, b["tokens"] if name == "combine" else fused), cb), name)
+                       for (name, _, work, *_), us in zip(pieces, _match_pieces(b["top"], pieces)[0])
+                       if us is not None), reverse=True)
         forms = 6 * e * h * i / 2**20
         peak = f"{t['peak_mib'] / s['peak_mib']:.2f}x" if t.get("peak_mib") and s.get("peak_mib") else "-"
         bf = rows.get(key + ("mxmoe_bf16", "eager"))

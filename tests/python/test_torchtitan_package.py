@@ -19,7 +19,7 @@ import mxmoe
 import mxmoe.integrations.torchtitan as tt
 from mx_testutils import sqnr
 
-if tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) < (2, 12):
+if torch.__version__ < (2, 12):
     # Its models import torch >= 2.12 APIs (torch.distributed.fsdp.DataParallelMeshDims) even where
     # torchtitan.models.common imports: skip the module before any of them is imported.
     pytest.skip("torchtitan 0.3 needs torch >= 2.12", allow_module_level=True)
