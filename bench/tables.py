@@ -152,7 +152,7 @@ _TILE128_PIECES = [
      "unfused)"),
     ("wgrad GEMMs", ("GemmUniversal", "grouped_k_kernel", "grouped_k_prepare", "kg_prologue"),
      lambda n, h, i, e, f: (6 * n * h * i, "flop"),
-     "6 N H I; latency-bound at fine-grained experts; next: fewer warps idle on barriers"),
+     "6 N H I; not bound by its math warps (gemm-sm90.md); next: the cluster pair's supply"),
     ("weights' pass", ("tile128_pass_kernel<0, true>",), lambda n, h, i, e, f: (12 * e * h * i, "byte"),
      "W read, q and qt written, 12 E H I bytes; next: once per optimizer step (cached W), or the dgrad "
      "reading the forward form (qt not written)"),
