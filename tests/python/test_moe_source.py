@@ -140,27 +140,18 @@ def test_gather_source_padded_routing(device, blocking):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("scaled", [False, True])
-def test_gather_source_cuda_equals_cpu(scaled):
-    T, k, E, H = 129, 2, 7, 384
-    offs, perm, inv = _routing(T, k, E, "cpu", seed=4)
-    x = torch.randn(T, H, dtype=BF16)
-    rs = torch.rand(T, k) if scaled else None
-    args = lambda d: (ops.SOURCE_GATHER, x.to(d), None, perm.to(d), None if rs is None else rs.to(d), k, 0, 1.0, 0.0,  # noqa: E731
-                      0.0, offs.to(d), 128, 128, False, 0, Q | S, QT | S, BF16)
-    _same_outputs([t.cpu() for t in ops.quantize_fused_source(*args("cuda"))], ops.quantize_fused_source(*args("cpu")))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("scaled", [False, True])
-def test_gather_source_many_tiles_cuda_equals_cpu(scaled):
-    """Enough tiles that every CTA of the GPU pass takes many (64K routed rows x 8 column tiles): its
-    steady-state loop (copies issued two tiles ahead into three buffers), which the small shapes above
-    never reach past a CTA's first tiles. The layer's padded routing, -1 on the padding rows."""
+@pytest.mark.parametrize("many_tiles", [False, True])
+def test_gather_source_cuda_equals_cpu(scaled, many_tiles):
+    """many_tiles: enough tiles that every CTA of the GPU pass takes many (64K routed rows x 8 column
+    tiles), so its steady-state loop runs (copies issued two tiles ahead into three buffers), which the
+    small shape never reaches past a CTA's first tiles; with the layer's padded routing (-1 rows)."""
     from mxmoe.backends.phases import align_routing
 
-    T, k, E, H = 8192, 8, 64, 1024
-    offs, perm, inv = align_routing(*_routing(T, k, E, "cpu", seed=5), 16)
-    assert bool((perm < 0).any())
+    T, k, E, H = (8192, 8, 64, 1024) if many_tiles else (129, 2, 7, 384)
+    offs, perm, inv = _routing(T, k, E, "cpu", seed=5 if many_tiles else 4)
+    if many_tiles:
+        offs, perm, inv = align_routing(offs, perm, inv, 16)
+        assert bool((perm < 0).any())
     x = torch.randn(T, H, dtype=BF16)
     rs = torch.rand(T, k) if scaled else None
     args = lambda d: (ops.SOURCE_GATHER, x.to(d), None, perm.to(d), None if rs is None else rs.to(d), k, 0, 1.0, 0.0,  # noqa: E731
