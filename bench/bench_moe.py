@@ -33,6 +33,9 @@ with grads for x, topk_weights, w13, w2 (and the biases where the model has them
   mxmoe_tile128_unfused  (only when named) mxmoe_tile128 with the layer's epilogue fusions off: SwiGLU
                      and dSwiGLU run as quantize passes over a stored h / dY' instead of in GEMM1's and
                      the down-projection dgrad's epilogues; the same run then shows what they buy
+  mxmoe_bf16_gather  (only when named) mxmoe_bf16 with the up projection and the down-projection
+                     dgrad reading the routed rows inside the GEMM (the bf16 gather kernel, not yet
+                     the default) instead of gathering them first for torch._grouped_mm
 Routing (outside the timed step, seeded): router logits = x @ R for a random bf16 R (H, E), softmax in
 fp32, top-k, renormalized (Qwen3's norm_topk_prob), weights in bf16; the load imbalance that gives is
 in each row (load_max_over_mean). Weights are bf16 N(0, 1/fan_in).
@@ -94,8 +97,10 @@ RECIPES = {"mxmoe_bf16": None, "mxmoe_tile128": "mxfp8_rceil_tile128", "mxmoe_ex
 CACHED = {"mxmoe_tile128_cached"}
 # Measurement-only impls, run when named in --moe-impls (not in the default list).
 UNFUSED = "mxmoe_tile128_unfused"
-EXTRA_IMPLS = [UNFUSED]
+BF16_GATHER = "mxmoe_bf16_gather"  # the bf16 layer with the gather GEMM on (Sm90Backend.bf16_gather_gemm)
+EXTRA_IMPLS = [UNFUSED, BF16_GATHER]
 RECIPES[UNFUSED] = "mxfp8_rceil_tile128"
+RECIPES[BF16_GATHER] = None
 MODES = ["eager", "graph"]
 GPT_OSS_ALPHA, GPT_OSS_LIMIT = 1.702, 7.0  # transformers' GptOssExperts
 
@@ -463,7 +468,12 @@ class Case:
 
     def paths(self):
         """The layer's path choice for this impl's steps: UNFUSED turns the tile128 phases' epilogue
-        fusions off while a step runs (forward and backward, also while a CUDA graph is captured)."""
+        fusions off while a step runs (forward and backward, also while a CUDA graph is captured),
+        BF16_GATHER the bf16 layer's gather GEMM on."""
+        if self.impl == BF16_GATHER:
+            from mxmoe.backends.sm90 import Sm90Backend
+
+            return _patched(Sm90Backend, bf16_gather_gemm=True)
         if self.impl != UNFUSED:
             return contextlib.nullcontext()
         from mxmoe.backends.phases import Tile128Phases

@@ -206,6 +206,26 @@ MXMOE_API mxmoe_status mxmoe_grouped_mm_tile128_gather_swiglu(
     float limit, float up_offset, mxmoe_scale_mode mode, mxmoe_tensor* h, mxmoe_tensor* act_q,
     mxmoe_tensor* act_scale, mxmoe_tensor* act_qt, mxmoe_tensor* act_scale_t, void* stream);
 
+/* mxmoe_grouped_mm_bf16_gather: the bf16 MoE layer's GEMM on routed rows of a per-token operand
+ * (no routed copy of A exists):
+ *   out (M, N) bf16 = A[rows] . B[g] per row group, fp32 accumulation rounded once, GEMM row r reading
+ *   row gather[r] / fanout of A (T, K) bf16 (contiguous); gather (M,) int32 contiguous, indices
+ *   clamped into [0, T * fanout), a negative one gives a zero row (padding); B[g] (N, K) with b_kn 0
+ *   (out = A B[g]^T: the up projection's w13 (E, 2I, H)) or (K, N) with b_kn 1 (out = A B[g]: the
+ *   down projection's dgrad reading w2 (E, H, I) as it lies), bf16, contiguous; offs (G) int32 group
+ *   ends (clamped as mxmoe_grouped_mm_tile128); rows past the last group are written as zeros. On the
+ *   host a reference computes each sum in fp32 in K order; on a device only the sm_90a kernel runs it
+ *   (no workspace; its fp32 sums in the tensor cores' order), UNSUPPORTED elsewhere.
+ * mxmoe_grouped_mm_bf16_gather_available: 1 when that call (M routed rows, N, K, G groups, T rows of
+ *   A, fanout, b_kn) runs on `device` (-1: the host, always), else 0. The kernel takes K a multiple of
+ *   8 (K-major B) or of 64 (b_kn 1) and N a multiple of 8 (K-major B) or of 64 (b_kn 1).
+ */
+MXMOE_API int32_t mxmoe_grouped_mm_bf16_gather_available(int64_t m, int64_t n, int64_t k, int64_t g, int64_t t,
+                                                         int64_t fanout, int32_t b_kn, int32_t device);
+MXMOE_API mxmoe_status mxmoe_grouped_mm_bf16_gather(const mxmoe_tensor* a, const mxmoe_tensor* gather,
+                                                    int64_t fanout, const mxmoe_tensor* b, int32_t b_kn,
+                                                    const mxmoe_tensor* offs, mxmoe_tensor* out, void* stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -47,6 +47,10 @@ Ops (schemas in src/ops/library.cpp):
   moe_routing(topk_idx, num_experts) -> (offs (E,), perm (T*k,), inv (T, k)) int32: stable expert order
       of the router's choices (ids outside [0, E) dropped to the end); no host sync
   moe_gather(x, perm, k, row_scale?, out_dtype) -> x[perm // k] (* row_scale.flat[perm]) (T*k, H)
+  moe_gather_mm_bf16(x, perm, k, w, w_kn, offs) -> x[perm // k] @ w[g]^T (w (G, N, K)) or @ w[g] (w_kn:
+      (G, K, N)) per group of offs, (T*k, N) bf16, the rows read in the GEMM (no gathered copy; rows past
+      the groups 0): the bf16 MoE layer's up projection and down-projection dgrad (sm_90a kernel; a
+      reference on the CPU; moe_gather_mm_bf16_available(m, n, kdim, groups, t, fanout, w_kn, device))
   moe_combine(y, inv, weights?, out_dtype) -> sum_j w[t, j] * y[inv[t, j]] (T, H), fp32, j in order
   moe_combine_weight_grad(dout, y, inv) -> dw (T, k) f32 = <dout[t], y[inv[t, j]]>
   moe_swiglu_weight_grad(dy, h, inv, layout, alpha, limit, up_offset) -> dw (T, k) f32
@@ -481,6 +485,7 @@ SWIGLU_GPT_OSS = (1.702, 7.0, 1.0)          # gpt-oss: clamped gate/up, sigmoid(
 moe_routing = _python_op("moe_routing")
 moe_gather = _python_op("moe_gather")
 moe_combine = _python_op("moe_combine")
+moe_gather_mm_bf16 = _python_op("moe_gather_mm_bf16")
 moe_combine_weight_grad = _python_op("moe_combine_weight_grad")
 moe_swiglu_weight_grad = _python_op("moe_swiglu_weight_grad")
 moe_group_sum = _python_op("moe_group_sum")
@@ -488,7 +493,8 @@ swiglu = _python_op("swiglu")
 swiglu_backward = _python_op("swiglu_backward")
 
 __all__ += [
-    "moe_routing", "moe_gather", "moe_combine", "moe_combine_weight_grad", "moe_swiglu_weight_grad",
+    "moe_routing", "moe_gather", "moe_gather_mm_bf16", "moe_combine", "moe_combine_weight_grad",
+    "moe_swiglu_weight_grad",
     "moe_group_sum", "swiglu", "swiglu_backward", "SWIGLU_CONCAT", "SWIGLU_INTERLEAVED", "SWIGLU_STANDARD",
     "SWIGLU_GPT_OSS",
 ]
@@ -513,6 +519,14 @@ def _(x, perm, k, row_scale, out_dtype):
     _dims(x, "x", 2)
     _dims(perm, "perm", 1)
     return x.new_empty((perm.shape[0], x.shape[1]), dtype=out_dtype)
+
+
+@_fake("moe_gather_mm_bf16")
+def _(x, perm, k, w, w_kn, offs):
+    _dims(x, "x", 2)
+    _dims(perm, "perm", 1)
+    _dims(w, "w", 3)
+    return x.new_empty((perm.shape[0], w.shape[2] if w_kn else w.shape[1]), dtype=torch.bfloat16)
 
 
 @_fake("moe_combine")

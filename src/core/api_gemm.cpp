@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/error.hpp"
@@ -547,6 +548,77 @@ mxmoe_status mxmoe_grouped_mm_tile128_gather_swiglu(
 #endif
   } else {
     gather_swiglu_host(x);
+  }
+  MXMOE_API_END
+}
+
+int32_t mxmoe_grouped_mm_bf16_gather_available(int64_t m, int64_t n, int64_t k, int64_t g, int64_t t,
+                                               int64_t fanout, int32_t b_kn, int32_t device) {
+  if (m < 0 || n < 0 || k < 0 || g < 0 || t < 0 || fanout < 1 || (b_kn != 0 && b_kn != 1) || device < -1) return 0;
+  if (device < 0) return 1;  // the host reference takes every call
+#if defined(MXMOE_WITH_CUDA)
+  try {
+    return cuda::grouped_mm_bf16_gather_available(m, n, k, g, t, fanout, b_kn != 0, device) ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
+#else
+  return 0;
+#endif
+}
+
+mxmoe_status mxmoe_grouped_mm_bf16_gather(const mxmoe_tensor* a_, const mxmoe_tensor* gather_, int64_t fanout,
+                                          const mxmoe_tensor* b_, int32_t b_kn, const mxmoe_tensor* offs_,
+                                          mxmoe_tensor* out_, void* stream) {
+  MXMOE_API_BEGIN
+  const mxmoe_tensor& a = require(a_, "a");
+  check_dtype(a, "a", {MXMOE_DTYPE_BF16});
+  check_ndim(a, "a", {2});
+  check_backend(a.device, "a");
+  check_contiguous(a, "a");
+  const int64_t T = a.shape[0], K = a.shape[1];
+  const mxmoe_tensor& gather = check_gather_index(gather_);
+  check_device(gather, "gather", a.device);
+  check_contiguous(gather, "gather");
+  const int64_t M = gather.shape[0];
+  if (fanout < 1 || (T > 0 && fanout > ((int64_t{1} << 31) - 1) / T))
+    fail("fanout: expected 1 <= fanout and T * fanout < 2^31 (T = ", T, "), got ", fanout);
+  if (b_kn != 0 && b_kn != 1) fail("b_kn: expected 0 (b is (G, N, K)) or 1 (b is (G, K, N)), got ", b_kn);
+  const mxmoe_tensor& b = require(b_, "b");
+  check_dtype(b, "b", {MXMOE_DTYPE_BF16});
+  check_ndim(b, "b", {3});
+  check_device(b, "b", a.device);
+  check_contiguous(b, "b");
+  const int64_t G = b.shape[0], N = b.shape[b_kn ? 2 : 1], bk = b.shape[b_kn ? 1 : 2];
+  if (bk != K)
+    fail("b: expected the contraction dim (", b_kn ? "dim 1, b_kn = 1" : "dim 2, b_kn = 0", ") ", K,
+         " to match a, got ", bk);
+  const mxmoe_tensor& offs = require(offs_, "offs");
+  api::check_offs(offs, a.device);
+  check_shape(offs, "offs", {G});
+  const mxmoe_tensor& out = require(out_, "out");
+  check_dtype(out, "out", {MXMOE_DTYPE_BF16});
+  check_shape(out, "out", {M, N});
+  check_device(out, "out", a.device);
+  check_contiguous(out, "out");
+  for (const auto& [t, name] : {std::pair<const mxmoe_tensor*, const char*>{&a, "a"}, {&gather, "gather"}, {&b, "b"},
+                                {&offs, "offs"}})
+    check_no_overlap(out, "out", *t, name);
+  Bf16GatherMMArgs x;
+  x.a = a;
+  x.gather = gather;
+  x.b = b;
+  x.offs = offs;
+  x.out = out;
+  x.fanout = fanout;
+  x.b_kn = b_kn != 0;
+  x.stream = stream;
+  if (a.device >= 0) {
+#if defined(MXMOE_WITH_CUDA)
+    cuda::grouped_mm_bf16_gather(x);
+#endif
+  } else {
+    cpu::grouped_mm_bf16_gather(x);
   }
   MXMOE_API_END
 }

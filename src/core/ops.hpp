@@ -69,6 +69,15 @@ struct GroupedMMGatherArgs {
   OptTensor row_scale;  // (T, fanout) f32
 };
 
+// mxmoe_grouped_mm_bf16_gather: out (M, N) bf16 = A[rows] (T, K) bf16 . B[g], B[g] (N, K) or, b_kn,
+// (K, N); gather and fanout as GroupedMMGatherArgs; rows past the groups zero.
+struct Bf16GatherMMArgs {
+  mxmoe_tensor a{}, gather{}, b{}, offs{}, out{};
+  int64_t fanout = 1;
+  bool b_kn = false;
+  void* stream = nullptr;
+};
+
 // mxmoe_grouped_mm_tile128_gather_dswiglu: g.mm.out describes dY' (M, I) bf16 (on a device only its
 // shape: its data is dh_q's bytes, never written), g.row_scale is present.
 struct GatherDSwigluArgs {
@@ -144,6 +153,7 @@ void scales_from_blocked(const BlockedArgs& args);
 void grouped_mm(const GroupedMMArgs& args);
 void grouped_mm_kgroups(const GroupedMMKArgs& args);
 void grouped_mm_gather(const GroupedMMGatherArgs& args);  // routed rows materialized, then grouped_mm
+void grouped_mm_bf16_gather(const Bf16GatherMMArgs& args);  // fp32 sums in K order
 }  // namespace cpu
 
 #if defined(MXMOE_WITH_CUDA)
@@ -169,6 +179,10 @@ void grouped_mm_tile128_gather_dswiglu(const GatherDSwigluArgs& args);
 bool grouped_mm_tile128_gather_swiglu_available(int64_t m, int64_t i, int64_t k, int64_t g, int64_t a_rows,
                                                 int64_t fanout, int32_t layout, int32_t device);
 void grouped_mm_tile128_gather_swiglu(const GatherSwigluArgs& args);
+// The bf16 gather GEMM (cuda/gemm/gemm_bf16_gather.cu; the sm_90a kernel only).
+bool grouped_mm_bf16_gather_available(int64_t m, int64_t n, int64_t k, int64_t g, int64_t a_rows, int64_t fanout,
+                                      bool b_kn, int32_t device);
+void grouped_mm_bf16_gather(const Bf16GatherMMArgs& args);
 
 void quantize(const QuantizeArgs& args);
 void dequantize(const DequantizeArgs& args);

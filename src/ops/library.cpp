@@ -62,6 +62,9 @@ STABLE_TORCH_LIBRARY(mxmoe, m) {
   // MoE kernel family (ops_moe.cpp; layouts and numerics in include/mxmoe/mxmoe.h).
   m.def("moe_routing(Tensor topk_idx, int num_experts) -> (Tensor offs, Tensor perm, Tensor inv)");
   m.def("moe_gather(Tensor x, Tensor perm, int k, Tensor? row_scale, ScalarType out_dtype) -> Tensor");
+  m.def("moe_gather_mm_bf16(Tensor x, Tensor perm, int k, Tensor w, bool w_kn, Tensor offs) -> Tensor");
+  m.def("moe_gather_mm_bf16_available(int m, int n, int kdim, int groups, int t, int fanout, bool w_kn, "
+        "int device) -> bool");
   m.def("moe_combine(Tensor y, Tensor inv, Tensor? weights, ScalarType out_dtype) -> Tensor");
   m.def("moe_combine_weight_grad(Tensor dout, Tensor y, Tensor inv) -> Tensor");
   m.def("moe_swiglu_weight_grad(Tensor dy, Tensor h, Tensor inv, int layout, float alpha, float limit, "
@@ -105,6 +108,7 @@ STABLE_TORCH_LIBRARY(mxmoe, m) {
 #define MXMOE_MOE_KERNELS(m)                                               \
   m.impl("moe_routing", TORCH_BOX(&moe_routing));                          \
   m.impl("moe_gather", TORCH_BOX(&moe_gather));                            \
+  m.impl("moe_gather_mm_bf16", TORCH_BOX(&moe_gather_mm_bf16));            \
   m.impl("moe_combine", TORCH_BOX(&moe_combine));                          \
   m.impl("moe_combine_weight_grad", TORCH_BOX(&moe_combine_weight_grad));  \
   m.impl("moe_swiglu_weight_grad", TORCH_BOX(&moe_swiglu_weight_grad));    \
@@ -125,5 +129,6 @@ STABLE_TORCH_LIBRARY_IMPL(mxmoe, CompositeExplicitAutograd, m) {
   m.impl("build_info", TORCH_BOX(&build_info));
   m.impl("sm90_gemm_config", TORCH_BOX(&sm90_gemm_config));
   m.impl("moe_tile128_dswiglu_available", TORCH_BOX(&moe_tile128_dswiglu_available));
+  m.impl("moe_gather_mm_bf16_available", TORCH_BOX(&moe_gather_mm_bf16_available));
   m.impl("capture_id", TORCH_BOX(&capture_id));
 }

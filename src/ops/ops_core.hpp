@@ -113,6 +113,11 @@ std::tuple<Tensor, Tensor> moe_exact_backward(MXMOE_SOURCE_ARGS, Tensor w_q, Ten
 // per-group row sums, SwiGLU forward/backward.
 std::tuple<Tensor, Tensor, Tensor> moe_routing(Tensor topk_idx, int64_t num_experts);
 Tensor moe_gather(Tensor x, Tensor perm, int64_t k, OptTensor row_scale, ScalarType out_dtype);
+// The bf16 layer's gather GEMM: x[perm // k] (M, K) . w[g] per group of offs, w (G, N, K) or, w_kn,
+// (G, K, N) (mxmoe_grouped_mm_bf16_gather); and whether a device takes that call.
+Tensor moe_gather_mm_bf16(Tensor x, Tensor perm, int64_t k, Tensor w, bool w_kn, Tensor offs);
+bool moe_gather_mm_bf16_available(int64_t m, int64_t n, int64_t kdim, int64_t groups, int64_t t, int64_t fanout,
+                                  bool w_kn, int64_t device);
 Tensor moe_combine(Tensor y, Tensor inv, OptTensor weights, ScalarType out_dtype);
 Tensor moe_combine_weight_grad(Tensor dout, Tensor y, Tensor inv);
 Tensor moe_swiglu_weight_grad(Tensor dy, Tensor h, Tensor inv, int64_t layout, double alpha, double limit,

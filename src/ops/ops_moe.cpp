@@ -60,6 +60,24 @@ Tensor moe_gather(Tensor x, Tensor perm, int64_t k, OptTensor row_scale, ScalarT
   return out;
 }
 
+Tensor moe_gather_mm_bf16(Tensor x, Tensor perm, int64_t k, Tensor w, bool w_kn, Tensor offs) {
+  const char* op = "moe_gather_mm_bf16";
+  Launch L(x);
+  const Tensor xd = dense(x), pd = dense(perm), wd = dense(w), od = dense(offs);
+  require_dims(wd, "w", 3, 3, op);
+  Tensor out = empty({size_or0(pd, 0), wd.size(w_kn ? 2 : 1)}, ScalarType::BFloat16, L.device);
+  mxmoe_tensor xv = view(xd, "x", op), pv = view(pd, "perm", op), wv = view(wd, "w", op), ov = view(od, "offs", op),
+               outv = view(out, "out", op);
+  check(mxmoe_grouped_mm_bf16_gather(&xv, &pv, k, &wv, w_kn ? 1 : 0, &ov, &outv, L.stream), op);
+  return out;
+}
+
+bool moe_gather_mm_bf16_available(int64_t m, int64_t n, int64_t kdim, int64_t groups, int64_t t, int64_t fanout,
+                                  bool w_kn, int64_t device) {
+  return mxmoe_grouped_mm_bf16_gather_available(m, n, kdim, groups, t, fanout, w_kn ? 1 : 0,
+                                                static_cast<int32_t>(device)) == 1;
+}
+
 Tensor moe_combine(Tensor y, Tensor inv, OptTensor weights, ScalarType out_dtype) {
   const char* op = "moe_combine";
   Launch L(y);

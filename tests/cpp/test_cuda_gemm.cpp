@@ -766,6 +766,44 @@ TEST(CudaGemmTile128, GatherSameBitsAsRoutedCopy) {
   g_data = Data::kFullRange;
 }
 
+// The bf16 gather GEMM (mxmoe_grouped_mm_bf16_gather, the bf16 MoE layer's up projection and down
+// projection dgrad): the contract's bits (exact operands: test_util.hpp's bf16_gather_case) with both B
+// layouts, K tails inside a k-block (K-major B), a half column tile, empty groups, padding, clamped and
+// tail rows; the shapes of the MoE layer among them.
+TEST(CudaGemm, Bf16GatherMatchesTheContract) {
+  SKIP_WITHOUT_CUDA();
+  struct Case {
+    int64_t t, k, n, fanout;
+    std::vector<int32_t> sizes;
+    bool b_kn;
+  };
+  const Case cases[] = {{300, 520, 384, 8, {400, 0, 333, 700, 16, 951}, false},
+                        {97, 160, 144, 3, {50, 128, 0, 113}, false},
+                        {200, 512, 320, 8, {300, 0, 129, 700, 471}, true},
+                        {1024, 2048, 1536, 8, {1000, 2000, 3000, 2192}, false},
+                        {1024, 2048, 768, 8, {1000, 2000, 0, 3000, 2192}, true}};
+  uint32_t seed = 60;
+  for (const Case& c : cases) {
+    mxtest::Bf16Gather g = mxtest::bf16_gather_case(c.t, c.k, c.n, c.fanout, c.sizes, c.b_kn, seed++);
+    const int64_t M = static_cast<int64_t>(g.gather.size()), G = static_cast<int64_t>(c.sizes.size());
+    if (!mxmoe_grouped_mm_bf16_gather_available(M, c.n, c.k, G, c.t, c.fanout, c.b_kn ? 1 : 0, 0))
+      GTEST_SKIP() << "the sm_90a bf16 gather kernel is not available here";
+    DevBuf da(g.a), db(g.b), doffs(g.offs), dgi(g.index), dout(Buffer({M, c.n}, MXMOE_DTYPE_BF16), false);
+    dout.poison();
+    auto va = da.view(), vb = db.view(), vo = doffs.view(), vg = dgi.view(), vout = dout.view();
+    ASSERT_EQ(mxmoe_grouped_mm_bf16_gather(&va, &vg, c.fanout, &vb, c.b_kn ? 1 : 0, &vo, &vout, nullptr), MXMOE_OK)
+        << mxmoe_last_error();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const Buffer got = dout.download(), want = mxtest::bf16_gather_expected(g);
+    int64_t diff = 0, first = -1;
+    for (int64_t i = 0; i < got.numel(); ++i)
+      if (got.data<uint16_t>()[i] != want.data<uint16_t>()[i] && diff++ == 0) first = i;
+    EXPECT_EQ(diff, 0) << "T=" << c.t << " K=" << c.k << " N=" << c.n << " b_kn=" << c.b_kn << " first at row "
+                       << (first < 0 ? -1 : first / c.n) << " col " << (first < 0 ? -1 : first % c.n) << ": got "
+                       << (first < 0 ? 0.f : got.get(first)) << " want " << (first < 0 ? 0.f : want.get(first));
+  }
+}
+
 // The gather GEMM with the dSwiGLU epilogue (mxmoe_grouped_mm_tile128_gather_dswiglu, the MoE layer's
 // down-projection dgrad): the same bytes as the gather GEMM writing dY' and the tile128 quantize pass
 // over the SWIGLU_BACKWARD source (both on the device), rows past the last group as a zero dY', and

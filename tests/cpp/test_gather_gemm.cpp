@@ -356,4 +356,46 @@ TEST(GatherSwiglu, Validation) {
   EXPECT_EQ(mxmoe_grouped_mm_tile128_gather_swiglu_available(10, 256, 128, 2, 20, 2, 1, -1), 0);
 }
 
+// The bf16 gather GEMM on the host (mxmoe_grouped_mm_bf16_gather): the contract in double, both B
+// layouts, empty groups, padding, clamped and tail rows; and its argument checks (nothing written).
+TEST(Bf16GatherGemm, HostMatchesTheContract) {
+  for (bool b_kn : {false, true}) {
+    mxtest::Bf16Gather c = mxtest::bf16_gather_case(30, 96, 48, 4, {20, 0, 37, 9}, b_kn, 51);
+    Buffer out({static_cast<int64_t>(c.gather.size()), c.N}, MXMOE_DTYPE_BF16, 0xEE);
+    auto va = c.a.view(), vg = c.index.view(), vb = c.b.view(), vo = c.offs.view(), vout = out.view();
+    ASSERT_EQ(mxmoe_grouped_mm_bf16_gather(&va, &vg, c.fanout, &vb, b_kn ? 1 : 0, &vo, &vout, nullptr), MXMOE_OK)
+        << mxmoe_last_error();
+    EXPECT_EQ(out.bytes, mxtest::bf16_gather_expected(c).bytes) << "b_kn " << b_kn;
+  }
+}
+
+TEST(Bf16GatherGemm, Validation) {
+  mxtest::Bf16Gather c = mxtest::bf16_gather_case(20, 64, 32, 2, {10, 12}, false, 52);
+  const int64_t M = static_cast<int64_t>(c.gather.size());
+  Buffer out({M, c.N}, MXMOE_DTYPE_BF16, 0xEE);
+  auto va = c.a.view(), vg = c.index.view(), vb = c.b.view(), vo = c.offs.view(), vout = out.view();
+  auto expect_error = [&](mxmoe_status st, const std::string& what) {
+    EXPECT_EQ(st, MXMOE_ERR_INVALID_ARGUMENT) << what;
+    EXPECT_NE(std::string(mxmoe_last_error()).find(what), std::string::npos) << mxmoe_last_error();
+  };
+  expect_error(mxmoe_grouped_mm_bf16_gather(&va, &vg, 0, &vb, 0, &vo, &vout, nullptr), "fanout");
+  expect_error(mxmoe_grouped_mm_bf16_gather(&va, &vg, 2, &vb, 2, &vo, &vout, nullptr), "b_kn");
+  // b read as (G, K, N): its dim 1 (32) is not a's K (64)
+  expect_error(mxmoe_grouped_mm_bf16_gather(&va, &vg, 2, &vb, 1, &vo, &vout, nullptr), "b: expected the contraction");
+  Buffer a32({c.T, c.K}, MXMOE_DTYPE_F32);
+  auto va32 = a32.view();
+  expect_error(mxmoe_grouped_mm_bf16_gather(&va32, &vg, 2, &vb, 0, &vo, &vout, nullptr), "a");
+  Buffer short_out({M - 1, c.N}, MXMOE_DTYPE_BF16);
+  auto vshort = short_out.view();
+  expect_error(mxmoe_grouped_mm_bf16_gather(&va, &vg, 2, &vb, 0, &vo, &vshort, nullptr), "out");
+  Buffer offs3({3}, MXMOE_DTYPE_I32);
+  auto vo3 = offs3.view();
+  expect_error(mxmoe_grouped_mm_bf16_gather(&va, &vg, 2, &vb, 0, &vo3, &vout, nullptr), "offs");
+  expect_error(mxmoe_grouped_mm_bf16_gather(&va, nullptr, 2, &vb, 0, &vo, &vout, nullptr), "gather");
+  for (uint8_t v : out.bytes) ASSERT_EQ(v, 0xEE);  // nothing written by the failed calls
+  EXPECT_EQ(mxmoe_grouped_mm_bf16_gather_available(10, 32, 64, 2, 20, 2, 0, -1), 1);
+  EXPECT_EQ(mxmoe_grouped_mm_bf16_gather_available(10, 32, 64, 2, 20, 2, 2, -1), 0);
+  EXPECT_EQ(mxmoe_grouped_mm_bf16_gather_available(10, 32, 64, 2, 20, 0, 0, -1), 0);
+}
+
 }  // namespace

@@ -156,4 +156,60 @@ inline Buffer row_scaled(const Buffer& y, const RoutedCopy& c, const Buffer& row
   return out;
 }
 
+// Operands of the bf16 gather GEMM (mxmoe_grouped_mm_bf16_gather): a (T, K), b (G, N, K) or, b_kn,
+// (G, K, N), values multiples of 1/8 in [-2, 2] (every product and partial sum is exact in fp32, so any
+// summation order gives the same bits); an index list in group order with padding rows (-1), indices
+// past T * fanout (clamped) and 5 tail rows past the last group.
+struct Bf16Gather {
+  int64_t T, K, N, fanout;
+  bool b_kn;
+  std::vector<int32_t> ends, gather;
+  Buffer a, b, offs, index;
+};
+inline Bf16Gather bf16_gather_case(int64_t T, int64_t K, int64_t N, int64_t fanout, const std::vector<int32_t>& sizes,
+                                   bool b_kn, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int64_t G = static_cast<int64_t>(sizes.size());
+  Bf16Gather c{T, K, N, fanout, b_kn, {}, {}, Buffer({T, K}, MXMOE_DTYPE_BF16),
+               Buffer(b_kn ? std::vector<int64_t>{G, K, N} : std::vector<int64_t>{G, N, K}, MXMOE_DTYPE_BF16), Buffer(),
+               Buffer()};
+  for (Buffer* t : {&c.a, &c.b})
+    for (int64_t i = 0; i < t->numel(); ++i) t->set(i, static_cast<float>(static_cast<int>(rng() % 33) - 16) / 8.f);
+  int32_t end = 0;
+  for (int32_t s : sizes) {
+    for (int32_t i = 0; i < s; ++i) {
+      const uint32_t u = rng() % 32;
+      c.gather.push_back(u == 0 ? -1 : (u == 1 ? static_cast<int32_t>(T * fanout + 3)
+                                               : static_cast<int32_t>(rng() % (T * fanout))));
+    }
+    c.ends.push_back(end += s);
+  }
+  for (int i = 0; i < 5; ++i) c.gather.push_back(static_cast<int32_t>(rng() % (T * fanout)));  // tail rows
+  c.offs = offsets(c.ends);
+  c.index = Buffer({static_cast<int64_t>(c.gather.size())}, MXMOE_DTYPE_I32);
+  std::memcpy(c.index.bytes.data(), c.gather.data(), c.gather.size() * 4);
+  return c;
+}
+// The contract written out in double: row r of group g is a[min(gather[r], T fanout - 1) / fanout] . b[g]
+// (zero for a padding row or a row past the last group), rounded to bf16 (exact here: see above).
+inline Buffer bf16_gather_expected(const Bf16Gather& c) {
+  const int64_t M = static_cast<int64_t>(c.gather.size());
+  Buffer out({M, c.N}, MXMOE_DTYPE_BF16, 0);
+  int64_t g = 0;
+  for (int64_t r = 0; r < M; ++r) {
+    while (g < static_cast<int64_t>(c.ends.size()) && r >= c.ends[g]) ++g;
+    const int64_t idx = std::min<int64_t>(c.gather[r], c.T * c.fanout - 1);
+    if (g == static_cast<int64_t>(c.ends.size()) || idx < 0) continue;
+    const int64_t row = idx / c.fanout;
+    for (int64_t n = 0; n < c.N; ++n) {
+      double acc = 0;
+      for (int64_t k = 0; k < c.K; ++k)
+        acc += static_cast<double>(c.a.get(row * c.K + k)) *
+               c.b.get(c.b_kn ? (g * c.K + k) * c.N + n : (g * c.N + n) * c.K + k);
+      out.set(r * c.N + n, static_cast<float>(acc));
+    }
+  }
+  return out;
+}
+
 }  // namespace mxtest

@@ -62,6 +62,9 @@ class Backend:
 
     name = "base"
     auto_priority: Optional[int] = None
+    # Whether the bf16 MoE layer (recipe=None) reads its routed rows inside the GEMM on this backend's
+    # device (ops.moe_gather_mm_bf16); else it gathers them first and runs torch._grouped_mm.
+    bf16_gather_gemm = False
 
     def auto_on(self, device: torch.device) -> bool:
         return False

@@ -51,6 +51,10 @@ class Sm90Backend(Backend):
 
     name = "sm90"
     auto_priority = 10
+    # The bf16 form of the sm_90a gather kernel (built with the tile128 GEMMs) is not yet verified on a
+    # GPU (CudaGemm.Bf16GatherMatchesTheContract, test_bf16_gather_gemm_same_bits_as_gathered_rows):
+    # off until those pass and bench_moe's mxmoe_bf16_gather shows it faster (docs/design/gemm-sm90.md).
+    bf16_gather_gemm = False
 
     def auto_on(self, device: torch.device) -> bool:
         return is_sm90(device)

@@ -194,36 +194,54 @@ def _mm(a: Tensor, b: Tensor, offs: Tensor) -> Tensor:
     return ops.dense_grouped_mm(a, b, offs)
 
 
+def _gather_mm_takes(t: Tensor, w: Tensor, k: int, w_kn: bool) -> bool:
+    """Whether ops.moe_gather_mm_bf16 runs rows of t (T, K) routed k ways times w on the GPU: the shape
+    limits of mxmoe_grouped_mm_bf16_gather_available, decided in Python so torch.compile sees a plain
+    branch (int32 rows and indices, 32-bit byte offsets of t's rows, the group table in shared memory;
+    w (E, K, N) read as it lies needs K and N multiples of 64)."""
+    T, K = t.shape
+    E, N = w.shape[0], w.shape[2] if w_kn else w.shape[1]
+    if w_kn and (K % 64 != 0 or N % 64 != 0):
+        return False
+    return K % 8 == 0 and N % 16 == 0 and 0 < E <= 2048 and E * N < 2**31 and T * K < 2**31 and T * k < 2**31
+
+
 class Bf16(torch.autograd.Function):
-    """FusedMX's data flow in bf16: x and the pre-activation h are kept, nothing of T*k rows x H. The
-    backward gathers again what it needs (dispatch(x) for dW13, the rows of dout) and recomputes act(h)
-    for dW2; the routing weights' grad comes from the unweighted dgrad and h, as on the MX paths."""
+    """FusedMX's data flow in bf16: x and the pre-activation h are kept, nothing of T*k rows x H. With
+    gather_gemm (Backend.bf16_gather_gemm; on Hopper once verified there) the up projection and the down projection's dgrad read
+    the routed rows of x and dout inside the GEMM (ops.moe_gather_mm_bf16: no gathered copy); else they
+    are gathered first. The backward gathers dispatch(x) for dW13 and the rows of dout for dW2 and
+    recomputes act(h) for dW2; the routing weights' grad comes from the unweighted dgrad and h, as on the
+    MX paths."""
 
     @staticmethod
     def forward(ctx, x, topk_idx, topk_w, w13, w2, b13, b2, mode: int, act: Swiglu, layout: int, w_up=None,
-                score_before: bool = False):
+                score_before: bool = False, gather_gemm: bool = False):
         k, E = topk_idx.shape[1], w13.shape[0]
         offs, perm, inv = ops.moe_routing(topk_idx, E)
         w13b, w2b = _cast(w13 if w_up is None else weight_cache.joined((w13, w_up)), BF16), _cast(w2, BF16)
-        # score_before: the rows scaled in fp32 and rounded once to bf16 (TorchTitan's order).
-        rs = topk_w.float().contiguous() if score_before else None
-        xs = ops.moe_gather(x, perm, k, rs, BF16)
-        h = add_group_bias(_mm(xs, w13b.transpose(-2, -1), offs), b13, offs)
-        del xs
+        if gather_gemm and not score_before and _gather_mm_takes(x, w13b, k, False):
+            h = ops.moe_gather_mm_bf16(_cast(x, BF16), perm, k, w13b, False, offs)
+        else:
+            # score_before: the rows scaled in fp32 and rounded once to bf16 (TorchTitan's order), then
+            # the GEMM: the row scale cannot move after it.
+            rs = topk_w.float().contiguous() if score_before else None
+            h = _mm(ops.moe_gather(x, perm, k, rs, BF16), w13b.transpose(-2, -1), offs)
+        h = add_group_bias(h, b13, offs)
         y = ops.swiglu(h, layout, act.alpha, act.limit, act.up_offset)
         o = add_group_bias(_mm(y, w2b.transpose(-2, -1), offs), b2, offs)
         del y
         out = ops.moe_combine(o, inv, None if score_before else topk_w, x.dtype)
         ctx.save_for_backward(h, x, w13b, w2b, offs, perm, inv, topk_w,
                               *((topk_idx, b2) if b2 is not None and not score_before else (None, None)))
-        ctx.cfg = (k, act, layout, x.dtype, w13.dtype, w2.dtype, _dtype(b13), _dtype(b2), score_before)
+        ctx.cfg = (k, act, layout, x.dtype, w13.dtype, w2.dtype, _dtype(b13), _dtype(b2), score_before, gather_gemm)
         ctx.up_rows = None if w_up is None else w_up.shape[1]
         return out
 
     @staticmethod
     def backward(ctx, dout):
         h, x_saved, w13b, w2b, offs, perm, inv, topk_w, topk_idx, b2_w = ctx.saved_tensors
-        k, act, layout, x_dtype, w13_dtype, w2_dtype, b13, b2, score_before = ctx.cfg
+        k, act, layout, x_dtype, w13_dtype, w2_dtype, b13, b2, score_before, gather_gemm = ctx.cfg
         need_x, _, need_tw, need_w13, need_w2, need_b13, need_b2 = ctx.needs_input_grad[:7]
         need_w13 = need_w13 or ctx.needs_input_grad[10]
         dout = dout.contiguous()
@@ -238,7 +256,10 @@ class Bf16(torch.autograd.Function):
             # The dgrad on the unweighted rows, dY' = gather(dout) @ w2; with the weights after the
             # experts they are applied where dY' is read next, dH = act'(h, w * dY'), and d w[t, j] =
             # <dout[t], o[n]> = <dY'[n], act(h[n])> (+ <dout[t], b2[e]>): o is not kept.
-            d_y = _mm(ops.moe_gather(dout, perm, k, None, BF16), w2b, offs)
+            if gather_gemm and _gather_mm_takes(dout, w2b, k, True):
+                d_y = ops.moe_gather_mm_bf16(_cast(dout, BF16), perm, k, w2b, True, offs)
+            else:
+                d_y = _mm(ops.moe_gather(dout, perm, k, None, BF16), w2b, offs)
             if need_tw and not score_before:
                 d_tw = ops.moe_swiglu_weight_grad(d_y, h, inv, *act_args)
                 if topk_idx is not None:  # the output bias's share of o
@@ -273,7 +294,7 @@ class Bf16(torch.autograd.Function):
                 db2 = _bias_grad(d_o, offs, b2)
             del d_o
         dw13, dw_up = _split_grad(dw13, ctx.up_rows)
-        return (dx, None, d_tw, dw13, dw2, db13, db2, None, None, None, dw_up, None)
+        return (dx, None, d_tw, dw13, dw2, db13, db2, None, None, None, dw_up, None, None)
 
 
 # ---- composed: mxmoe.grouped_mm between differentiable gather / SwiGLU / combine --------------------

@@ -8,6 +8,7 @@
 // over L in order 0..L-1, and the tiling does not depend on the thread count, so results are
 // deterministic whatever MXMOE_NUM_THREADS is.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -341,6 +342,38 @@ void grouped_mm_gather(const GroupedMMGatherArgs& ga) {
     }
   }
   zero_rows(a.out, 0, g.count() ? g.end.back() : 0, M, N);
+}
+
+void grouped_mm_bf16_gather(const Bf16GatherMMArgs& x) {
+  const int64_t T = x.a.shape[0], K = x.a.shape[1], M = x.out.shape[0], N = x.out.shape[1];
+  auto* out = static_cast<uint16_t*>(x.out.data);
+  std::fill(out, out + M * N, uint16_t{0});  // padding rows and rows past the last group
+  if (M == 0 || N == 0) return;
+  const auto* A = static_cast<const uint16_t*>(x.a.data);
+  const auto* B = static_cast<const uint16_t*>(x.b.data);
+  const auto* idx = static_cast<const int32_t*>(x.gather.data);
+  const int64_t max_index = T * x.fanout - 1;
+  const Groups g = groups_from_offsets(x.offs, M);
+  std::vector<int64_t> group_of(static_cast<size_t>(M), -1);
+  for (int64_t gi = 0; gi < g.count(); ++gi)
+    for (int64_t r = g.start[gi]; r < g.end[gi]; ++r) group_of[r] = gi;
+  // B[g]'s element (n, k): (N, K) row-major, or (K, N) with b_kn.
+  const int64_t sn = x.b_kn ? 1 : K, sk = x.b_kn ? N : 1;
+  parallel_for(M, 8, [&](int64_t r0, int64_t r1) {
+    std::vector<float> arow(static_cast<size_t>(K));
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t i = std::min<int64_t>(idx[r], max_index);
+      if (group_of[r] < 0 || i < 0) continue;
+      const uint16_t* src = A + (i / x.fanout) * K;
+      for (int64_t k = 0; k < K; ++k) arow[k] = bf16_to_f32(src[k]);
+      const uint16_t* bg = B + group_of[r] * N * K;
+      for (int64_t n = 0; n < N; ++n) {
+        float acc = 0.f;
+        for (int64_t k = 0; k < K; ++k) acc = std::fma(arow[k], bf16_to_f32(bg[n * sn + k * sk]), acc);
+        out[r * N + n] = f32_to_bf16(acc);
+      }
+    }
+  });
 }
 
 }  // namespace cpu

@@ -756,6 +756,56 @@ void grouped_mm_tile128_gather(const GroupedMMGatherArgs& ga) {
               " (mxmoe_grouped_mm_tile128_gather_available says which calls it takes)");
 }
 
+// The bf16 MoE layer's gather GEMM: the same sm_90a kernel in its bf16 form (no scales, no CUTLASS
+// path). K and A's row stride count bytes in the kernel's run.
+bool grouped_mm_bf16_gather_available(int64_t m, int64_t n, int64_t k, int64_t g, int64_t a_rows, int64_t fanout,
+                                      bool b_kn, int32_t device) {
+#if defined(MXMOE_HAVE_CUTLASS)
+  return gemm::sm90_grouped_m_gather_bf16_takes(m, n, k, g, a_rows, fanout, b_kn, device);
+#else
+  (void)m, (void)n, (void)k, (void)g, (void)a_rows, (void)fanout, (void)b_kn, (void)device;
+  return false;
+#endif
+}
+
+void grouped_mm_bf16_gather(const Bf16GatherMMArgs& x) {
+  const char* what = "grouped_mm_bf16_gather";
+  const int64_t T = x.a.shape[0], K = x.a.shape[1], M = x.out.shape[0], N = x.out.shape[1];
+  const int G = static_cast<int>(x.offs.shape[0]);
+  const DeviceProps props = require_hopper(x.a.device, what);
+  DeviceGuard guard(x.a.device, what);
+#if defined(MXMOE_HAVE_CUTLASS)
+  const auto stream = static_cast<cudaStream_t>(x.stream);
+  if (G == 0 || M == 0) {
+    if (M * N > 0) cudaMemsetAsync(x.out.data, 0, static_cast<size_t>(M * N * 2), stream);
+    check_launch(what);
+    return;
+  }
+  gemm::GroupedMGatherRun r;
+  r.m = M;
+  r.n = N;
+  r.k = 2 * K;
+  r.groups = G;
+  r.a = static_cast<const uint8_t*>(x.a.data);
+  r.b = static_cast<const uint8_t*>(x.b.data);
+  r.offs = static_cast<const int32_t*>(x.offs.data);
+  r.offs_s = x.offs.strides[0];
+  r.out = x.out.data;
+  r.out_bf16 = true;
+  r.sm_count = props.sm_count;
+  r.device = x.a.device;
+  r.stream = stream;
+  r.gather = static_cast<const int32_t*>(x.gather.data);
+  r.fanout = x.fanout;
+  r.a_rows = T;
+  r.lda = 2 * K;
+  if (gemm::sm90_grouped_m_gather_bf16(r, x.b_kn)) return;
+#endif
+  fail_status(MXMOE_ERR_UNSUPPORTED, what, ": the sm_90a gather kernel does not take M = ", M, ", N = ", N,
+              ", K = ", K, ", G = ", G, ", T = ", T, ", fanout = ", x.fanout, ", b_kn = ", x.b_kn ? 1 : 0,
+              " (mxmoe_grouped_mm_bf16_gather_available says which calls it takes)");
+}
+
 bool grouped_mm_tile128_gather_dswiglu_available(int64_t m, int64_t i, int64_t k, int64_t g, int64_t a_rows,
                                                  int64_t fanout, int32_t layout, int32_t device) {
 #if defined(MXMOE_HAVE_CUTLASS)

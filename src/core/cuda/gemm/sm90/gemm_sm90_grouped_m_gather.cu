@@ -21,6 +21,9 @@ namespace {
 // The one configuration: BlockN 128, the stages of the TMA kernel at BlockN 128 with bf16 output
 // (5), no cluster (the producer warpgroup copies A; multicast of B is not wired for it).
 using Kernel = sm90::GroupedMGather<128, 5, __nv_bfloat16>;
+// The bf16 forms (the bf16 MoE layer): the same 32 KB stages (128-byte k-blocks of 64 elements).
+using Bf16Kernel = sm90::GroupedMGather<128, 5, __nv_bfloat16, true, false>;
+using Bf16KnKernel = sm90::GroupedMGather<128, 5, __nv_bfloat16, true, true>;
 // The dSwiGLU epilogue's variant: the same mainloop with 3 stages beside its hand-over buffers (64 KB).
 // 3 stages measured 11% faster than 4 at Qwen3-30B-A3B 16K (H100, same run), most likely because the
 // shared memory left over is L1, which the epilogue's loads of h go through (docs/design/gemm-sm90.md).
@@ -43,7 +46,11 @@ bool launch_gather(const GroupedMGatherRun& r, sm90::GroupedMParams& p, const ch
       sm90::grouped_m_kernel<K>;
   const int limit = sm90_prepare_smem(reinterpret_cast<const void*>(kernel), r.device);
   if (K::smem_bytes(r.groups) > static_cast<size_t>(limit)) return false;
-  const CUtensorMap mb = kmajor_map(r.b, r.k, static_cast<uint64_t>(r.groups) * r.n, r.k, K::kBlockN / 2);
+  // B's boxes: BlockN / 2 rows of 128 bytes of K; MN-major (bf16 B[g] (K, N), r.k bytes): 64 K rows of
+  // 128 bytes (64 columns) of N.
+  const CUtensorMap mb =
+      K::kBMajorMN ? kmajor_map(r.b, 2 * r.n, static_cast<uint64_t>(r.groups) * (r.k / 2), 2 * r.n, 64)
+                   : kmajor_map(r.b, r.k, static_cast<uint64_t>(r.groups) * r.n, r.k, K::kBlockN / 2);
   // The tile order's columns: tiles, or pairs of tiles (nt is even there: n % 256 == 0).
   const int64_t nt = (r.n + K::kBlockN - 1) / K::kBlockN / (K::kPairs ? 2 : 1);
   p.band_div = sm90::make_fast_div(static_cast<uint32_t>(K::kBand * nt));
@@ -97,6 +104,26 @@ bool sm90_grouped_m_gather(const GroupedMGatherRun& r) {
   if (reinterpret_cast<uintptr_t>(r.a) % 16 != 0 || reinterpret_cast<uintptr_t>(r.b) % 16 != 0) return false;
   sm90::GroupedMParams p = sm90::grouped_m_params(r);
   return launch_gather<Kernel>(r, p, "grouped_mm_tile128_gather", false);
+}
+
+bool sm90_grouped_m_gather_bf16_takes(int64_t m, int64_t n, int64_t k, int64_t groups, int64_t a_rows,
+                                      int64_t fanout, bool b_kn, int device) {
+  if (k % 8 != 0 || (b_kn && (k % 64 != 0 || n % 64 != 0)) || k >= (int64_t{1} << 30)) return false;
+  if (!gather_shape_ok(m, n, 2 * k, groups, a_rows, 2 * k, fanout, device)) return false;
+  if (b_kn && 2 * n * groups * k >= (int64_t{1} << 40)) return false;
+  return Bf16Kernel::smem_bytes(static_cast<int>(std::min<int64_t>(groups, 1 << 20))) <= 227 * 1024;
+}
+
+bool sm90_grouped_m_gather_bf16(const GroupedMGatherRun& r, bool b_kn) {
+  if (!sm90_grouped_m_gather_bf16_takes(r.m, r.n, r.k / 2, r.groups, r.a_rows, r.fanout, b_kn, r.device) ||
+      r.lda != r.k || !r.out_bf16)
+    return false;
+  for (const void* q : {static_cast<const void*>(r.a), static_cast<const void*>(r.b), static_cast<const void*>(r.out)})
+    if (reinterpret_cast<uintptr_t>(q) % 16 != 0) return false;
+  sm90::GroupedMParams p = sm90::grouped_m_params(r);
+  p.bias = nullptr;
+  return b_kn ? launch_gather<Bf16KnKernel>(r, p, "grouped_mm_bf16_gather", false)
+              : launch_gather<Bf16Kernel>(r, p, "grouped_mm_bf16_gather", false);
 }
 
 bool sm90_grouped_m_gather_dswiglu_takes(int64_t m, int64_t n, int64_t k, int64_t groups, int64_t a_rows,

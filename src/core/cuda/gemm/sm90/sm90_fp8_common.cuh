@@ -52,6 +52,13 @@ struct WgmmaOp<192> {
   using Op = cute::SM90::GMMA::MMA_64x192x32_F32E4M3E4M3_SS_TN<>;
 };
 
+// The bf16 gather variant's wgmma (BlockN 128, k16 steps of 32 bytes): A K-major, B K-major or MN-major.
+template <bool BMajorMN>
+struct WgmmaOpBf16 {
+  using Op = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<
+      cute::SM90::GMMA::Major::K, BMajorMN ? cute::SM90::GMMA::Major::MN : cute::SM90::GMMA::Major::K>;
+};
+
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -65,6 +72,16 @@ __device__ __forceinline__ uint64_t kmajor_sw128_desc(const void* p) {
   uint64_t d = static_cast<uint64_t>((a & 0x3FFFF) >> 4);
   d |= static_cast<uint64_t>(1024 >> 4) << 32;
   d |= 1ull << 62;
+  return d;
+}
+
+// wgmma shared-memory descriptor of an MN-major 16-bit tile written by TMA with 128-byte swizzle as
+// boxes of 64 MN elements (128 bytes) x K rows: row k of a box is K index k, 8-row core groups 1024
+// bytes apart (SBO), the next 64 MN elements `lbo` bytes on (LBO: the next box). A k16 step advances
+// the start address by 16 rows (2048 bytes).
+__device__ __forceinline__ uint64_t mnmajor_sw128_desc(const void* p, uint32_t lbo) {
+  uint64_t d = kmajor_sw128_desc(p);
+  d |= static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16;
   return d;
 }
 

@@ -28,6 +28,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include <cub/block/block_scan.cuh>
@@ -139,6 +140,13 @@ struct GroupedM {
   static_assert(kCluster == 1 || kCluster == 2, "cluster of 1 or 2 CTAs");
   // A rows read through an index by the producer warpgroup (GroupedMGather), not by TMA.
   static constexpr bool kGather = false;
+  // bf16 operands (GroupedMGather's bf16 form, the bf16 MoE layer): a k-block is 128 bytes of K as
+  // here (64 elements: 4 k16 wgmmas), p.k and A's row stride count bytes, no scales; the wgmmas
+  // accumulate every k-block in place (no promotion). B MN-major (kBMajorMN): B[g] is (K, N), loaded
+  // as two boxes of 64 K rows x 64 columns per stage.
+  static constexpr bool kBf16 = false;
+  static constexpr bool kBMajorMN = false;
+  using Mma = typename WgmmaOp<BlockN_>::Op;
   // A fused epilogue (GroupedMGatherDSwiglu, GroupedMGatherSwiglu: K::handoff, K::epilogue_tile,
   // K::prefetch_tile, K::tail) instead of the stored output, with its shared memory after the epilogue
   // buffer and a third group table (32-row runs before each group).
@@ -201,10 +209,19 @@ struct GroupedM {
 // copies arriving on the stage's full barrier when they land (cp.async.mbarrier.arrive.noinc); B
 // stays a TMA load. No T*k-row copy of the operand exists. One CTA per cluster, the thread layout of
 // the other warps as in GroupedM.
-template <int BlockN_, int Stages_, class Out_>
+//
+// Bf16_: the bf16 form (kBf16 above) of the MoE layer's bf16 data flow, B K-major (B[g] (N, K), the up
+// projection's w13) or, with BMajorMN_, MN-major (B[g] (K, N), the down projection's dgrad reading w2
+// (E, H, I) as it is: K = H a multiple of 64, so a box never reads the next expert's rows).
+template <int BlockN_, int Stages_, class Out_, bool Bf16_ = false, bool BMajorMN_ = false>
 struct GroupedMGather : GroupedM<BlockN_, Stages_, Out_> {
   static constexpr bool kGather = true;
   static constexpr int kCopyThreads = 128;  // the producer warpgroup
+  static constexpr bool kBf16 = Bf16_;
+  static constexpr bool kBMajorMN = BMajorMN_;
+  static_assert(!BMajorMN_ || Bf16_, "MN-major B: bf16 only (FP8 wgmmas read K-major operands)");
+  static_assert(!Bf16_ || BlockN_ == 128, "bf16: BlockN 128");
+  using Mma = std::conditional_t<Bf16_, typename WgmmaOpBf16<BMajorMN_>::Op, typename WgmmaOp<BlockN_>::Op>;
 };
 
 struct TileCoord {
@@ -303,7 +320,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     grouped_m_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                      const __grid_constant__ CUtensorMap tma_out, const GroupedMParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using Op = typename WgmmaOp<K::kBlockN>::Op;
+  using Op = typename K::Mma;
   using Out = typename K::Out;
   constexpr int kHalfB = K::kBBytes / 2;  // the B box is loaded as two halves of kBlockN / 2 rows
   // 128-byte swizzled TMA tiles need 1024-byte aligned bases; the dynamic base is not guaranteed to
@@ -472,8 +489,15 @@ __global__ void __launch_bounds__(K::kThreads, 1)
           if (tid == 0) {
             cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[s], K::kBBytes);
             uint8_t* b = smem_b + s * K::kBBytes;
-            tma_load_2d(&tma_b, &full[s], b, k0, brow);
-            tma_load_2d(&tma_b, &full[s], b + kHalfB, k0, brow + K::kBlockN / 2);
+            if constexpr (K::kBMajorMN) {
+              // B[g] (K, N) bf16: K rows g K + k0 / 2 .. + 63, columns n0 .. n0 + 63 and n0 + 64 .. (bytes)
+              const int krow = sl.c.g * (p.k / 2) + k0 / 2;
+              tma_load_2d(&tma_b, &full[s], b, 2 * sl.c.n0, krow);
+              tma_load_2d(&tma_b, &full[s], b + kHalfB, 2 * sl.c.n0 + 128, krow);
+            } else {
+              tma_load_2d(&tma_b, &full[s], b, k0, brow);
+              tma_load_2d(&tma_b, &full[s], b + kHalfB, k0, brow + K::kBlockN / 2);
+            }
           }
           const bool col_in = k0 + 16 * chunk < p.k;
           uint8_t* a_dst = smem_a + s * K::kABytes + dst_off;
@@ -590,135 +614,172 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         ar0 = max(src0, 0);
         ar1 = max(src1, 0);
       }
-      const uint8_t* sa0 = p.a_scale + static_cast<int64_t>(ar0) * p.as_s0;
-      const uint8_t* sa1 = p.a_scale + static_cast<int64_t>(ar1) * p.as_s0;
-      const int ib0 = c.n0 / 128, ib1 = min(ib0 + 1, nb - 1);
-      const uint8_t* sb0 = p.b_scale + c.g * p.bs_s0 + static_cast<int64_t>(ib0) * 128 * p.bs_s1;
-      const uint8_t* sb1 = p.b_scale + c.g * p.bs_s0 + static_cast<int64_t>(ib1) * 128 * p.bs_s1;
-      const int jb = (128 - c.n0 % 128) / 8;  // 8-column chunks [0, jb) are in weight tile ib0
-      // Scales, 4 k-blocks per load: lane q of each quad (the 4 lanes holding the same rows) loads the
-      // scale bytes of k-block kb4 + q, and a k-block's scale products reach the quad by shuffle. One
-      // row's bytes of 4 k-blocks sit in one 16-byte span, so a warp's load touches 8 cache lines per 4
-      // k-blocks instead of per k-block, and a math thread issues 3 byte loads and decodes per 4
-      // k-blocks instead of per k-block (a shorter per-k-block instruction stream: docs/design/gemm-sm90.md).
-      struct ScaleBytes {
-        uint32_t a0, a1, b0, b1;
-      };
-      struct ScaleProducts {
-        float s00, s10, s01, s11;  // (row r0 / r0 + 8) x (weight tile ib0 / ib1)
-      };
-      auto load_scales = [&](int kb4) {
-        const int kb = min(kb4 + (lane & 3), kblocks - 1);  // past the last k-block: a harmless reload
-        ScaleBytes e;
-        e.a0 = __ldg(sa0 + 4 * kb);
-        e.a1 = __ldg(sa1 + 4 * kb);
-        if constexpr (K::kGather) {
-          if (src0 < 0) e.a0 = 127u;
-          if (src1 < 0) e.a1 = 127u;
-        }
-        e.b0 = __ldg(sb0 + 4 * kb);
-        e.b1 = K::kBlockN > 128 ? __ldg(sb1 + 4 * kb) : 0u;
-        return e;
-      };
-      auto products = [&](const ScaleBytes& e) {
-        const float a0 = e8m0_f32(e.a0), a1 = e8m0_f32(e.a1), b0 = e8m0_f32(e.b0);
-        const float b1 = K::kBlockN > 128 ? e8m0_f32(e.b1) : b0;
-        return ScaleProducts{a0 * b0, a1 * b0, a0 * b1, a1 * b1};
-      };
-      // This lane's products of its quad's k-block group (cur) and the bytes of the next group (raw,
-      // loaded 4 k-blocks before they are used).
-      ScaleBytes raw = load_scales(0);
-      ScaleProducts cur{};
-      // The products of k-block kb, taken from lane kb % 4 of this quad; at a group's first k-block the
-      // group's products are formed and the next group's bytes are loaded.
-      auto scales_of = [&](int kb) {
-        if ((kb & 3) == 0) {
-          cur = products(raw);
-          raw = load_scales(kb + 4);
-        }
-        const int src = (lane & ~3) | (kb & 3);
-        ScaleProducts t;
-        t.s00 = __shfl_sync(0xffffffffu, cur.s00, src);
-        t.s10 = __shfl_sync(0xffffffffu, cur.s10, src);
-        t.s01 = K::kBlockN > 128 ? __shfl_sync(0xffffffffu, cur.s01, src) : t.s00;
-        t.s11 = K::kBlockN > 128 ? __shfl_sync(0xffffffffu, cur.s11, src) : t.s10;
-        return t;
-      };
-      // Per k-block: wait for its stage, issue its 4 wgmmas into `a` (async), later wait, release the
-      // stage to both producers and promote `a` into fin with the block's scale products (taken
-      // before the wait). The wgmma descriptors are the stage-0 ones plus the stage's and the k32
-      // step's offsets (16-byte units).
-      const uint64_t da0 = kmajor_sw128_desc(smem_a + mw * 64 * K::kBlockK), db0 = kmajor_sw128_desc(smem_b);
-      auto issue = [&](float(&a)[K::kAcc]) {
-        const int s = ri.s;
-        cutlass::arch::ClusterBarrier::wait(&full[s], ri.ph);
-        ri.advance();
-        // cp.async wrote A through the generic proxy; the wgmmas read it through the async proxy.
-        if constexpr (K::kGather) fence_async_shared();
-#pragma unroll
-        for (int q = 0; q < K::kAcc; ++q) cute::warpgroup_fence_operand(a[q]);
-        cute::warpgroup_arrive();
-        const uint64_t da = da0 + static_cast<uint32_t>(s * (K::kABytes / 16));
-        const uint64_t db = db0 + static_cast<uint32_t>(s * (K::kBBytes / 16));
-#pragma unroll
-        for (int j = 0; j < K::kBlockK / 32; ++j)
-          wgmma<Op>(da + 2 * j, db + 2 * j, a, j > 0, std::make_index_sequence<K::kAcc>{});
-        cute::warpgroup_commit_batch();
-      };
-      auto retire = [&](float(&a)[K::kAcc], const ScaleProducts& e) {
-#pragma unroll
-        for (int q = 0; q < K::kAcc; ++q) cute::warpgroup_fence_operand(a[q]);
-        const int s = rr.s;
-        rr.advance();
-        if (lane == 0) {
-          cutlass::arch::ClusterBarrier::arrive(&empty[s]);
-          if constexpr (K::kCluster > 1)
-            cutlass::arch::ClusterBarrier::arrive(&empty[s], static_cast<uint32_t>(1 - rank), 1u);
-        }
-#pragma unroll
-        for (int j = 0; j < K::kAcc / 4; ++j) {
-          const bool first = K::kBlockN == 128 || j < jb;
-          const float t0 = first ? e.s00 : e.s01, t1 = first ? e.s10 : e.s11;
-          fin[4 * j + 0] = fmaf(a[4 * j + 0], t0, fin[4 * j + 0]);
-          fin[4 * j + 1] = fmaf(a[4 * j + 1], t0, fin[4 * j + 1]);
-          fin[4 * j + 2] = fmaf(a[4 * j + 2], t1, fin[4 * j + 2]);
-          fin[4 * j + 3] = fmaf(a[4 * j + 3], t1, fin[4 * j + 3]);
-        }
-      };
-      if constexpr (K::kOverlap) {
-        // Two wgmma accumulator sets: k-block kb + 1 is issued before k-block kb is promoted, so the
-        // tensor cores have work queued while the FFMAs run (wait<1>: only the older group done).
-        issue(acc);
-        int kb = 0;
-        for (; kb + 2 < kblocks; kb += 2) {  // k-blocks kb + 1 and kb + 2 exist
-          issue(acc2);
-          const ScaleProducts e0 = scales_of(kb);
-          cute::warpgroup_wait<1>();
-          retire(acc, e0);
-          issue(acc);
-          const ScaleProducts e1 = scales_of(kb + 1);
-          cute::warpgroup_wait<1>();
-          retire(acc2, e1);
-        }
-        if (kb + 1 < kblocks) {  // two k-blocks left: kb (in flight in acc) and kb + 1
-          issue(acc2);
-          const ScaleProducts e0 = scales_of(kb);
-          cute::warpgroup_wait<1>();
-          retire(acc, e0);
-          const ScaleProducts e1 = scales_of(kb + 1);
-          cute::warpgroup_wait<0>();
-          retire(acc2, e1);
-        } else {
-          const ScaleProducts e0 = scales_of(kb);
-          cute::warpgroup_wait<0>();
-          retire(acc, e0);
-        }
-      } else {
+      if constexpr (K::kBf16) {
+        // bf16: the k-blocks' wgmmas accumulate into fin in place; k-block kb + 1 is issued before
+        // k-block kb's stage is released (wait<1>), so the tensor cores always have one queued.
+        const uint64_t da0 = kmajor_sw128_desc(smem_a + mw * 64 * K::kBlockK);
+        const uint64_t db0 = K::kBMajorMN ? mnmajor_sw128_desc(smem_b, kHalfB) : kmajor_sw128_desc(smem_b);
+        // A k16 step: 32 bytes along a K-major row; 16 rows of 128 bytes in an MN-major box (16-byte units).
+        constexpr uint32_t kBStep = K::kBMajorMN ? 2048 / 16 : 2;
+        auto release = [&] {
+          const int s = rr.s;
+          rr.advance();
+          if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&empty[s]);
+        };
         for (int kb = 0; kb < kblocks; ++kb) {
+          const int s = ri.s;
+          cutlass::arch::ClusterBarrier::wait(&full[s], ri.ph);
+          ri.advance();
+          fence_async_shared();  // cp.async wrote A through the generic proxy
+#pragma unroll
+          for (int q = 0; q < K::kAcc; ++q) cute::warpgroup_fence_operand(fin[q]);
+          cute::warpgroup_arrive();
+          const uint64_t da = da0 + static_cast<uint32_t>(s * (K::kABytes / 16));
+          const uint64_t db = db0 + static_cast<uint32_t>(s * (K::kBBytes / 16));
+#pragma unroll
+          for (int j = 0; j < K::kBlockK / 32; ++j)
+            wgmma<Op>(da + 2 * j, db + kBStep * j, fin, kb > 0 || j > 0, std::make_index_sequence<K::kAcc>{});
+          cute::warpgroup_commit_batch();
+          if (kb > 0) {
+            cute::warpgroup_wait<1>();
+            release();
+          }
+        }
+        cute::warpgroup_wait<0>();
+        release();
+#pragma unroll
+        for (int q = 0; q < K::kAcc; ++q) cute::warpgroup_fence_operand(fin[q]);
+      } else {
+        const uint8_t* sa0 = p.a_scale + static_cast<int64_t>(ar0) * p.as_s0;
+        const uint8_t* sa1 = p.a_scale + static_cast<int64_t>(ar1) * p.as_s0;
+        const int ib0 = c.n0 / 128, ib1 = min(ib0 + 1, nb - 1);
+        const uint8_t* sb0 = p.b_scale + c.g * p.bs_s0 + static_cast<int64_t>(ib0) * 128 * p.bs_s1;
+        const uint8_t* sb1 = p.b_scale + c.g * p.bs_s0 + static_cast<int64_t>(ib1) * 128 * p.bs_s1;
+        const int jb = (128 - c.n0 % 128) / 8;  // 8-column chunks [0, jb) are in weight tile ib0
+        // Scales, 4 k-blocks per load: lane q of each quad (the 4 lanes holding the same rows) loads the
+        // scale bytes of k-block kb4 + q, and a k-block's scale products reach the quad by shuffle. One
+        // row's bytes of 4 k-blocks sit in one 16-byte span, so a warp's load touches 8 cache lines per 4
+        // k-blocks instead of per k-block, and a math thread issues 3 byte loads and decodes per 4
+        // k-blocks instead of per k-block (a shorter per-k-block instruction stream: docs/design/gemm-sm90.md).
+        struct ScaleBytes {
+          uint32_t a0, a1, b0, b1;
+        };
+        struct ScaleProducts {
+          float s00, s10, s01, s11;  // (row r0 / r0 + 8) x (weight tile ib0 / ib1)
+        };
+        auto load_scales = [&](int kb4) {
+          const int kb = min(kb4 + (lane & 3), kblocks - 1);  // past the last k-block: a harmless reload
+          ScaleBytes e;
+          e.a0 = __ldg(sa0 + 4 * kb);
+          e.a1 = __ldg(sa1 + 4 * kb);
+          if constexpr (K::kGather) {
+            if (src0 < 0) e.a0 = 127u;
+            if (src1 < 0) e.a1 = 127u;
+          }
+          e.b0 = __ldg(sb0 + 4 * kb);
+          e.b1 = K::kBlockN > 128 ? __ldg(sb1 + 4 * kb) : 0u;
+          return e;
+        };
+        auto products = [&](const ScaleBytes& e) {
+          const float a0 = e8m0_f32(e.a0), a1 = e8m0_f32(e.a1), b0 = e8m0_f32(e.b0);
+          const float b1 = K::kBlockN > 128 ? e8m0_f32(e.b1) : b0;
+          return ScaleProducts{a0 * b0, a1 * b0, a0 * b1, a1 * b1};
+        };
+        // This lane's products of its quad's k-block group (cur) and the bytes of the next group (raw,
+        // loaded 4 k-blocks before they are used).
+        ScaleBytes raw = load_scales(0);
+        ScaleProducts cur{};
+        // The products of k-block kb, taken from lane kb % 4 of this quad; at a group's first k-block the
+        // group's products are formed and the next group's bytes are loaded.
+        auto scales_of = [&](int kb) {
+          if ((kb & 3) == 0) {
+            cur = products(raw);
+            raw = load_scales(kb + 4);
+          }
+          const int src = (lane & ~3) | (kb & 3);
+          ScaleProducts t;
+          t.s00 = __shfl_sync(0xffffffffu, cur.s00, src);
+          t.s10 = __shfl_sync(0xffffffffu, cur.s10, src);
+          t.s01 = K::kBlockN > 128 ? __shfl_sync(0xffffffffu, cur.s01, src) : t.s00;
+          t.s11 = K::kBlockN > 128 ? __shfl_sync(0xffffffffu, cur.s11, src) : t.s10;
+          return t;
+        };
+        // Per k-block: wait for its stage, issue its 4 wgmmas into `a` (async), later wait, release the
+        // stage to both producers and promote `a` into fin with the block's scale products (taken
+        // before the wait). The wgmma descriptors are the stage-0 ones plus the stage's and the k32
+        // step's offsets (16-byte units).
+        const uint64_t da0 = kmajor_sw128_desc(smem_a + mw * 64 * K::kBlockK), db0 = kmajor_sw128_desc(smem_b);
+        auto issue = [&](float(&a)[K::kAcc]) {
+          const int s = ri.s;
+          cutlass::arch::ClusterBarrier::wait(&full[s], ri.ph);
+          ri.advance();
+          // cp.async wrote A through the generic proxy; the wgmmas read it through the async proxy.
+          if constexpr (K::kGather) fence_async_shared();
+#pragma unroll
+          for (int q = 0; q < K::kAcc; ++q) cute::warpgroup_fence_operand(a[q]);
+          cute::warpgroup_arrive();
+          const uint64_t da = da0 + static_cast<uint32_t>(s * (K::kABytes / 16));
+          const uint64_t db = db0 + static_cast<uint32_t>(s * (K::kBBytes / 16));
+#pragma unroll
+          for (int j = 0; j < K::kBlockK / 32; ++j)
+            wgmma<Op>(da + 2 * j, db + 2 * j, a, j > 0, std::make_index_sequence<K::kAcc>{});
+          cute::warpgroup_commit_batch();
+        };
+        auto retire = [&](float(&a)[K::kAcc], const ScaleProducts& e) {
+#pragma unroll
+          for (int q = 0; q < K::kAcc; ++q) cute::warpgroup_fence_operand(a[q]);
+          const int s = rr.s;
+          rr.advance();
+          if (lane == 0) {
+            cutlass::arch::ClusterBarrier::arrive(&empty[s]);
+            if constexpr (K::kCluster > 1)
+              cutlass::arch::ClusterBarrier::arrive(&empty[s], static_cast<uint32_t>(1 - rank), 1u);
+          }
+#pragma unroll
+          for (int j = 0; j < K::kAcc / 4; ++j) {
+            const bool first = K::kBlockN == 128 || j < jb;
+            const float t0 = first ? e.s00 : e.s01, t1 = first ? e.s10 : e.s11;
+            fin[4 * j + 0] = fmaf(a[4 * j + 0], t0, fin[4 * j + 0]);
+            fin[4 * j + 1] = fmaf(a[4 * j + 1], t0, fin[4 * j + 1]);
+            fin[4 * j + 2] = fmaf(a[4 * j + 2], t1, fin[4 * j + 2]);
+            fin[4 * j + 3] = fmaf(a[4 * j + 3], t1, fin[4 * j + 3]);
+          }
+        };
+        if constexpr (K::kOverlap) {
+          // Two wgmma accumulator sets: k-block kb + 1 is issued before k-block kb is promoted, so the
+          // tensor cores have work queued while the FFMAs run (wait<1>: only the older group done).
           issue(acc);
-          const ScaleProducts e = scales_of(kb);
-          cute::warpgroup_wait<0>();
-          retire(acc, e);
+          int kb = 0;
+          for (; kb + 2 < kblocks; kb += 2) {  // k-blocks kb + 1 and kb + 2 exist
+            issue(acc2);
+            const ScaleProducts e0 = scales_of(kb);
+            cute::warpgroup_wait<1>();
+            retire(acc, e0);
+            issue(acc);
+            const ScaleProducts e1 = scales_of(kb + 1);
+            cute::warpgroup_wait<1>();
+            retire(acc2, e1);
+          }
+          if (kb + 1 < kblocks) {  // two k-blocks left: kb (in flight in acc) and kb + 1
+            issue(acc2);
+            const ScaleProducts e0 = scales_of(kb);
+            cute::warpgroup_wait<1>();
+            retire(acc, e0);
+            const ScaleProducts e1 = scales_of(kb + 1);
+            cute::warpgroup_wait<0>();
+            retire(acc2, e1);
+          } else {
+            const ScaleProducts e0 = scales_of(kb);
+            cute::warpgroup_wait<0>();
+            retire(acc, e0);
+          }
+        } else {
+          for (int kb = 0; kb < kblocks; ++kb) {
+            issue(acc);
+            const ScaleProducts e = scales_of(kb);
+            cute::warpgroup_wait<0>();
+            retire(acc, e);
+          }
         }
       }
       if constexpr (K::kFusedEpilogue) {

@@ -33,6 +33,14 @@ bool sm90_grouped_m_gather_takes(int64_t m, int64_t n, int64_t k, int64_t groups
 // sm90_grouped_m_gather_takes says no (or a base is not 16-byte aligned). Throws on CUDA errors.
 bool sm90_grouped_m_gather(const GroupedMGatherRun& r);
 
+// The bf16 form of the gather GEMM (the bf16 MoE layer): GroupedMGatherRun with a and b bf16, k and lda
+// counted in bytes (2 K, 2 lda), no scales, bias or row_scale; B[g] (N, K) or, b_kn, (K, N). Whether it
+// takes a call (here m, n, k in elements; K % 8 == 0, or with b_kn K % 64 == 0 and N % 64 == 0), and the
+// launch (false: nothing launched, where it does not take the call or a base is not 16-byte aligned).
+bool sm90_grouped_m_gather_bf16_takes(int64_t m, int64_t n, int64_t k, int64_t groups, int64_t a_rows,
+                                      int64_t fanout, bool b_kn, int device);
+bool sm90_grouped_m_gather_bf16(const GroupedMGatherRun& r, bool b_kn);
+
 // The gather GEMM of the MoE layer's down-projection dgrad with the dSwiGLU epilogue
 // (sm90_fp8_grouped_m_gather_dswiglu_1x128.cuh): dY' = A[rows] . B[g]^T (M, N = I) is not stored; the
 // kernel writes dH = act'(h, row_scale * bf16(dY')) (M, 2I) as the tile128 operands (rowwise dh_q /
