@@ -275,3 +275,26 @@ def test_tile128_targets_floor_and_gaps():
     assert tables._tile128_targets(d)[0][7] == f"{floor_h100:.0f} ({1300 / floor_h100:.2f}x)"
     d["rows"] = d["rows"][1:]
     assert tables._tile128_targets(d) == []
+
+
+def test_preact_precision_round_trips_the_saved_h(capsys):
+    """bench/preact_precision.py finds the one saved pre-activation of each layer and replaces it by its
+    MXFP8 round trip: the output is unchanged (the forward never reads the stored h), the grads that
+    read h lose accuracy on the bf16 layer, and the tile128 layer's dW2 (its own act(h) operand) stays."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("preact_precision", BENCH_MOE.parent / "preact_precision.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["--tokens", "48", "--hidden", "128", "--inter", "64", "--experts", "4", "--topk", "2"])
+    rows = {}
+    for line in capsys.readouterr().out.splitlines()[2:]:
+        layer, *rest = line.split()
+        saved = " ".join(rest[:-5])
+        rows[(layer, saved)] = [float(v) for v in rest[-5:]]  # out, dx, dtopk_weights, dw13, dw2
+    assert len(rows) == 6, rows
+    for layer in ("tile128", "bf16"):
+        base, fp8 = rows[(layer, "bf16")], rows[(layer, "MXFP8 1x32")]
+        assert fp8[0] == base[0], (layer, "the output does not read the stored h")
+    assert rows[("bf16", "MXFP8 1x32")][1] < rows[("bf16", "bf16")][1] - 10, "dx of the bf16 layer"
+    assert rows[("tile128", "MXFP8 1x32")][4] == rows[("tile128", "bf16")][4], "tile128's dW2"
