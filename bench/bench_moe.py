@@ -33,9 +33,9 @@ with grads for x, topk_weights, w13, w2 (and the biases where the model has them
   mxmoe_tile128_unfused  (only when named) mxmoe_tile128 with the layer's epilogue fusions off: SwiGLU
                      and dSwiGLU run as quantize passes over a stored h / dY' instead of in GEMM1's and
                      the down-projection dgrad's epilogues; the same run then shows what they buy
-  mxmoe_bf16_gather  (only when named) mxmoe_bf16 with the up projection and the down-projection
-                     dgrad reading the routed rows inside the GEMM (the bf16 gather kernel, not yet
-                     the default) instead of gathering them first for torch._grouped_mm
+  mxmoe_bf16_gather  (only when named) mxmoe_bf16 with its GEMMs reading the routed rows of x and dout
+                     inside the GEMM (the bf16 gather kernels, not yet the default) instead of gathering
+                     them first for torch._grouped_mm
 Routing (outside the timed step, seeded): router logits = x @ R for a random bf16 R (H, E), softmax in
 fp32, top-k, renormalized (Qwen3's norm_topk_prob), weights in bf16; the load imbalance that gives is
 in each row (load_max_over_mean). Weights are bf16 N(0, 1/fan_in).

@@ -226,6 +226,27 @@ MXMOE_API mxmoe_status mxmoe_grouped_mm_bf16_gather(const mxmoe_tensor* a, const
                                                     int64_t fanout, const mxmoe_tensor* b, int32_t b_kn,
                                                     const mxmoe_tensor* offs, mxmoe_tensor* out, void* stream);
 
+/* mxmoe_grouped_mm_bf16_kgather: the bf16 MoE layer's wgrad on routed rows, groups along the reduction
+ * (no routed copy of the gathered operand exists):
+ *   out (G, M, N) bf16, out[g] = sum over the routed rows r of group g of A_r^T B_r (fp32 accumulation
+ *   rounded once), groups the routed rows 0 .. R of offs (G) int32 (clamped as mxmoe_grouped_mm_tile128);
+ *   gather (R,) int32 contiguous; with gather_b 1, A_r is row r of a (R, M) and B_r row gather[r] / fanout
+ *   of b (T, N) (the up projection's dW13 = dH^T dispatch(x)); with gather_b 0, A_r is row
+ *   gather[r] / fanout of a (T, M) and B_r row r of b (R, N) (the down projection's dW2 =
+ *   dispatch(dout)^T (w act(h))); indices clamped into [0, T * fanout), a negative one a zero row. a, b
+ *   bf16 contiguous. A group without rows gets zeros. On the host a reference sums each output in fp32 in
+ *   row order; on a device only the sm_90a kernel runs it (its sums in the tensor cores' order),
+ *   UNSUPPORTED elsewhere.
+ * mxmoe_grouped_mm_bf16_kgather_available: 1 when that call (R routed rows, M, N, G groups, T rows of the
+ *   gathered operand, fanout) runs on `device` (-1: the host, always), else 0. The kernel takes M and N
+ *   multiples of 8.
+ */
+MXMOE_API int32_t mxmoe_grouped_mm_bf16_kgather_available(int64_t r, int64_t m, int64_t n, int64_t g, int64_t t,
+                                                          int64_t fanout, int32_t device);
+MXMOE_API mxmoe_status mxmoe_grouped_mm_bf16_kgather(const mxmoe_tensor* a, const mxmoe_tensor* b,
+                                                     const mxmoe_tensor* gather, int64_t fanout, int32_t gather_b,
+                                                     const mxmoe_tensor* offs, mxmoe_tensor* out, void* stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -51,6 +51,9 @@ Ops (schemas in src/ops/library.cpp):
       (G, K, N)) per group of offs, (T*k, N) bf16, the rows read in the GEMM (no gathered copy; rows past
       the groups 0): the bf16 MoE layer's up projection and down-projection dgrad (sm_90a kernel; a
       reference on the CPU; moe_gather_mm_bf16_available(m, n, kdim, groups, t, fanout, w_kn, device))
+  moe_kgather_mm_bf16(a, b, perm, k, gather_b, offs) -> (G, M, N) bf16: per group of offs, the sum over its
+      routed rows r of a_r^T b_r, the rows of b (gather_b) or a read as x[perm // k] (no gathered copy):
+      the bf16 layer's dW13 = dH^T dispatch(x) and dW2 = dispatch(dout)^T (w act(h)) (sm_90a kernel)
   moe_combine(y, inv, weights?, out_dtype) -> sum_j w[t, j] * y[inv[t, j]] (T, H), fp32, j in order
   moe_combine_weight_grad(dout, y, inv) -> dw (T, k) f32 = <dout[t], y[inv[t, j]]>
   moe_swiglu_weight_grad(dy, h, inv, layout, alpha, limit, up_offset) -> dw (T, k) f32
@@ -486,6 +489,7 @@ moe_routing = _python_op("moe_routing")
 moe_gather = _python_op("moe_gather")
 moe_combine = _python_op("moe_combine")
 moe_gather_mm_bf16 = _python_op("moe_gather_mm_bf16")
+moe_kgather_mm_bf16 = _python_op("moe_kgather_mm_bf16")
 moe_combine_weight_grad = _python_op("moe_combine_weight_grad")
 moe_swiglu_weight_grad = _python_op("moe_swiglu_weight_grad")
 moe_group_sum = _python_op("moe_group_sum")
@@ -493,7 +497,7 @@ swiglu = _python_op("swiglu")
 swiglu_backward = _python_op("swiglu_backward")
 
 __all__ += [
-    "moe_routing", "moe_gather", "moe_gather_mm_bf16", "moe_combine", "moe_combine_weight_grad",
+    "moe_routing", "moe_gather", "moe_gather_mm_bf16", "moe_kgather_mm_bf16", "moe_combine", "moe_combine_weight_grad",
     "moe_swiglu_weight_grad",
     "moe_group_sum", "swiglu", "swiglu_backward", "SWIGLU_CONCAT", "SWIGLU_INTERLEAVED", "SWIGLU_STANDARD",
     "SWIGLU_GPT_OSS",
@@ -527,6 +531,13 @@ def _(x, perm, k, w, w_kn, offs):
     _dims(perm, "perm", 1)
     _dims(w, "w", 3)
     return x.new_empty((perm.shape[0], w.shape[2] if w_kn else w.shape[1]), dtype=torch.bfloat16)
+
+
+@_fake("moe_kgather_mm_bf16")
+def _(a, b, perm, k, gather_b, offs):
+    _dims(a, "a", 2)
+    _dims(b, "b", 2)
+    return a.new_empty((offs.shape[0], a.shape[1], b.shape[1]), dtype=torch.bfloat16)
 
 
 @_fake("moe_combine")

@@ -623,4 +623,76 @@ mxmoe_status mxmoe_grouped_mm_bf16_gather(const mxmoe_tensor* a_, const mxmoe_te
   MXMOE_API_END
 }
 
+int32_t mxmoe_grouped_mm_bf16_kgather_available(int64_t r, int64_t m, int64_t n, int64_t g, int64_t t,
+                                                int64_t fanout, int32_t device) {
+  if (r < 0 || m < 0 || n < 0 || g < 0 || t < 0 || fanout < 1 || device < -1) return 0;
+  if (device < 0) return 1;  // the host reference takes every call
+#if defined(MXMOE_WITH_CUDA)
+  try {
+    return cuda::grouped_mm_bf16_kgather_available(r, m, n, g, t, fanout, device) ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
+#else
+  return 0;
+#endif
+}
+
+mxmoe_status mxmoe_grouped_mm_bf16_kgather(const mxmoe_tensor* a_, const mxmoe_tensor* b_, const mxmoe_tensor* gather_,
+                                           int64_t fanout, int32_t gather_b, const mxmoe_tensor* offs_,
+                                           mxmoe_tensor* out_, void* stream) {
+  MXMOE_API_BEGIN
+  const mxmoe_tensor& a = require(a_, "a");
+  check_dtype(a, "a", {MXMOE_DTYPE_BF16});
+  check_ndim(a, "a", {2});
+  check_backend(a.device, "a");
+  check_contiguous(a, "a");
+  const mxmoe_tensor& b = require(b_, "b");
+  check_dtype(b, "b", {MXMOE_DTYPE_BF16});
+  check_ndim(b, "b", {2});
+  check_device(b, "b", a.device);
+  check_contiguous(b, "b");
+  const mxmoe_tensor& gather = check_gather_index(gather_);
+  check_device(gather, "gather", a.device);
+  check_contiguous(gather, "gather");
+  if (gather_b != 0 && gather_b != 1) fail("gather_b: expected 0 (gather reads a's rows) or 1 (b's), got ", gather_b);
+  const int64_t R = gather.shape[0];
+  const mxmoe_tensor& plain = gather_b ? a : b;
+  const mxmoe_tensor& routed = gather_b ? b : a;
+  const char* plain_name = gather_b ? "a" : "b";
+  if (plain.shape[0] != R)
+    fail(plain_name, ": expected ", R, " rows (one per routed row, gather's length), got ", plain.shape[0]);
+  const int64_t T = routed.shape[0];
+  if (fanout < 1 || (T > 0 && fanout > ((int64_t{1} << 31) - 1) / T))
+    fail("fanout: expected 1 <= fanout and T * fanout < 2^31 (T = ", T, "), got ", fanout);
+  const mxmoe_tensor& offs = require(offs_, "offs");
+  api::check_offs(offs, a.device);
+  const int64_t G = offs.shape[0], M = a.shape[1], N = b.shape[1];
+  const mxmoe_tensor& out = require(out_, "out");
+  check_dtype(out, "out", {MXMOE_DTYPE_BF16});
+  check_shape(out, "out", {G, M, N});
+  check_device(out, "out", a.device);
+  check_contiguous(out, "out");
+  for (const auto& [t, name] : {std::pair<const mxmoe_tensor*, const char*>{&a, "a"}, {&b, "b"}, {&gather, "gather"},
+                                {&offs, "offs"}})
+    check_no_overlap(out, "out", *t, name);
+  Bf16KGatherMMArgs x;
+  x.a = a;
+  x.b = b;
+  x.gather = gather;
+  x.offs = offs;
+  x.out = out;
+  x.fanout = fanout;
+  x.gather_b = gather_b != 0;
+  x.stream = stream;
+  if (a.device >= 0) {
+#if defined(MXMOE_WITH_CUDA)
+    cuda::grouped_mm_bf16_kgather(x);
+#endif
+  } else {
+    cpu::grouped_mm_bf16_kgather(x);
+  }
+  MXMOE_API_END
+}
+
 }  // extern "C"

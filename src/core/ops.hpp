@@ -78,6 +78,15 @@ struct Bf16GatherMMArgs {
   void* stream = nullptr;
 };
 
+// mxmoe_grouped_mm_bf16_kgather: out (G, M, N) bf16, out[g] = sum over group g's routed rows r of
+// A_r^T B_r; gather (R,) reads b's rows (gather_b) or a's, the other operand has R rows.
+struct Bf16KGatherMMArgs {
+  mxmoe_tensor a{}, b{}, gather{}, offs{}, out{};
+  int64_t fanout = 1;
+  bool gather_b = true;
+  void* stream = nullptr;
+};
+
 // mxmoe_grouped_mm_tile128_gather_dswiglu: g.mm.out describes dY' (M, I) bf16 (on a device only its
 // shape: its data is dh_q's bytes, never written), g.row_scale is present.
 struct GatherDSwigluArgs {
@@ -154,6 +163,7 @@ void grouped_mm(const GroupedMMArgs& args);
 void grouped_mm_kgroups(const GroupedMMKArgs& args);
 void grouped_mm_gather(const GroupedMMGatherArgs& args);  // routed rows materialized, then grouped_mm
 void grouped_mm_bf16_gather(const Bf16GatherMMArgs& args);  // fp32 sums in K order
+void grouped_mm_bf16_kgather(const Bf16KGatherMMArgs& args);  // fp32 sums in row order
 }  // namespace cpu
 
 #if defined(MXMOE_WITH_CUDA)
@@ -183,6 +193,9 @@ void grouped_mm_tile128_gather_swiglu(const GatherSwigluArgs& args);
 bool grouped_mm_bf16_gather_available(int64_t m, int64_t n, int64_t k, int64_t g, int64_t a_rows, int64_t fanout,
                                       bool b_kn, int32_t device);
 void grouped_mm_bf16_gather(const Bf16GatherMMArgs& args);
+bool grouped_mm_bf16_kgather_available(int64_t r, int64_t m, int64_t n, int64_t g, int64_t t, int64_t fanout,
+                                       int32_t device);
+void grouped_mm_bf16_kgather(const Bf16KGatherMMArgs& args);
 
 void quantize(const QuantizeArgs& args);
 void dequantize(const DequantizeArgs& args);

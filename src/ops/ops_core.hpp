@@ -118,6 +118,9 @@ Tensor moe_gather(Tensor x, Tensor perm, int64_t k, OptTensor row_scale, ScalarT
 Tensor moe_gather_mm_bf16(Tensor x, Tensor perm, int64_t k, Tensor w, bool w_kn, Tensor offs);
 bool moe_gather_mm_bf16_available(int64_t m, int64_t n, int64_t kdim, int64_t groups, int64_t t, int64_t fanout,
                                   bool w_kn, int64_t device);
+// The bf16 layer's wgrad on routed rows: (G, M, N) = per group of offs, a_r^T b_r over its routed rows r,
+// the rows of b (gather_b) or of a read as x[perm // k] (mxmoe_grouped_mm_bf16_kgather).
+Tensor moe_kgather_mm_bf16(Tensor a, Tensor b, Tensor perm, int64_t k, bool gather_b, Tensor offs);
 Tensor moe_combine(Tensor y, Tensor inv, OptTensor weights, ScalarType out_dtype);
 Tensor moe_combine_weight_grad(Tensor dout, Tensor y, Tensor inv);
 Tensor moe_swiglu_weight_grad(Tensor dy, Tensor h, Tensor inv, int64_t layout, double alpha, double limit,

@@ -72,6 +72,19 @@ Tensor moe_gather_mm_bf16(Tensor x, Tensor perm, int64_t k, Tensor w, bool w_kn,
   return out;
 }
 
+Tensor moe_kgather_mm_bf16(Tensor a, Tensor b, Tensor perm, int64_t k, bool gather_b, Tensor offs) {
+  const char* op = "moe_kgather_mm_bf16";
+  Launch L(a);
+  const Tensor ad = dense(a), bd = dense(b), pd = dense(perm), od = dense(offs);
+  require_dims(ad, "a", 2, 2, op);
+  require_dims(bd, "b", 2, 2, op);
+  Tensor out = empty({size_or0(od, 0), ad.size(1), bd.size(1)}, ScalarType::BFloat16, L.device);
+  mxmoe_tensor av = view(ad, "a", op), bv = view(bd, "b", op), pv = view(pd, "perm", op), ov = view(od, "offs", op),
+               outv = view(out, "out", op);
+  check(mxmoe_grouped_mm_bf16_kgather(&av, &bv, &pv, k, gather_b ? 1 : 0, &ov, &outv, L.stream), op);
+  return out;
+}
+
 bool moe_gather_mm_bf16_available(int64_t m, int64_t n, int64_t kdim, int64_t groups, int64_t t, int64_t fanout,
                                   bool w_kn, int64_t device) {
   return mxmoe_grouped_mm_bf16_gather_available(m, n, kdim, groups, t, fanout, w_kn ? 1 : 0,

@@ -804,6 +804,46 @@ TEST(CudaGemm, Bf16GatherMatchesTheContract) {
   }
 }
 
+// The bf16 K-grouped gather GEMM (mxmoe_grouped_mm_bf16_kgather, the bf16 MoE layer's wgrads): the
+// contract's bits on exact operands with either operand gathered, groups of every length mod 64 (token
+// tails inside a k-block), an empty group (zeros), partial tiles along M and N, padding, clamped and
+// tail rows; Qwen3-30B-A3B's dW13 and dW2 shapes among them.
+TEST(CudaGemm, Bf16KGatherMatchesTheContract) {
+  SKIP_WITHOUT_CUDA();
+  struct Case {
+    int64_t t, m, n, fanout;
+    std::vector<int32_t> sizes;
+    bool gather_b;
+  };
+  const Case cases[] = {{300, 200, 136, 8, {400, 0, 333, 700, 16, 951}, true},
+                        {97, 64, 328, 3, {50, 128, 0, 113, 1}, false},
+                        {512, 1536, 2048, 8, {1000, 0, 1500, 1596}, true},
+                        {512, 2048, 768, 8, {1000, 0, 1500, 1596}, false}};
+  uint32_t seed = 70;
+  for (const Case& c : cases) {
+    mxtest::Bf16KGather g = mxtest::bf16_kgather_case(c.t, c.m, c.n, c.fanout, c.sizes, c.gather_b, seed++);
+    const int64_t R = static_cast<int64_t>(g.gather.size()), G = static_cast<int64_t>(c.sizes.size());
+    if (!mxmoe_grouped_mm_bf16_kgather_available(R, c.m, c.n, G, c.t, c.fanout, 0))
+      GTEST_SKIP() << "the sm_90a bf16 K-grouped gather kernel is not available here";
+    DevBuf da(g.a), db(g.b), doffs(g.offs), dgi(g.index), dout(Buffer({G, c.m, c.n}, MXMOE_DTYPE_BF16), false);
+    dout.poison();
+    auto va = da.view(), vb = db.view(), vo = doffs.view(), vg = dgi.view(), vout = dout.view();
+    ASSERT_EQ(mxmoe_grouped_mm_bf16_kgather(&va, &vb, &vg, c.fanout, c.gather_b ? 1 : 0, &vo, &vout, nullptr),
+              MXMOE_OK)
+        << mxmoe_last_error();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const Buffer got = dout.download(), want = mxtest::bf16_kgather_expected(g);
+    int64_t diff = 0, first = -1;
+    for (int64_t i = 0; i < got.numel(); ++i)
+      if (got.data<uint16_t>()[i] != want.data<uint16_t>()[i] && diff++ == 0) first = i;
+    const int64_t mn = c.m * c.n;
+    EXPECT_EQ(diff, 0) << "M=" << c.m << " N=" << c.n << " gather_b=" << c.gather_b << " first at group "
+                       << (first < 0 ? -1 : first / mn) << " row " << (first < 0 ? -1 : first % mn / c.n) << " col "
+                       << (first < 0 ? -1 : first % c.n) << ": got " << (first < 0 ? 0.f : got.get(first))
+                       << " want " << (first < 0 ? 0.f : want.get(first));
+  }
+}
+
 // The gather GEMM with the dSwiGLU epilogue (mxmoe_grouped_mm_tile128_gather_dswiglu, the MoE layer's
 // down-projection dgrad): the same bytes as the gather GEMM writing dY' and the tile128 quantize pass
 // over the SWIGLU_BACKWARD source (both on the device), rows past the last group as a zero dY', and

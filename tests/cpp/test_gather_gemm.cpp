@@ -398,4 +398,40 @@ TEST(Bf16GatherGemm, Validation) {
   EXPECT_EQ(mxmoe_grouped_mm_bf16_gather_available(10, 32, 64, 2, 20, 0, 0, -1), 0);
 }
 
+// The bf16 K-grouped gather GEMM on the host (mxmoe_grouped_mm_bf16_kgather): the contract in double with
+// either operand gathered (an empty group gets zeros), and its argument checks (nothing written).
+TEST(Bf16KGatherGemm, HostMatchesTheContract) {
+  for (bool gather_b : {true, false}) {
+    mxtest::Bf16KGather c = mxtest::bf16_kgather_case(30, 40, 24, 4, {20, 0, 37, 9}, gather_b, 53);
+    Buffer out({4, c.M, c.N}, MXMOE_DTYPE_BF16, 0xEE);
+    auto va = c.a.view(), vb = c.b.view(), vg = c.index.view(), vo = c.offs.view(), vout = out.view();
+    ASSERT_EQ(mxmoe_grouped_mm_bf16_kgather(&va, &vb, &vg, c.fanout, gather_b ? 1 : 0, &vo, &vout, nullptr), MXMOE_OK)
+        << mxmoe_last_error();
+    EXPECT_EQ(out.bytes, mxtest::bf16_kgather_expected(c).bytes) << "gather_b " << gather_b;
+  }
+}
+
+TEST(Bf16KGatherGemm, Validation) {
+  mxtest::Bf16KGather c = mxtest::bf16_kgather_case(20, 16, 24, 2, {10, 12}, true, 54);
+  Buffer out({2, c.M, c.N}, MXMOE_DTYPE_BF16, 0xEE);
+  auto va = c.a.view(), vb = c.b.view(), vg = c.index.view(), vo = c.offs.view(), vout = out.view();
+  auto expect_error = [&](mxmoe_status st, const std::string& what) {
+    EXPECT_EQ(st, MXMOE_ERR_INVALID_ARGUMENT) << what;
+    EXPECT_NE(std::string(mxmoe_last_error()).find(what), std::string::npos) << mxmoe_last_error();
+  };
+  expect_error(mxmoe_grouped_mm_bf16_kgather(&va, &vb, &vg, 0, 1, &vo, &vout, nullptr), "fanout");
+  expect_error(mxmoe_grouped_mm_bf16_kgather(&va, &vb, &vg, 2, 2, &vo, &vout, nullptr), "gather_b");
+  // gather reading a's rows: b must then have one row per routed row
+  expect_error(mxmoe_grouped_mm_bf16_kgather(&va, &vb, &vg, 2, 0, &vo, &vout, nullptr), "b: expected");
+  Buffer bad_out({2, c.N, c.M}, MXMOE_DTYPE_BF16);
+  auto vbad = bad_out.view();
+  expect_error(mxmoe_grouped_mm_bf16_kgather(&va, &vb, &vg, 2, 1, &vo, &vbad, nullptr), "out");
+  Buffer b32({c.T, c.N}, MXMOE_DTYPE_F32);
+  auto vb32 = b32.view();
+  expect_error(mxmoe_grouped_mm_bf16_kgather(&va, &vb32, &vg, 2, 1, &vo, &vout, nullptr), "b");
+  for (uint8_t v : out.bytes) ASSERT_EQ(v, 0xEE);  // nothing written by the failed calls
+  EXPECT_EQ(mxmoe_grouped_mm_bf16_kgather_available(10, 16, 24, 2, 20, 2, -1), 1);
+  EXPECT_EQ(mxmoe_grouped_mm_bf16_kgather_available(10, 16, 24, 2, 20, 0, -1), 0);
+}
+
 }  // namespace

@@ -212,4 +212,45 @@ inline Buffer bf16_gather_expected(const Bf16Gather& c) {
   return out;
 }
 
+// Operands of the bf16 K-grouped gather GEMM (mxmoe_grouped_mm_bf16_kgather): the routed rows of
+// bf16_gather_case's index list; the plain operand (R, M or N), the gathered one (T, N or M); exact values.
+struct Bf16KGather {
+  int64_t T, M, N, fanout;
+  bool gather_b;
+  std::vector<int32_t> ends, gather;
+  Buffer a, b, offs, index;
+};
+inline Bf16KGather bf16_kgather_case(int64_t T, int64_t M, int64_t N, int64_t fanout, const std::vector<int32_t>& sizes,
+                                     bool gather_b, uint32_t seed) {
+  Bf16Gather g = bf16_gather_case(T, 8, 8, fanout, sizes, false, seed);  // the index list
+  const int64_t R = static_cast<int64_t>(g.gather.size());
+  Bf16KGather c{T, M, N, fanout, gather_b, g.ends, g.gather, Buffer({gather_b ? R : T, M}, MXMOE_DTYPE_BF16),
+                Buffer({gather_b ? T : R, N}, MXMOE_DTYPE_BF16), g.offs, g.index};
+  std::mt19937 rng(seed + 1);
+  for (Buffer* t : {&c.a, &c.b})
+    for (int64_t i = 0; i < t->numel(); ++i) t->set(i, static_cast<float>(static_cast<int>(rng() % 33) - 16) / 8.f);
+  return c;
+}
+// out[g] (M, N) = sum over group g's routed rows of a_r^T b_r, in double (exact here), rounded to bf16.
+inline Buffer bf16_kgather_expected(const Bf16KGather& c) {
+  const int64_t G = static_cast<int64_t>(c.ends.size());
+  Buffer out({G, c.M, c.N}, MXMOE_DTYPE_BF16, 0);
+  std::vector<double> acc(static_cast<size_t>(c.M * c.N));
+  int64_t start = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int64_t r = start; r < c.ends[g]; ++r) {
+      const int64_t idx = std::min<int64_t>(c.gather[r], c.T * c.fanout - 1);
+      if (idx < 0) continue;
+      const int64_t ra = c.gather_b ? r : idx / c.fanout, rb = c.gather_b ? idx / c.fanout : r;
+      for (int64_t m = 0; m < c.M; ++m)
+        for (int64_t n = 0; n < c.N; ++n)
+          acc[m * c.N + n] += static_cast<double>(c.a.get(ra * c.M + m)) * c.b.get(rb * c.N + n);
+    }
+    for (int64_t i = 0; i < c.M * c.N; ++i) out.set(g * c.M * c.N + i, static_cast<float>(acc[i]));
+    start = c.ends[g];
+  }
+  return out;
+}
+
 }  // namespace mxtest

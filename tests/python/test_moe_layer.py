@@ -186,11 +186,14 @@ class _OpNames(TorchDispatchMode):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [BF16, torch.float32])
 def test_bf16_gather_gemm_same_bits_as_gathered_rows(monkeypatch, device, dtype):
-    """With its backend's bf16_gather_gemm (Sm90Backend's: not yet the default) the bf16 layer's up
-    projection and down-projection dgrad read the routed rows of x and dout inside the GEMM
-    (moe_gather_mm_bf16: the sm_90a kernel, on the CPU its reference), no gathered copy. With exact
-    operands (multiples of 1/8: every fp32 sum exact, so the summation order cannot matter) the layer's
-    output and every grad are the bits of the same layer gathering the rows first for torch._grouped_mm."""
+    """With its backend's bf16_gather_gemm (Sm90Backend's: not yet the default) every GEMM of the bf16
+    layer that reads routed rows of x or dout reads them inside the GEMM (moe_gather_mm_bf16: up
+    projection, down-projection dgrad; moe_kgather_mm_bf16: dW13, dW2; the sm_90a kernels, on the CPU
+    their references): no gathered copy. With exact operands (multiples of 1/8: every fp32 sum of the
+    forward and dgrad GEMMs exact, so their summation order cannot matter) the output and the grads of x
+    and the routing weights are the bits of the same layer gathering the rows first for
+    torch._grouped_mm; the weights' grads (sums of inexact products, and dW2 weighting act(h)'s rows
+    instead of dout's) agree to bf16 rounding."""
     if not _fused_ok(device):
         pytest.skip("needs Hopper and a build with the sm_90a kernels")
     T, H, I, E, k = 300, 256, 128, 6, 4
@@ -199,19 +202,24 @@ def test_bf16_gather_gemm_same_bits_as_gathered_rows(monkeypatch, device, dtype)
     eighths = lambda shape: (torch.randint(-16, 17, shape, generator=g) / 8).to(dtype).to(device)  # noqa: E731
     inp.update(x=eighths((T, H)), w13=eighths((E, 2 * I, H)), w2=eighths((E, H, I)))
     inp["topk_idx"][5, 1] = E + 3  # a dropped id
+    inp["topk_idx"][inp["topk_idx"] == E - 1] = 0  # expert E - 1 gets no rows (a token may pick 0 twice)
     dout = eighths((T, H))
     backend = mxmoe.backends.get_backend(mxmoe.backends.resolve_backend("auto", inp["x"].device))
     monkeypatch.setattr(backend, "bf16_gather_gemm", True)
     with _OpNames() as seen:
         out, grads = _run(inp, dout, recipe=None)
     assert sum("moe_gather_mm_bf16" in n for n in seen.names) == 2, "the up projection and the dgrad"
+    assert sum("moe_kgather_mm_bf16" in n for n in seen.names) == 2, "dW13 and dW2"
     monkeypatch.setattr(backend, "bf16_gather_gemm", False)
     with _OpNames() as seen:
         ref_out, ref_grads = _run(inp, dout, recipe=None)
-    assert not any("moe_gather_mm_bf16" in n for n in seen.names)
+    assert not any("gather_mm_bf16" in n for n in seen.names)
     _same(out, ref_out, "out")
-    for n in grads:
+    for n in ("x", "topk_weights"):
         _same(grads[n], ref_grads[n], f"grad of {n}")
+    for n in ("w13", "w2"):
+        assert sqnr(grads[n].float().cpu(), ref_grads[n].float().cpu()) >= 40, n
+        assert not grads[n][E - 1].any(), f"grad of {n}: the expert without rows"
 
 
 class _LiveOutputs(TorchDispatchMode):

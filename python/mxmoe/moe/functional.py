@@ -206,13 +206,20 @@ def _gather_mm_takes(t: Tensor, w: Tensor, k: int, w_kn: bool) -> bool:
     return K % 8 == 0 and N % 16 == 0 and 0 < E <= 2048 and E * N < 2**31 and T * K < 2**31 and T * k < 2**31
 
 
+def _kgather_mm_takes(m: int, n: int, E: int, t: Tensor, k: int) -> bool:
+    """Whether ops.moe_kgather_mm_bf16 runs a (G = E, m, n) wgrad over t's rows routed k ways on the GPU:
+    mxmoe_grouped_mm_bf16_kgather_available's limits (m and n multiples of 8, int32 rows, indices and
+    tiles, the group table in shared memory), in Python for torch.compile."""
+    return m % 8 == 0 and n % 8 == 0 and 0 < E <= 2048 and E * m < 2**31 and t.shape[0] * k < 2**31
+
+
 class Bf16(torch.autograd.Function):
     """FusedMX's data flow in bf16: x and the pre-activation h are kept, nothing of T*k rows x H. With
-    gather_gemm (Backend.bf16_gather_gemm; on Hopper once verified there) the up projection and the down projection's dgrad read
-    the routed rows of x and dout inside the GEMM (ops.moe_gather_mm_bf16: no gathered copy); else they
-    are gathered first. The backward gathers dispatch(x) for dW13 and the rows of dout for dW2 and
-    recomputes act(h) for dW2; the routing weights' grad comes from the unweighted dgrad and h, as on the
-    MX paths."""
+    gather_gemm (Backend.bf16_gather_gemm; on Hopper once verified there) every GEMM that reads routed
+    rows of x or dout reads them inside the GEMM: the up projection and the down projection's dgrad
+    (ops.moe_gather_mm_bf16), dW13 = dH^T dispatch(x) and dW2 = dispatch(dout)^T (w act(h))
+    (ops.moe_kgather_mm_bf16); else they are gathered first for torch._grouped_mm. act(h) is recomputed
+    for dW2; the routing weights' grad comes from the unweighted dgrad and h, as on the MX paths."""
 
     @staticmethod
     def forward(ctx, x, topk_idx, topk_w, w13, w2, b13, b2, mode: int, act: Swiglu, layout: int, w_up=None,
@@ -268,7 +275,11 @@ class Bf16(torch.autograd.Function):
         if need_h:
             dh = ops.swiglu_backward(d_y if score_before else _scale_rows(d_y, perm, rs, k), h, *act_args)
             d_y = None
-            if need_w13:  # dispatch(x), as the forward built it
+            if need_w13 and gather_gemm and not score_before and _kgather_mm_takes(dh.shape[1], x_saved.shape[1],
+                                                                                    w13b.shape[0], x_saved, k):
+                # dW13 = dH^T dispatch(x), the rows of x read inside the GEMM
+                dw13 = _cast(ops.moe_kgather_mm_bf16(dh, _cast(x_saved, BF16), perm, k, True, offs), w13_dtype)
+            elif need_w13:  # dispatch(x), as the forward built it
                 xs = ops.moe_gather(x_saved, perm, k, rs if score_before else None, BF16)
                 dw13 = _cast(_mm(dh.t(), xs, offs), w13_dtype)
                 del xs
@@ -286,9 +297,17 @@ class Bf16(torch.autograd.Function):
         d_y = None
         # dO = [w *] gather(dout): dW2 = dO^T act(h) (act(h) recomputed), db2 from dO. Last: the up
         # projection's operands are freed by then (the peak was there with dW2 alive).
-        if need_w2 or need_b2:
+        kgather_w2 = need_w2 and gather_gemm and _kgather_mm_takes(w2b.shape[1], w2b.shape[2], w2b.shape[0], dout, k)
+        if kgather_w2:
+            # dW2 = dispatch(dout)^T ([w *] act(h)): the weights on act(h)'s rows, dout's rows read in the GEMM
+            y = ops.swiglu(h, *act_args)
+            if not score_before:
+                y = _scale_rows(y, perm, rs, k)
+            dw2 = _cast(ops.moe_kgather_mm_bf16(_cast(dout, BF16), y, perm, k, False, offs), w2_dtype)
+            del y
+        if (need_w2 and not kgather_w2) or need_b2:
             d_o = ops.moe_gather(dout, perm, k, None if score_before else rs, BF16)
-            if need_w2:
+            if need_w2 and not kgather_w2:
                 dw2 = _cast(_mm(d_o.t(), ops.swiglu(h, *act_args), offs), w2_dtype)
             if need_b2:
                 db2 = _bias_grad(d_o, offs, b2)

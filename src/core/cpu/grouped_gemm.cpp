@@ -376,5 +376,38 @@ void grouped_mm_bf16_gather(const Bf16GatherMMArgs& x) {
   });
 }
 
+void grouped_mm_bf16_kgather(const Bf16KGatherMMArgs& x) {
+  const int64_t G = x.out.shape[0], M = x.out.shape[1], N = x.out.shape[2], R = x.gather.shape[0];
+  auto* out = static_cast<uint16_t*>(x.out.data);
+  if (G * M * N == 0) return;
+  const auto* A = static_cast<const uint16_t*>(x.a.data);
+  const auto* B = static_cast<const uint16_t*>(x.b.data);
+  const auto* idx = static_cast<const int32_t*>(x.gather.data);
+  const int64_t T = (x.gather_b ? x.b : x.a).shape[0], max_index = T * x.fanout - 1;
+  // Per routed row: its row of a and of b (-1: a zero row).
+  std::vector<int64_t> ra(static_cast<size_t>(R)), rb(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t i = std::min<int64_t>(idx[r], max_index);
+    const int64_t routed = i < 0 ? -1 : i / x.fanout;
+    ra[r] = x.gather_b ? r : routed;
+    rb[r] = x.gather_b ? routed : r;
+  }
+  const Groups g = groups_from_offsets(x.offs, R);
+  parallel_for(G * M, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> acc(static_cast<size_t>(N));
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t gi = i / M, m = i % M;
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t r = g.start[gi]; r < g.end[gi]; ++r) {
+        if (ra[r] < 0 || rb[r] < 0) continue;
+        const float av = bf16_to_f32(A[ra[r] * M + m]);
+        const uint16_t* brow = B + rb[r] * N;
+        for (int64_t n = 0; n < N; ++n) acc[n] = std::fma(av, bf16_to_f32(brow[n]), acc[n]);
+      }
+      for (int64_t n = 0; n < N; ++n) out[i * N + n] = f32_to_bf16(acc[n]);
+    }
+  });
+}
+
 }  // namespace cpu
 }  // namespace mxmoe

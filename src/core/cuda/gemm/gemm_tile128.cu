@@ -32,6 +32,7 @@
 #include "common/int_math.hpp"
 #include "cuda/gemm/sm90/sm90_grouped_k.hpp"
 #include "cuda/gemm/sm90/sm90_grouped_m.hpp"
+#include "cuda/gemm/sm90/sm90_grouped_k_gather.hpp"
 #include "cuda/gemm/sm90/sm90_grouped_m_gather.hpp"
 #include "cuda/gemm/gemm_tile128.cuh"
 #include "mxmoe/mx_format.hpp"
@@ -804,6 +805,52 @@ void grouped_mm_bf16_gather(const Bf16GatherMMArgs& x) {
   fail_status(MXMOE_ERR_UNSUPPORTED, what, ": the sm_90a gather kernel does not take M = ", M, ", N = ", N,
               ", K = ", K, ", G = ", G, ", T = ", T, ", fanout = ", x.fanout, ", b_kn = ", x.b_kn ? 1 : 0,
               " (mxmoe_grouped_mm_bf16_gather_available says which calls it takes)");
+}
+
+// The bf16 MoE layer's wgrad on routed rows (the sm_90a K-grouped gather kernel; no CUTLASS path).
+bool grouped_mm_bf16_kgather_available(int64_t r, int64_t m, int64_t n, int64_t g, int64_t t, int64_t fanout,
+                                       int32_t device) {
+#if defined(MXMOE_HAVE_CUTLASS)
+  return gemm::sm90_grouped_k_gather_bf16_takes(r, m, n, g, t, fanout, device);
+#else
+  (void)r, (void)m, (void)n, (void)g, (void)t, (void)fanout, (void)device;
+  return false;
+#endif
+}
+
+void grouped_mm_bf16_kgather(const Bf16KGatherMMArgs& x) {
+  const char* what = "grouped_mm_bf16_kgather";
+  const int64_t G = x.out.shape[0], M = x.out.shape[1], N = x.out.shape[2], R = x.gather.shape[0];
+  const int64_t T = (x.gather_b ? x.b : x.a).shape[0];
+  const DeviceProps props = require_hopper(x.a.device, what);
+  DeviceGuard guard(x.a.device, what);
+#if defined(MXMOE_HAVE_CUTLASS)
+  const auto stream = static_cast<cudaStream_t>(x.stream);
+  if (G * M * N == 0) return;
+  gemm::GroupedKGatherRun r;
+  r.rows = R;
+  r.m = M;
+  r.n = N;
+  r.groups = static_cast<int>(G);
+  r.a = static_cast<const uint8_t*>(x.a.data);
+  r.lda = 2 * M;
+  r.b = static_cast<const uint8_t*>(x.b.data);
+  r.ldb = 2 * N;
+  r.gather = static_cast<const int32_t*>(x.gather.data);
+  r.fanout = x.fanout;
+  r.t_rows = T;
+  r.gather_b = x.gather_b;
+  r.offs = static_cast<const int32_t*>(x.offs.data);
+  r.offs_s = x.offs.strides[0];
+  r.out = x.out.data;
+  r.sm_count = props.sm_count;
+  r.device = x.a.device;
+  r.stream = stream;
+  if (gemm::sm90_grouped_k_gather_bf16(r)) return;
+#endif
+  fail_status(MXMOE_ERR_UNSUPPORTED, what, ": the sm_90a kernel does not take R = ", R, ", M = ", M, ", N = ", N,
+              ", G = ", G, ", T = ", T, ", fanout = ", x.fanout,
+              " (mxmoe_grouped_mm_bf16_kgather_available says which calls it takes)");
 }
 
 bool grouped_mm_tile128_gather_dswiglu_available(int64_t m, int64_t i, int64_t k, int64_t g, int64_t a_rows,

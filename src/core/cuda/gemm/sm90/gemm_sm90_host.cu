@@ -69,6 +69,22 @@ CUtensorMap output_map(void* base, bool bf16, uint64_t rows, uint64_t cols, uint
   return m;
 }
 
+CUtensorMap output_map_3d_bf16(void* base, uint64_t g, uint64_t rows, uint64_t cols) {
+  CUtensorMap m;
+  std::memset(&m, 0, sizeof(m));
+  const cuuint64_t dims[3] = {cols, rows, g};
+  const cuuint64_t strides[2] = {cols * 2, rows * cols * 2};
+  const cuuint32_t box[3] = {64, 64, 1};
+  const cuuint32_t elem[3] = {1, 1, 1};
+  const CUresult r = encode_tiled()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, base, dims, strides, box, elem,
+                                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                    CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    fail_status(MXMOE_ERR_CUDA, "grouped_mm_bf16_kgather: cuTensorMapEncodeTiled failed (", static_cast<int>(r),
+                ") for a ", g, " x ", rows, " x ", cols, " output");
+  return m;
+}
+
 namespace {
 
 int optin_smem(int device) {

@@ -18,6 +18,10 @@ CUtensorMap kmajor_map(const void* base, uint64_t inner, uint64_t outer, uint64_
 // (128 or 64) with the swizzle of that width (the kernels stage their epilogue in that layout).
 CUtensorMap output_map(void* base, bool bf16, uint64_t rows, uint64_t cols, uint32_t box_bytes);
 
+// 3D bf16 output (g, rows, cols), dense, TMA-store boxes of 1 x 64 rows x 128 bytes with 128-byte
+// swizzle: a box's rows past `rows` and columns past `cols` are clipped (not written).
+CUtensorMap output_map_3d_bf16(void* base, uint64_t g, uint64_t rows, uint64_t cols);
+
 // Sets the kernel's dynamic shared-memory limit (the opt-in maximum less its static shared memory)
 // once per device and kernel; returns that limit.
 int sm90_prepare_smem(const void* kernel, int device);
