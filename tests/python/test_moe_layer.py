@@ -562,11 +562,17 @@ def test_module(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("recipe", [TILE, None])
+@pytest.mark.parametrize("recipe,bf16_gather", [(TILE, False), (None, False), (None, True)])
 @pytest.mark.parametrize("I", [96, 128])
-def test_compile_fullgraph_dynamic(device, recipe, I):
+def test_compile_fullgraph_dynamic(monkeypatch, device, recipe, bf16_gather, I):
+    """bf16_gather: the bf16 layer with its backend's gather GEMMs on (the ops' fakes under compile)."""
     torch._dynamo.reset()
     inp, dout = _inputs(device, T=64, I=I, seed=11)
+    if bf16_gather:
+        if not _fused_ok(device):
+            pytest.skip("needs Hopper and a build with the sm_90a kernels")
+        backend = mxmoe.backends.get_backend(mxmoe.backends.resolve_backend("auto", inp["x"].device))
+        monkeypatch.setattr(backend, "bf16_gather_gemm", True)
     eager = _run(inp, dout, recipe=recipe)
 
     def step(x, topk_idx, topk_weights, w13, w2):
