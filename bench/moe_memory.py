@@ -46,7 +46,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="qwen3-30b-a3b", choices=sorted(bench_moe.CONFIGS))
     p.add_argument("--tokens", type=int, default=16384)
-    p.add_argument("--impl", default="mxmoe_tile128", choices=["mxmoe_bf16", "mxmoe_tile128", "mxmoe_exact"])
+    p.add_argument("--impl", default="mxmoe_tile128",
+                   choices=["mxmoe_bf16", "mxmoe_tile128", "mxmoe_exact", bench_moe.BF16_GATHER])
     p.add_argument("--top", type=int, default=12)
     p.add_argument("--without-weight-forms", action="store_true",
                    help="leave the weights' quantized forms out (bench --moe's peak_mib does: the previous step's "
@@ -54,6 +55,8 @@ def main() -> None:
     a = p.parse_args()
     import mxmoe
 
+    if a.impl == bench_moe.BF16_GATHER:  # the CPU's backend takes the gather GEMMs' path (their reference ops)
+        mxmoe.backends.get_backend(mxmoe.backends.resolve_backend("auto", torch.device("cpu"))).bf16_gather_gemm = True
     cfg = bench_moe.CONFIGS[a.config]
     T, H, I, E, k = a.tokens, cfg.hidden, cfg.intermediate, cfg.experts, cfg.top_k
     activation, layout = ("gpt_oss", "interleaved") if cfg.gpt_oss else ("swiglu", "concatenated")

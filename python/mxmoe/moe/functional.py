@@ -275,6 +275,17 @@ class Bf16(torch.autograd.Function):
         if need_h:
             dh = ops.swiglu_backward(d_y if score_before else _scale_rows(d_y, perm, rs, k), h, *act_args)
             d_y = None
+            if need_b13:
+                db13 = _bias_grad(dh, offs, b13)
+            # dXs (and dx from it) before dW13, so that the routed rows' grad is freed before the weights'
+            # grad exists: the peak holds one of them beside h and dH, not both.
+            if need_dxs:
+                dxs = _mm(dh, w13b, offs)
+                if need_tw and score_before:  # d w[t, j] = <x[t], dXs[inv[t, j]]>
+                    d_tw = ops.moe_combine_weight_grad(x_saved, dxs, inv).to(topk_w.dtype)
+                if need_x:
+                    dx = ops.moe_combine(dxs, inv, rs if score_before else None, x_dtype)
+                del dxs
             if need_w13 and gather_gemm and not score_before and _kgather_mm_takes(dh.shape[1], x_saved.shape[1],
                                                                                     w13b.shape[0], x_saved, k):
                 # dW13 = dH^T dispatch(x), the rows of x read inside the GEMM
@@ -283,16 +294,6 @@ class Bf16(torch.autograd.Function):
                 xs = ops.moe_gather(x_saved, perm, k, rs if score_before else None, BF16)
                 dw13 = _cast(_mm(dh.t(), xs, offs), w13_dtype)
                 del xs
-            if need_b13:
-                db13 = _bias_grad(dh, offs, b13)
-            if need_dxs:
-                dxs = _mm(dh, w13b, offs)
-                dh = None
-                if need_tw and score_before:  # d w[t, j] = <x[t], dXs[inv[t, j]]>
-                    d_tw = ops.moe_combine_weight_grad(x_saved, dxs, inv).to(topk_w.dtype)
-                if need_x:
-                    dx = ops.moe_combine(dxs, inv, rs if score_before else None, x_dtype)
-                del dxs
             dh = None
         d_y = None
         # dO = [w *] gather(dout): dW2 = dO^T act(h) (act(h) recomputed), db2 from dO. Last: the up
@@ -301,8 +302,8 @@ class Bf16(torch.autograd.Function):
         if kgather_w2:
             # dW2 = dispatch(dout)^T ([w *] act(h)): the weights on act(h)'s rows, dout's rows read in the GEMM
             y = ops.swiglu(h, *act_args)
-            if not score_before:
-                y = _scale_rows(y, perm, rs, k)
+            if not score_before:  # in place (fp32 product, rounded once): no second N x I tensor at the peak
+                y.mul_(ops.moe_gather(torch.ones(rs.shape[0], 1, dtype=F32, device=rs.device), perm, k, rs, F32))
             dw2 = _cast(ops.moe_kgather_mm_bf16(_cast(dout, BF16), y, perm, k, False, offs), w2_dtype)
             del y
         if (need_w2 and not kgather_w2) or need_b2:
