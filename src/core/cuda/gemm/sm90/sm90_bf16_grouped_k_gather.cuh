@@ -62,7 +62,11 @@ struct GroupedKGatherBf16 {
   static constexpr int kStages = Stages_;
   static constexpr int kBlockM = 128, kBlockN = 128, kBlockK = 64;  // kBlockK: tokens per k-block
   static constexpr int kThreads = 384;
-  static constexpr int kProducerRegs = 40, kMathRegs = 232;
+  // The producer computes two row addresses per copy (an index load and a division for the gathered
+  // one): 56 registers; the math side holds one accumulator set (no promotion). 56 + 2 x 224 = 504, the
+  // pool setmaxnreg may share at 384 threads (docs/development.md).
+  static constexpr int kProducerRegs = 56, kMathRegs = 224;
+  static_assert(kProducerRegs + 2 * kMathRegs <= 504, "setmaxnreg budgets past the launch's pool never return");
   static constexpr int kBoxBytes = 64 * 128;  // 64 token rows x 64 bf16 columns
   static constexpr int kABytes = 2 * kBoxBytes, kBBytes = 2 * kBoxBytes, kStageBytes = kABytes + kBBytes;
   static constexpr int kAcc = 64;  // fp32 accumulators per math thread (64 x 128 / 128)
@@ -145,7 +149,19 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       const int start = s_start[g], len = s_len[g];
       const int ca = m0 + 64 * box + 8 * chunk, cb = n0 + 64 * box + 8 * chunk;  // this thread's columns
       const bool a_col = ca < p.m, b_col = cb < p.n;
+      // The gather indices of a k-block's rows are loaded one k-block ahead (the copies of k-block kb
+      // are issued while kb + 1's indices are in flight), so their latency is not paid per k-block.
+      auto load_index = [&](int k0, int (&idx)[8]) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int tok = k0 + r_lo + 8 * i;
+          idx[i] = tok < len ? __ldg(p.gather + start + tok) : -1;
+        }
+      };
+      int cur[8], nxt[8] = {-1, -1, -1, -1, -1, -1, -1, -1};
+      if (len > 0) load_index(0, cur);
       for (int k0 = 0; k0 < len; k0 += K::kBlockK, rp.advance()) {
+        if (k0 + K::kBlockK < len) load_index(k0 + K::kBlockK, nxt);
         const int s = rp.s;
         cutlass::arch::ClusterBarrier::wait(&empty[s], rp.ph ^ 1);
         uint8_t* sa = smem_a + s * K::kABytes + dst;
@@ -153,18 +169,19 @@ __global__ void __launch_bounds__(K::kThreads, 1)
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           const int tok = k0 + r_lo + 8 * i;
-          int plain = -1, routed = -1;  // the plain and the gathered operand's source rows (-1: zeros)
-          if (tok < len) {
-            plain = start + tok;
-            const int idx = min(p.gather[plain], p.max_index);
-            routed = idx < 0 ? -1 : static_cast<int>(fast_div(static_cast<uint32_t>(idx), p.fanout_div));
-          }
+          const int idx = min(cur[i], p.max_index);
+          // the plain and the gathered operand's source rows (-1: zeros); rows past the group are zeros
+          const int plain = tok < len ? start + tok : -1;
+          const int routed =
+              tok < len && idx >= 0 ? static_cast<int>(fast_div(static_cast<uint32_t>(idx), p.fanout_div)) : -1;
           const int ra = p.gather_b ? plain : routed, rb = p.gather_b ? routed : plain;
           const bool on_a = a_col && ra >= 0, on_b = b_col && rb >= 0;
           cp_async_16(sa + i * 8 * 128, p.a + (on_a ? static_cast<int64_t>(ra) * p.lda + 2 * ca : 0), on_a ? 16 : 0);
           cp_async_16(sb + i * 8 * 128, p.b + (on_b ? static_cast<int64_t>(rb) * p.ldb + 2 * cb : 0), on_b ? 16 : 0);
         }
         cp_async_arrive_noinc(&full[s]);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) cur[i] = nxt[i];
       }
     }
   } else {
