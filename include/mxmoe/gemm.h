@@ -226,6 +226,29 @@ MXMOE_API mxmoe_status mxmoe_grouped_mm_bf16_gather(const mxmoe_tensor* a, const
                                                     int64_t fanout, const mxmoe_tensor* b, int32_t b_kn,
                                                     const mxmoe_tensor* offs, mxmoe_tensor* out, void* stream);
 
+/* mxmoe_grouped_mm_bf16_gather_dswiglu: the bf16 MoE layer's down-projection dgrad with the SwiGLU
+ * backward in its epilogue. The bf16 gather GEMM's
+ *   dY' (M, I) = A[rows] . B[g]   (mxmoe_grouped_mm_bf16_gather with b_kn 1: a (T, K) bf16, gather (M,),
+ *                                  fanout, b (G, K, I) bf16 read as it lies, offs)
+ * rounded to bf16 is not stored; from it, the pre-activation h (M, 2I) bf16 (gate | up, layout
+ * MXMOE_SWIGLU_CONCAT; alpha, limit, up_offset as mxmoe_swiglu) and the routing weight w of each row
+ * (row_scale (T, fanout) f32 at the row's index, 0 for a padding row; without row_scale 1) come
+ *   dh (M, 2I) bf16 = mxmoe_swiglu_backward of bf16(w * bf16(dY')) (one fp32 multiply rounded once) and h;
+ *   tw_part (M, ceil(I/128)) f32: tw_part[r, t] = sum over columns c of tile t (128 t .. 128 t + 127, < I)
+ *     of bf16(dY')[r, c] * swiglu(h[r])[c] (fp32), in a fixed order: lane q of 4 sums columns
+ *     128 t + 8 j + 2 q + e (j < 16, e < 2) in that order from +0, then (s0 + s1) + (s2 + s3).
+ * Rows past the last group are zero in both. K and I multiples of 64. On the host a reference composes
+ * the gather GEMM and the same arithmetic; on a device only the sm_90a kernel runs it (UNSUPPORTED
+ * elsewhere: ..._available says).
+ */
+MXMOE_API int32_t mxmoe_grouped_mm_bf16_gather_dswiglu_available(int64_t m, int64_t i, int64_t k, int64_t g,
+                                                                 int64_t t, int64_t fanout, int32_t layout,
+                                                                 int32_t device);
+MXMOE_API mxmoe_status mxmoe_grouped_mm_bf16_gather_dswiglu(
+    const mxmoe_tensor* a, const mxmoe_tensor* gather, int64_t fanout, const mxmoe_tensor* row_scale,
+    const mxmoe_tensor* b, const mxmoe_tensor* offs, const mxmoe_tensor* h, int32_t layout, float alpha, float limit,
+    float up_offset, mxmoe_tensor* dh, mxmoe_tensor* tw_part, void* stream);
+
 /* mxmoe_grouped_mm_bf16_kgather: the bf16 MoE layer's wgrad on routed rows, groups along the reduction
  * (no routed copy of the gathered operand exists):
  *   out (G, M, N) bf16, out[g] = sum over the routed rows r of group g of A_r^T B_r (fp32 accumulation

@@ -54,6 +54,10 @@ Ops (schemas in src/ops/library.cpp):
   moe_kgather_mm_bf16(a, b, perm, k, gather_b, offs) -> (G, M, N) bf16: per group of offs, the sum over its
       routed rows r of a_r^T b_r, the rows of b (gather_b) or a read as x[perm // k] (no gathered copy):
       the bf16 layer's dW13 = dH^T dispatch(x) and dW2 = dispatch(dout)^T (w act(h)) (sm_90a kernel)
+  moe_dswiglu_mm_bf16(dout, perm, k, w2, h, row_scale?, alpha, limit, up_offset, offs) -> (dh, tw_part): the
+      bf16 layer's down-projection dgrad dY' = dout[perm // k] @ w2[g] (never stored) with dH =
+      swiglu_backward(bf16(w * dY'), h) (M, 2I) bf16 and the routing weights' per-128-column partials
+      <dY', swiglu(h)> (M, ceil(I/128)) f32 in its epilogue (concatenated halves)
   moe_combine(y, inv, weights?, out_dtype) -> sum_j w[t, j] * y[inv[t, j]] (T, H), fp32, j in order
   moe_combine_weight_grad(dout, y, inv) -> dw (T, k) f32 = <dout[t], y[inv[t, j]]>
   moe_swiglu_weight_grad(dy, h, inv, layout, alpha, limit, up_offset) -> dw (T, k) f32
@@ -490,6 +494,7 @@ moe_gather = _python_op("moe_gather")
 moe_combine = _python_op("moe_combine")
 moe_gather_mm_bf16 = _python_op("moe_gather_mm_bf16")
 moe_kgather_mm_bf16 = _python_op("moe_kgather_mm_bf16")
+moe_dswiglu_mm_bf16 = _python_op("moe_dswiglu_mm_bf16")
 moe_combine_weight_grad = _python_op("moe_combine_weight_grad")
 moe_swiglu_weight_grad = _python_op("moe_swiglu_weight_grad")
 moe_group_sum = _python_op("moe_group_sum")
@@ -497,7 +502,8 @@ swiglu = _python_op("swiglu")
 swiglu_backward = _python_op("swiglu_backward")
 
 __all__ += [
-    "moe_routing", "moe_gather", "moe_gather_mm_bf16", "moe_kgather_mm_bf16", "moe_combine", "moe_combine_weight_grad",
+    "moe_routing", "moe_gather", "moe_gather_mm_bf16", "moe_kgather_mm_bf16", "moe_dswiglu_mm_bf16", "moe_combine",
+    "moe_combine_weight_grad",
     "moe_swiglu_weight_grad",
     "moe_group_sum", "swiglu", "swiglu_backward", "SWIGLU_CONCAT", "SWIGLU_INTERLEAVED", "SWIGLU_STANDARD",
     "SWIGLU_GPT_OSS",
@@ -538,6 +544,13 @@ def _(a, b, perm, k, gather_b, offs):
     _dims(a, "a", 2)
     _dims(b, "b", 2)
     return a.new_empty((offs.shape[0], a.shape[1], b.shape[1]), dtype=torch.bfloat16)
+
+
+@_fake("moe_dswiglu_mm_bf16")
+def _(dout, perm, k, w2, h, row_scale, alpha, limit, up_offset, offs):
+    _dims(w2, "w2", 3)
+    m, i = perm.shape[0], w2.shape[2]
+    return dout.new_empty((m, 2 * i), dtype=torch.bfloat16), dout.new_empty((m, (i + 127) // 128), dtype=torch.float32)
 
 
 @_fake("moe_combine")

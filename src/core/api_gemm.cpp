@@ -623,6 +623,113 @@ mxmoe_status mxmoe_grouped_mm_bf16_gather(const mxmoe_tensor* a_, const mxmoe_te
   MXMOE_API_END
 }
 
+int32_t mxmoe_grouped_mm_bf16_gather_dswiglu_available(int64_t m, int64_t i, int64_t k, int64_t g, int64_t t,
+                                                       int64_t fanout, int32_t layout, int32_t device) {
+  if (m < 0 || i < 0 || k < 0 || g < 0 || t < 0 || fanout < 1 || device < -1 || layout != MXMOE_SWIGLU_CONCAT) return 0;
+  if (device < 0) return 1;  // the host reference takes every call
+#if defined(MXMOE_WITH_CUDA)
+  try {
+    return cuda::grouped_mm_bf16_gather_dswiglu_available(m, i, k, g, t, fanout, device) ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
+#else
+  return 0;
+#endif
+}
+
+mxmoe_status mxmoe_grouped_mm_bf16_gather_dswiglu(const mxmoe_tensor* a_, const mxmoe_tensor* gather_,
+                                                  int64_t fanout, const mxmoe_tensor* row_scale_,
+                                                  const mxmoe_tensor* b_, const mxmoe_tensor* offs_,
+                                                  const mxmoe_tensor* h_, int32_t layout, float alpha, float limit,
+                                                  float up_offset, mxmoe_tensor* dh_, mxmoe_tensor* tw_part_,
+                                                  void* stream) {
+  MXMOE_API_BEGIN
+  if (layout != MXMOE_SWIGLU_CONCAT) fail("layout: expected MXMOE_SWIGLU_CONCAT (0), got ", layout);
+  if (!std::isfinite(alpha)) fail("alpha: expected a finite value, got ", alpha);
+  if (!(limit > 0.f)) fail("limit: expected a positive value (+inf: no clamp), got ", limit);
+  if (!std::isfinite(up_offset)) fail("up_offset: expected a finite value, got ", up_offset);
+  const mxmoe_tensor& a = require(a_, "a");
+  check_dtype(a, "a", {MXMOE_DTYPE_BF16});
+  check_ndim(a, "a", {2});
+  check_backend(a.device, "a");
+  check_contiguous(a, "a");
+  const int64_t T = a.shape[0], K = a.shape[1];
+  const mxmoe_tensor& gather = check_gather_index(gather_);
+  check_device(gather, "gather", a.device);
+  check_contiguous(gather, "gather");
+  const int64_t M = gather.shape[0];
+  if (fanout < 1 || (T > 0 && fanout > ((int64_t{1} << 31) - 1) / T))
+    fail("fanout: expected 1 <= fanout and T * fanout < 2^31 (T = ", T, "), got ", fanout);
+  const mxmoe_tensor& b = require(b_, "b");
+  check_dtype(b, "b", {MXMOE_DTYPE_BF16});
+  check_ndim(b, "b", {3});
+  check_device(b, "b", a.device);
+  check_contiguous(b, "b");
+  if (b.shape[1] != K) fail("b: expected the contraction dim (dim 1) ", K, " to match a, got ", b.shape[1]);
+  const int64_t G = b.shape[0], I = b.shape[2];
+  const mxmoe_tensor& offs = require(offs_, "offs");
+  api::check_offs(offs, a.device);
+  check_shape(offs, "offs", {G});
+  Bf16GatherDSwigluArgs x;
+  if (row_scale_ != nullptr) {
+    const mxmoe_tensor& rs = require(row_scale_, "row_scale");
+    check_dtype(rs, "row_scale", {MXMOE_DTYPE_F32});
+    check_shape(rs, "row_scale", {T, fanout});
+    check_device(rs, "row_scale", a.device);
+    check_contiguous(rs, "row_scale");
+    x.row_scale = {true, rs};
+  }
+  const mxmoe_tensor& h = require(h_, "h");
+  check_dtype(h, "h", {MXMOE_DTYPE_BF16});
+  check_shape(h, "h", {M, 2 * I});
+  check_device(h, "h", a.device);
+  check_contiguous(h, "h");
+  mxmoe_tensor& dh = const_cast<mxmoe_tensor&>(require(dh_, "dh"));
+  check_dtype(dh, "dh", {MXMOE_DTYPE_BF16});
+  check_shape(dh, "dh", {M, 2 * I});
+  check_device(dh, "dh", a.device);
+  check_contiguous(dh, "dh");
+  mxmoe_tensor& tw = const_cast<mxmoe_tensor&>(require(tw_part_, "tw_part"));
+  check_dtype(tw, "tw_part", {MXMOE_DTYPE_F32});
+  check_shape(tw, "tw_part", {M, (I + 127) / 128});
+  check_device(tw, "tw_part", a.device);
+  check_contiguous(tw, "tw_part");
+  const std::pair<const mxmoe_tensor*, const char*> read[] = {
+      {&a, "a"}, {&gather, "gather"}, {&b, "b"}, {&offs, "offs"}, {&h, "h"},
+      {x.row_scale.present ? &x.row_scale.t : &a, x.row_scale.present ? "row_scale" : "a"}};
+  for (const auto& [t, name] : read) {
+    check_no_overlap(dh, "dh", *t, name);
+    check_no_overlap(tw, "tw_part", *t, name);
+  }
+  check_no_overlap(dh, "dh", tw, "tw_part");
+  x.g.a = a;
+  x.g.gather = gather;
+  x.g.b = b;
+  x.g.offs = offs;
+  x.g.out = dh;  // dY' (M, I): its shape only (never written)
+  x.g.out.dtype = MXMOE_DTYPE_BF16;
+  x.g.out.shape[1] = I;
+  x.g.out.strides[0] = I;
+  x.g.fanout = fanout;
+  x.g.b_kn = true;
+  x.g.stream = stream;
+  x.h = h;
+  x.alpha = alpha;
+  x.limit = limit;
+  x.up_offset = up_offset;
+  x.dh = dh;
+  x.tw_part = tw;
+  if (a.device >= 0) {
+#if defined(MXMOE_WITH_CUDA)
+    cuda::grouped_mm_bf16_gather_dswiglu(x);
+#endif
+  } else {
+    cpu::grouped_mm_bf16_gather_dswiglu(x);
+  }
+  MXMOE_API_END
+}
+
 int32_t mxmoe_grouped_mm_bf16_kgather_available(int64_t r, int64_t m, int64_t n, int64_t g, int64_t t,
                                                 int64_t fanout, int32_t device) {
   if (r < 0 || m < 0 || n < 0 || g < 0 || t < 0 || fanout < 1 || device < -1) return 0;

@@ -78,6 +78,16 @@ struct Bf16GatherMMArgs {
   void* stream = nullptr;
 };
 
+// mxmoe_grouped_mm_bf16_gather_dswiglu: g is the gather GEMM (b_kn, out describing dY' (M, I): its shape
+// only); row_scale optional.
+struct Bf16GatherDSwigluArgs {
+  Bf16GatherMMArgs g;
+  OptTensor row_scale;  // (T, fanout) f32
+  mxmoe_tensor h{};     // (M, 2I) bf16
+  float alpha = 1.f, limit = 0.f, up_offset = 0.f;
+  mxmoe_tensor dh{}, tw_part{};
+};
+
 // mxmoe_grouped_mm_bf16_kgather: out (G, M, N) bf16, out[g] = sum over group g's routed rows r of
 // A_r^T B_r; gather (R,) reads b's rows (gather_b) or a's, the other operand has R rows.
 struct Bf16KGatherMMArgs {
@@ -164,6 +174,7 @@ void grouped_mm_kgroups(const GroupedMMKArgs& args);
 void grouped_mm_gather(const GroupedMMGatherArgs& args);  // routed rows materialized, then grouped_mm
 void grouped_mm_bf16_gather(const Bf16GatherMMArgs& args);  // fp32 sums in K order
 void grouped_mm_bf16_kgather(const Bf16KGatherMMArgs& args);  // fp32 sums in row order
+void grouped_mm_bf16_gather_dswiglu(const Bf16GatherDSwigluArgs& args);  // the gather GEMM, then the epilogue
 }  // namespace cpu
 
 #if defined(MXMOE_WITH_CUDA)
@@ -196,6 +207,9 @@ void grouped_mm_bf16_gather(const Bf16GatherMMArgs& args);
 bool grouped_mm_bf16_kgather_available(int64_t r, int64_t m, int64_t n, int64_t g, int64_t t, int64_t fanout,
                                        int32_t device);
 void grouped_mm_bf16_kgather(const Bf16KGatherMMArgs& args);
+bool grouped_mm_bf16_gather_dswiglu_available(int64_t m, int64_t i, int64_t k, int64_t g, int64_t t, int64_t fanout,
+                                              int32_t device);
+void grouped_mm_bf16_gather_dswiglu(const Bf16GatherDSwigluArgs& args);
 
 void quantize(const QuantizeArgs& args);
 void dequantize(const DequantizeArgs& args);

@@ -85,6 +85,28 @@ Tensor moe_kgather_mm_bf16(Tensor a, Tensor b, Tensor perm, int64_t k, bool gath
   return out;
 }
 
+std::tuple<Tensor, Tensor> moe_dswiglu_mm_bf16(Tensor dout, Tensor perm, int64_t k, Tensor w2, Tensor h,
+                                               OptTensor row_scale, double alpha, double limit, double up_offset,
+                                               Tensor offs) {
+  const char* op = "moe_dswiglu_mm_bf16";
+  Launch L(dout);
+  const Tensor dd = dense(dout), pd = dense(perm), wd = dense(w2), hd = dense(h), od = dense(offs);
+  OptTensor sd;
+  if (row_scale) sd = dense(*row_scale);
+  require_dims(wd, "w2", 3, 3, op);
+  const int64_t M = size_or0(pd, 0), I = wd.size(2);
+  Tensor dh = empty({M, 2 * I}, ScalarType::BFloat16, L.device);
+  Tensor tw = empty({M, (I + 127) / 128}, ScalarType::Float, L.device);
+  mxmoe_tensor dv = view(dd, "dout", op), pv = view(pd, "perm", op), wv = view(wd, "w2", op), hv = view(hd, "h", op),
+               ov = view(od, "offs", op), dhv = view(dh, "dh", op), twv = view(tw, "tw_part", op);
+  OptView sv(sd, "row_scale", op);
+  check(mxmoe_grouped_mm_bf16_gather_dswiglu(&dv, &pv, k, sv.get(), &wv, &ov, &hv, MXMOE_SWIGLU_CONCAT,
+                                             static_cast<float>(alpha), static_cast<float>(limit),
+                                             static_cast<float>(up_offset), &dhv, &twv, L.stream),
+        op);
+  return {dh, tw};
+}
+
 bool moe_gather_mm_bf16_available(int64_t m, int64_t n, int64_t kdim, int64_t groups, int64_t t, int64_t fanout,
                                   bool w_kn, int64_t device) {
   return mxmoe_grouped_mm_bf16_gather_available(m, n, kdim, groups, t, fanout, w_kn ? 1 : 0,

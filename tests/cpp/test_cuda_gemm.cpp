@@ -844,6 +844,61 @@ TEST(CudaGemm, Bf16KGatherMatchesTheContract) {
   }
 }
 
+// The bf16 dSwiGLU gather GEMM (mxmoe_grouped_mm_bf16_gather_dswiglu, the bf16 MoE layer's
+// down-projection dgrad): the host's bytes (the same arithmetic on the same bf16 dY': exact GEMM
+// operands, h random), with and without row weights, partial column tiles, empty groups, padding,
+// clamped and tail rows; Qwen3-30B-A3B's shape among them.
+TEST(CudaGemm, Bf16GatherDSwigluMatchesHost) {
+  SKIP_WITHOUT_CUDA();
+  struct Case {
+    int64_t t, k, i, fanout;
+    std::vector<int32_t> sizes;
+  };
+  const Case cases[] = {{200, 512, 320, 8, {300, 0, 129, 700, 471}}, {1024, 2048, 768, 8, {1000, 2000, 0, 3000, 2192}}};
+  uint32_t seed = 80;
+  for (const Case& c : cases) {
+    for (bool weighted : {true, false}) {
+      mxtest::Bf16Gather g = mxtest::bf16_gather_case(c.t, c.k, c.i, c.fanout, c.sizes, true, seed++);
+      const int64_t M = static_cast<int64_t>(g.gather.size()), G = static_cast<int64_t>(c.sizes.size());
+      const int64_t ntw = (c.i + 127) / 128;
+      if (!mxmoe_grouped_mm_bf16_gather_dswiglu_available(M, c.i, c.k, G, c.t, c.fanout, 0, 0))
+        GTEST_SKIP() << "the sm_90a bf16 dSwiGLU gather kernel is not available here";
+      Buffer h = mxtest::random_input({M, 2 * c.i}, MXMOE_DTYPE_BF16, seed++, 3.f);
+      Buffer rs({c.t, c.fanout}, MXMOE_DTYPE_F32);
+      std::mt19937 rng(seed++);
+      std::uniform_real_distribution<float> u(0.f, 1.f);
+      for (int64_t i = 0; i < rs.numel(); ++i) rs.set(i, u(rng));
+      const float inf = std::numeric_limits<float>::infinity();
+      Buffer host_dh({M, 2 * c.i}, MXMOE_DTYPE_BF16), host_tw({M, ntw}, MXMOE_DTYPE_F32);
+      {
+        auto va = g.a.view(), vg = g.index.view(), vrs = rs.view(), vb = g.b.view(), vo = g.offs.view(),
+             vh = h.view(), vdh = host_dh.view(), vtw = host_tw.view();
+        ASSERT_EQ(mxmoe_grouped_mm_bf16_gather_dswiglu(&va, &vg, c.fanout, weighted ? &vrs : nullptr, &vb, &vo, &vh, 0,
+                                                       1.f, inf, 0.f, &vdh, &vtw, nullptr),
+                  MXMOE_OK)
+            << mxmoe_last_error();
+      }
+      DevBuf da(g.a), db(g.b), doffs(g.offs), dgi(g.index), drs(rs), dh_in(h);
+      DevBuf ddh(Buffer({M, 2 * c.i}, MXMOE_DTYPE_BF16), false), dtw(Buffer({M, ntw}, MXMOE_DTYPE_F32), false);
+      ddh.poison();
+      dtw.poison();
+      auto va = da.view(), vb = db.view(), vo = doffs.view(), vg = dgi.view(), vrs = drs.view(), vh = dh_in.view(),
+           vdh = ddh.view(), vtw = dtw.view();
+      ASSERT_EQ(mxmoe_grouped_mm_bf16_gather_dswiglu(&va, &vg, c.fanout, weighted ? &vrs : nullptr, &vb, &vo, &vh, 0,
+                                                     1.f, inf, 0.f, &vdh, &vtw, nullptr),
+                MXMOE_OK)
+          << mxmoe_last_error();
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const Buffer got_dh = ddh.download(), got_tw = dtw.download();
+      int64_t diff_dh = 0, diff_tw = 0;
+      for (int64_t i = 0; i < got_dh.numel(); ++i) diff_dh += got_dh.data<uint16_t>()[i] != host_dh.data<uint16_t>()[i];
+      for (int64_t i = 0; i < got_tw.numel(); ++i) diff_tw += got_tw.data<uint32_t>()[i] != host_tw.data<uint32_t>()[i];
+      EXPECT_EQ(diff_dh, 0) << "dh, I=" << c.i << " weighted=" << weighted;
+      EXPECT_EQ(diff_tw, 0) << "tw_part, I=" << c.i << " weighted=" << weighted;
+    }
+  }
+}
+
 // The gather GEMM with the dSwiGLU epilogue (mxmoe_grouped_mm_tile128_gather_dswiglu, the MoE layer's
 // down-projection dgrad): the same bytes as the gather GEMM writing dY' and the tile128 quantize pass
 // over the SWIGLU_BACKWARD source (both on the device), rows past the last group as a zero dY', and

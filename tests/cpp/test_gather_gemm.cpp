@@ -434,4 +434,71 @@ TEST(Bf16KGatherGemm, Validation) {
   EXPECT_EQ(mxmoe_grouped_mm_bf16_kgather_available(10, 16, 24, 2, 20, 0, -1), 0);
 }
 
+// The bf16 dSwiGLU gather GEMM on the host (mxmoe_grouped_mm_bf16_gather_dswiglu): the contract written
+// out from the gather GEMM's dY', with and without row weights (a padding row's weight is 0), I not a
+// multiple of 128 (a partial tile of the weights' partials); and its checks (nothing written).
+TEST(Bf16GatherDSwiglu, HostMatchesTheContract) {
+  for (bool weighted : {true, false}) {
+    mxtest::Bf16Gather c = mxtest::bf16_gather_case(30, 64, 192, 4, {20, 0, 37, 9}, true, 55);
+    const int64_t M = static_cast<int64_t>(c.gather.size()), I = c.N;
+    Buffer h = mxtest::random_input({M, 2 * I}, MXMOE_DTYPE_BF16, 56, 3.f);
+    Buffer rs({c.T, c.fanout}, MXMOE_DTYPE_F32);
+    std::mt19937 rng(57);
+    std::uniform_real_distribution<float> u(0.f, 1.f);
+    for (int64_t i = 0; i < rs.numel(); ++i) rs.set(i, u(rng));
+    Buffer dh({M, 2 * I}, MXMOE_DTYPE_BF16, 0xEE), tw({M, 2}, MXMOE_DTYPE_F32, 0xEE);
+    auto va = c.a.view(), vg = c.index.view(), vrs = rs.view(), vb = c.b.view(), vo = c.offs.view(), vh = h.view(),
+         vdh = dh.view(), vtw = tw.view();
+    ASSERT_EQ(mxmoe_grouped_mm_bf16_gather_dswiglu(&va, &vg, c.fanout, weighted ? &vrs : nullptr, &vb, &vo, &vh, 0, 1.f,
+                                                   std::numeric_limits<float>::infinity(), 0.f, &vdh, &vtw, nullptr),
+              MXMOE_OK)
+        << mxmoe_last_error();
+    const mxmoe::SwigluParams p{0, 1.f, std::numeric_limits<float>::infinity(), 0.f};
+    auto act_grad = [&](float g, float uu, float d, float* dg, float* du, float* y) {
+      mxmoe::swiglu_grad_value(g, uu, d, p, dg, du, y);
+    };
+    auto w_of = [&](int64_t r) {
+      if (!weighted) return 1.f;
+      const int64_t i = std::min<int64_t>(c.gather[r], c.T * c.fanout - 1);
+      return i < 0 ? 0.f : rs.get(i);
+    };
+    const auto [want_dh, want_tw] = mxtest::bf16_dswiglu_expected(c, h, act_grad, w_of);
+    EXPECT_EQ(dh.bytes, want_dh.bytes) << "weighted " << weighted;
+    EXPECT_EQ(tw.bytes, want_tw.bytes) << "weighted " << weighted;
+  }
+}
+
+TEST(Bf16GatherDSwiglu, Validation) {
+  mxtest::Bf16Gather c = mxtest::bf16_gather_case(20, 64, 64, 2, {10, 12}, true, 58);
+  const int64_t M = static_cast<int64_t>(c.gather.size()), I = c.N;
+  Buffer h({M, 2 * I}, MXMOE_DTYPE_BF16), dh({M, 2 * I}, MXMOE_DTYPE_BF16, 0xEE), tw({M, 1}, MXMOE_DTYPE_F32, 0xEE);
+  auto va = c.a.view(), vg = c.index.view(), vb = c.b.view(), vo = c.offs.view(), vh = h.view(), vdh = dh.view(),
+       vtw = tw.view();
+  const float inf = std::numeric_limits<float>::infinity();
+  auto expect_error = [&](mxmoe_status st, const std::string& what) {
+    EXPECT_EQ(st, MXMOE_ERR_INVALID_ARGUMENT) << what;
+    EXPECT_NE(std::string(mxmoe_last_error()).find(what), std::string::npos) << mxmoe_last_error();
+  };
+  expect_error(mxmoe_grouped_mm_bf16_gather_dswiglu(&va, &vg, 2, nullptr, &vb, &vo, &vh, 1, 1.f, inf, 0.f, &vdh, &vtw,
+                                                    nullptr),
+               "layout");
+  expect_error(mxmoe_grouped_mm_bf16_gather_dswiglu(&va, &vg, 2, nullptr, &vb, &vo, &vh, 0, 1.f, -1.f, 0.f, &vdh, &vtw,
+                                                    nullptr),
+               "limit");
+  Buffer h_bad({M, I}, MXMOE_DTYPE_BF16);
+  auto vh_bad = h_bad.view();
+  expect_error(mxmoe_grouped_mm_bf16_gather_dswiglu(&va, &vg, 2, nullptr, &vb, &vo, &vh_bad, 0, 1.f, inf, 0.f, &vdh,
+                                                    &vtw, nullptr),
+               "h");
+  Buffer tw_bad({M, 2}, MXMOE_DTYPE_F32);
+  auto vtw_bad = tw_bad.view();
+  expect_error(mxmoe_grouped_mm_bf16_gather_dswiglu(&va, &vg, 2, nullptr, &vb, &vo, &vh, 0, 1.f, inf, 0.f, &vdh,
+                                                    &vtw_bad, nullptr),
+               "tw_part");
+  for (const Buffer* b : {&dh, &tw})
+    for (uint8_t v : b->bytes) ASSERT_EQ(v, 0xEE);  // nothing written by the failed calls
+  EXPECT_EQ(mxmoe_grouped_mm_bf16_gather_dswiglu_available(10, 64, 64, 2, 20, 2, 0, -1), 1);
+  EXPECT_EQ(mxmoe_grouped_mm_bf16_gather_dswiglu_available(10, 64, 64, 2, 20, 2, 1, -1), 0);
+}
+
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mxmoe/mxmoe.h"
@@ -251,6 +252,41 @@ inline Buffer bf16_kgather_expected(const Bf16KGather& c) {
     start = c.ends[g];
   }
   return out;
+}
+
+// The bf16 dSwiGLU gather GEMM's contract (mxmoe_grouped_mm_bf16_gather_dswiglu) written out from the
+// gather GEMM's bf16 dY' (bf16_gather_expected of a b_kn case): dh (M, 2I) and tw_part (M, ceil(I/128)),
+// with act_grad(g, u, dy, &dg, &du, &y) the SwiGLU gradient and value (the caller's, e.g.
+// mxmoe::swiglu_grad_value), row weights w_of(r), the documented partial order.
+template <class ActGrad, class WeightOf>
+inline std::pair<Buffer, Buffer> bf16_dswiglu_expected(const Bf16Gather& c, const Buffer& h, ActGrad act_grad,
+                                                       WeightOf w_of) {
+  const Buffer dy = bf16_gather_expected(c);
+  const int64_t M = dy.shape[0], I = c.N, ntw = (I + 127) / 128, end = c.ends.empty() ? 0 : c.ends.back();
+  Buffer dh({M, 2 * I}, MXMOE_DTYPE_BF16, 0), tw({M, ntw}, MXMOE_DTYPE_F32, 0);
+  for (int64_t r = 0; r < end; ++r) {
+    const float w = w_of(r);
+    for (int64_t t = 0; t < ntw; ++t) {
+      volatile float s[4] = {0.f, 0.f, 0.f, 0.f};  // volatile: each sum rounded as written
+      for (int q = 0; q < 4; ++q)
+        for (int j = 0; j < 16; ++j)
+          for (int e = 0; e < 2; ++e) {
+            const int64_t col = 128 * t + 8 * j + 2 * q + e;
+            if (col >= I) continue;
+            const float d = dy.get(r * I + col);
+            volatile float dw = d * w;
+            float dg, du, y;
+            act_grad(h.get(r * 2 * I + col), h.get(r * 2 * I + I + col), from_bf16(to_bf16(dw)), &dg, &du, &y);
+            volatile float prod = d * y;
+            s[q] = s[q] + prod;
+            dh.set(r * 2 * I + col, dg);
+            dh.set(r * 2 * I + I + col, du);
+          }
+      volatile float a = s[0] + s[1], b = s[2] + s[3];
+      tw.set(r * ntw + t, a + b);
+    }
+  }
+  return {dh, tw};
 }
 
 }  // namespace mxtest

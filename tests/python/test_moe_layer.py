@@ -188,12 +188,13 @@ class _OpNames(TorchDispatchMode):
 def test_bf16_gather_gemm_same_bits_as_gathered_rows(monkeypatch, device, dtype):
     """With its backend's bf16_gather_gemm (Sm90Backend's: not yet the default) every GEMM of the bf16
     layer that reads routed rows of x or dout reads them inside the GEMM (moe_gather_mm_bf16: up
-    projection, down-projection dgrad; moe_kgather_mm_bf16: dW13, dW2; the sm_90a kernels, on the CPU
-    their references): no gathered copy. With exact operands (multiples of 1/8: every fp32 sum of the
-    forward and dgrad GEMMs exact, so their summation order cannot matter) the output and the grads of x
-    and the routing weights are the bits of the same layer gathering the rows first for
-    torch._grouped_mm; the weights' grads (sums of inexact products, and dW2 weighting act(h)'s rows
-    instead of dout's) agree to bf16 rounding."""
+    projection; moe_dswiglu_mm_bf16: down-projection dgrad with dH in its epilogue; moe_kgather_mm_bf16:
+    dW13, dW2; the sm_90a kernels, on the CPU their references): no gathered copy, no stored dY'. With
+    exact operands (multiples of 1/8: every fp32 sum of the forward and dgrad GEMMs exact, so their
+    summation order cannot matter) the output and the grad of x are the bits of the same layer gathering
+    the rows first for torch._grouped_mm; the weights' grads (sums of inexact products, and dW2 weighting
+    act(h)'s rows instead of dout's) and the routing weights' (another summation order) agree to bf16
+    rounding."""
     if not _fused_ok(device):
         pytest.skip("needs Hopper and a build with the sm_90a kernels")
     T, H, I, E, k = 300, 256, 128, 6, 4
@@ -208,17 +209,19 @@ def test_bf16_gather_gemm_same_bits_as_gathered_rows(monkeypatch, device, dtype)
     monkeypatch.setattr(backend, "bf16_gather_gemm", True)
     with _OpNames() as seen:
         out, grads = _run(inp, dout, recipe=None)
-    assert sum("moe_gather_mm_bf16" in n for n in seen.names) == 2, "the up projection and the dgrad"
-    assert sum("moe_kgather_mm_bf16" in n for n in seen.names) == 2, "dW13 and dW2"
+    names = lambda op: sum(f"mxmoe.{op}." in n for n in seen.names)  # noqa: E731
+    assert (names("moe_gather_mm_bf16"), names("moe_dswiglu_mm_bf16"), names("moe_kgather_mm_bf16")) == (1, 1, 2), \
+        "the up projection; the down-projection dgrad with dSwiGLU; dW13 and dW2"
     monkeypatch.setattr(backend, "bf16_gather_gemm", False)
     with _OpNames() as seen:
         ref_out, ref_grads = _run(inp, dout, recipe=None)
-    assert not any("gather_mm_bf16" in n for n in seen.names)
+    assert not any("_mm_bf16" in n for n in seen.names)
     _same(out, ref_out, "out")
-    for n in ("x", "topk_weights"):
-        _same(grads[n], ref_grads[n], f"grad of {n}")
-    for n in ("w13", "w2"):
+    _same(grads["x"], ref_grads["x"], "grad of x")
+    # the routing weights' grad sums <dY', act(h)> per 128 columns in the epilogue's order
+    for n in ("topk_weights", "w13", "w2"):
         assert sqnr(grads[n].float().cpu(), ref_grads[n].float().cpu()) >= 40, n
+    for n in ("w13", "w2"):
         assert not grads[n][E - 1].any(), f"grad of {n}: the expert without rows"
 
 

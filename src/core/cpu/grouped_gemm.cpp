@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/moe_activation.hpp"
 #include "common/parallel.hpp"
 #include "common/tensor.hpp"
 #include "mxmoe/mx_format.hpp"
@@ -405,6 +406,54 @@ void grouped_mm_bf16_kgather(const Bf16KGatherMMArgs& x) {
         for (int64_t n = 0; n < N; ++n) acc[n] = std::fma(av, bf16_to_f32(brow[n]), acc[n]);
       }
       for (int64_t n = 0; n < N; ++n) out[i * N + n] = f32_to_bf16(acc[n]);
+    }
+  });
+}
+
+void grouped_mm_bf16_gather_dswiglu(const Bf16GatherDSwigluArgs& x) {
+  const int64_t M = x.g.out.shape[0], I = x.g.out.shape[1], T = x.g.a.shape[0], ntw = (I + 127) / 128;
+  // dY' as the gather GEMM stores it.
+  std::vector<uint16_t> dy(static_cast<size_t>(M * I));
+  Bf16GatherMMArgs g = x.g;
+  g.out = make_view(dy.data(), MXMOE_DTYPE_BF16, {M, I});
+  grouped_mm_bf16_gather(g);
+  const Groups groups = groups_from_offsets(x.g.offs, M);
+  const int64_t end = groups.count() ? groups.end.back() : 0;
+  const auto* idx = static_cast<const int32_t*>(x.g.gather.data);
+  const auto* h = static_cast<const uint16_t*>(x.h.data);
+  auto* dh = static_cast<uint16_t*>(x.dh.data);
+  auto* tw = static_cast<float*>(x.tw_part.data);
+  const SwigluParams act{kSwigluConcat, x.alpha, x.limit, x.up_offset};
+  const int64_t max_index = T * x.g.fanout - 1;
+  parallel_for(M, 8, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      if (r >= end) {  // past the last group: zero
+        std::fill(dh + r * 2 * I, dh + (r + 1) * 2 * I, uint16_t{0});
+        std::fill(tw + r * ntw, tw + (r + 1) * ntw, 0.f);
+        continue;
+      }
+      const int64_t i = std::min<int64_t>(idx[r], max_index);
+      float w = 1.f;
+      if (x.row_scale.present)
+        w = i < 0 ? 0.f : load_f32(x.row_scale.t, (i / x.g.fanout) * x.row_scale.t.strides[0] +
+                                                      (i % x.g.fanout) * x.row_scale.t.strides[1]);
+      for (int64_t t = 0; t < ntw; ++t) {
+        float s[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int q = 0; q < 4; ++q)
+          for (int j = 0; j < 16; ++j)
+            for (int e = 0; e < 2; ++e) {
+              const int64_t c = 128 * t + 8 * j + 2 * q + e;
+              if (c >= I) continue;
+              const float d = bf16_to_f32(dy[r * I + c]);
+              const float g = bf16_to_f32(h[r * 2 * I + c]), u = bf16_to_f32(h[r * 2 * I + I + c]);
+              float dg, du, y;
+              swiglu_grad_value(g, u, bf16_to_f32(f32_to_bf16(mul_rn(d, w))), act, &dg, &du, &y);
+              s[q] = add_rn(s[q], mul_rn(d, y));  // the kernel's order, no contraction
+              dh[r * 2 * I + c] = f32_to_bf16(dg);
+              dh[r * 2 * I + I + c] = f32_to_bf16(du);
+            }
+        tw[r * ntw + t] = add_rn(add_rn(s[0], s[1]), add_rn(s[2], s[3]));
+      }
     }
   });
 }

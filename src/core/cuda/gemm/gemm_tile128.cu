@@ -807,6 +807,63 @@ void grouped_mm_bf16_gather(const Bf16GatherMMArgs& x) {
               " (mxmoe_grouped_mm_bf16_gather_available says which calls it takes)");
 }
 
+bool grouped_mm_bf16_gather_dswiglu_available(int64_t m, int64_t i, int64_t k, int64_t g, int64_t t, int64_t fanout,
+                                              int32_t device) {
+#if defined(MXMOE_HAVE_CUTLASS)
+  return g > 0 && gemm::sm90_grouped_m_gather_dswiglu_bf16_takes(m, i, k, g, t, fanout, device);
+#else
+  (void)m, (void)i, (void)k, (void)g, (void)t, (void)fanout, (void)device;
+  return false;
+#endif
+}
+
+void grouped_mm_bf16_gather_dswiglu(const Bf16GatherDSwigluArgs& x) {
+  const char* what = "grouped_mm_bf16_gather_dswiglu";
+  const int64_t T = x.g.a.shape[0], K = x.g.a.shape[1], M = x.g.out.shape[0], I = x.g.out.shape[1];
+  const int G = static_cast<int>(x.g.offs.shape[0]);
+  const DeviceProps props = require_hopper(x.g.a.device, what);
+  DeviceGuard guard(x.g.a.device, what);
+#if defined(MXMOE_HAVE_CUTLASS)
+  const auto stream = static_cast<cudaStream_t>(x.g.stream);
+  if (G == 0) {  // no group: every row is past the last one
+    if (M > 0) {
+      cudaMemsetAsync(x.dh.data, 0, static_cast<size_t>(M * 2 * I * 2), stream);
+      cudaMemsetAsync(x.tw_part.data, 0, static_cast<size_t>(M * ((I + 127) / 128) * 4), stream);
+    }
+    check_launch(what);
+    return;
+  }
+  gemm::GroupedMGatherDSwigluBf16Run r;
+  r.m = M;
+  r.n = I;
+  r.k = 2 * K;
+  r.groups = G;
+  r.a = static_cast<const uint8_t*>(x.g.a.data);
+  r.b = static_cast<const uint8_t*>(x.g.b.data);
+  r.offs = static_cast<const int32_t*>(x.g.offs.data);
+  r.offs_s = x.g.offs.strides[0];
+  r.out_bf16 = true;
+  r.sm_count = props.sm_count;
+  r.device = x.g.a.device;
+  r.stream = stream;
+  r.gather = static_cast<const int32_t*>(x.g.gather.data);
+  r.fanout = x.g.fanout;
+  r.a_rows = T;
+  r.lda = 2 * K;
+  r.row_scale = x.row_scale.present ? static_cast<const float*>(x.row_scale.t.data) : nullptr;
+  r.h = static_cast<const uint16_t*>(x.h.data);
+  r.alpha = x.alpha;
+  r.limit = x.limit;
+  r.up_offset = x.up_offset;
+  r.dh = static_cast<uint16_t*>(x.dh.data);
+  r.tw_part = static_cast<float*>(x.tw_part.data);
+  if (gemm::sm90_grouped_m_gather_dswiglu_bf16(r)) return;
+#endif
+  fail_status(MXMOE_ERR_UNSUPPORTED, what, ": the sm_90a kernel does not take M = ", M, ", I = ", I, ", K = ", K,
+              ", G = ", G, ", T = ", T, ", fanout = ", x.g.fanout,
+              " (mxmoe_grouped_mm_bf16_gather_dswiglu_available says which calls it takes)");
+}
+
 // The bf16 MoE layer's wgrad on routed rows (the sm_90a K-grouped gather kernel; no CUTLASS path).
 bool grouped_mm_bf16_kgather_available(int64_t r, int64_t m, int64_t n, int64_t g, int64_t t, int64_t fanout,
                                        int32_t device) {

@@ -7,6 +7,7 @@
 
 #include "common/error.hpp"
 #include "common/moe_activation.hpp"
+#include "cuda/gemm/sm90/sm90_bf16_grouped_m_gather_dswiglu.cuh"
 #include "cuda/gemm/sm90/sm90_fp8_grouped_m_1x128_128x128.cuh"
 #include "cuda/gemm/sm90/sm90_fp8_grouped_m_gather_dswiglu_1x128.cuh"
 #include "cuda/gemm/sm90/sm90_fp8_grouped_m_gather_swiglu_1x128.cuh"
@@ -24,6 +25,8 @@ using Kernel = sm90::GroupedMGather<128, 5, __nv_bfloat16>;
 // The bf16 forms (the bf16 MoE layer): the same 32 KB stages (128-byte k-blocks of 64 elements).
 using Bf16Kernel = sm90::GroupedMGather<128, 5, __nv_bfloat16, true, false>;
 using Bf16KnKernel = sm90::GroupedMGather<128, 5, __nv_bfloat16, true, true>;
+// Its dSwiGLU epilogue variant (the epilogue in the math warpgroups: the same ring).
+using Bf16DSwigluKernel = sm90::GroupedMGatherDSwigluBf16<5>;
 // The dSwiGLU epilogue's variant: the same mainloop with 3 stages beside its hand-over buffers (64 KB).
 // 3 stages measured 11% faster than 4 at Qwen3-30B-A3B 16K (H100, same run), most likely because the
 // shared memory left over is L1, which the epilogue's loads of h go through (docs/design/gemm-sm90.md).
@@ -124,6 +127,31 @@ bool sm90_grouped_m_gather_bf16(const GroupedMGatherRun& r, bool b_kn) {
   p.bias = nullptr;
   return b_kn ? launch_gather<Bf16KnKernel>(r, p, "grouped_mm_bf16_gather", false)
               : launch_gather<Bf16Kernel>(r, p, "grouped_mm_bf16_gather", false);
+}
+
+bool sm90_grouped_m_gather_dswiglu_bf16_takes(int64_t m, int64_t n, int64_t k, int64_t groups, int64_t a_rows,
+                                              int64_t fanout, int device) {
+  if (!sm90_grouped_m_gather_bf16_takes(m, n, k, groups, a_rows, fanout, true, device)) return false;
+  if (2 * n >= (int64_t{1} << 31)) return false;
+  return Bf16DSwigluKernel::smem_bytes(static_cast<int>(std::min<int64_t>(groups, 1 << 20))) <= 227 * 1024;
+}
+
+bool sm90_grouped_m_gather_dswiglu_bf16(const GroupedMGatherDSwigluBf16Run& r) {
+  if (!sm90_grouped_m_gather_dswiglu_bf16_takes(r.m, r.n, r.k / 2, r.groups, r.a_rows, r.fanout, r.device) ||
+      r.lda != r.k || r.h == nullptr || r.dh == nullptr || r.tw_part == nullptr)
+    return false;
+  for (const void* q : {static_cast<const void*>(r.a), static_cast<const void*>(r.b), static_cast<const void*>(r.h),
+                        static_cast<const void*>(r.dh)})
+    if (reinterpret_cast<uintptr_t>(q) % 16 != 0) return false;
+  sm90::GroupedMParams p = sm90::grouped_m_params(r);
+  p.out = nullptr;
+  p.bias = nullptr;
+  p.h = r.h;
+  p.act = SwigluParams{kSwigluConcat, r.alpha, r.limit, r.up_offset};
+  p.plain = swiglu_is_plain(p.act) ? 1 : 0;
+  p.tw_part = r.tw_part;
+  p.dh_bf16 = r.dh;
+  return launch_gather<Bf16DSwigluKernel>(r, p, "grouped_mm_bf16_gather_dswiglu", true);
 }
 
 bool sm90_grouped_m_gather_dswiglu_takes(int64_t m, int64_t n, int64_t k, int64_t groups, int64_t a_rows,

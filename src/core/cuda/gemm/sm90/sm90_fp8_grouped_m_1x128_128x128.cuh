@@ -93,6 +93,9 @@ struct GroupedMParams {
   uint8_t* scale_col;
   int64_t n_r;
   float* tw_part;
+  // The bf16 dSwiGLU epilogue only (GroupedMGatherDSwigluBf16, sm90_bf16_grouped_m_gather_dswiglu.cuh):
+  // dH (M, 2I) bf16 instead of its FP8 forms; h, act, plain, row_scale and tw_part as above.
+  uint16_t* dh_bf16;
 };
 
 // The device arguments of a call (host; band_div and the gather fields are the launcher's).

@@ -68,6 +68,24 @@ bool sm90_grouped_m_gather_dswiglu_takes(int64_t m, int64_t n, int64_t k, int64_
 // 16-byte aligned. Throws on CUDA errors.
 bool sm90_grouped_m_gather_dswiglu(const GroupedMGatherDSwigluRun& r);
 
+// The bf16 MoE layer's down-projection dgrad with the dSwiGLU epilogue (sm90_bf16_grouped_m_gather_dswiglu.cuh):
+// the bf16 gather GEMM's dY' = A[rows] . B[g] (M, N = I) with B[g] (K, I) MN-major (b_kn; k and lda in
+// bytes as sm90_grouped_m_gather_bf16), never stored; the kernel writes dH = act'(h, bf16(row_scale *
+// bf16(dY'))) (M, 2I) bf16 (concatenated halves; row_scale optional: 1 without) and tw_part (M,
+// ceil(I / 128)), the per-128-column partials of <bf16(dY'), act(h)>; rows past the last group zero.
+struct GroupedMGatherDSwigluBf16Run : GroupedMGatherRun {
+  const uint16_t* h = nullptr;
+  float alpha = 1.f, limit = 0.f, up_offset = 0.f;
+  uint16_t* dh = nullptr;
+  float* tw_part = nullptr;
+};
+
+// Whether it takes a call (m, n = I, k = H in elements: K and I multiples of 64). Launches nothing.
+bool sm90_grouped_m_gather_dswiglu_bf16_takes(int64_t m, int64_t n, int64_t k, int64_t groups, int64_t a_rows,
+                                              int64_t fanout, int device);
+// Launches on r.stream and returns true (also for m == 0), or returns false having launched nothing.
+bool sm90_grouped_m_gather_dswiglu_bf16(const GroupedMGatherDSwigluBf16Run& r);
+
 // The gather GEMM of the MoE layer's up projection with the SwiGLU epilogue
 // (sm90_fp8_grouped_m_gather_swiglu_1x128.cuh): out = h (M, N = 2I) bf16 = A[rows] . B[g]^T, gate | up
 // halves concatenated, stored as the gather GEMM stores it, and act(h) = swiglu(gate, up) (M, I) as the
