@@ -226,6 +226,24 @@ MXMOE_API mxmoe_status mxmoe_grouped_mm_bf16_gather(const mxmoe_tensor* a, const
                                                     int64_t fanout, const mxmoe_tensor* b, int32_t b_kn,
                                                     const mxmoe_tensor* offs, mxmoe_tensor* out, void* stream);
 
+/* mxmoe_grouped_mm_bf16_gather_swiglu: the bf16 MoE layer's up projection with the SwiGLU in its
+ * epilogue. The bf16 gather GEMM's
+ *   h (M, 2I) bf16 = A[rows] . B[g]^T   (mxmoe_grouped_mm_bf16_gather with b_kn 0: a (T, K) bf16,
+ *                                         gather (M,), fanout, b (G, 2I, K) bf16, offs)
+ * is stored (gate | up halves, layout MXMOE_SWIGLU_CONCAT) and act (M, I) bf16 = mxmoe_swiglu of it
+ * (alpha, limit, up_offset as mxmoe_swiglu); rows past the last group are zero in both. 2I a multiple of
+ * 256. On the host a reference composes the two; on a device only the sm_90a kernel runs it
+ * (UNSUPPORTED elsewhere: ..._available says).
+ */
+MXMOE_API int32_t mxmoe_grouped_mm_bf16_gather_swiglu_available(int64_t m, int64_t i, int64_t k, int64_t g,
+                                                                int64_t t, int64_t fanout, int32_t layout,
+                                                                int32_t device);
+MXMOE_API mxmoe_status mxmoe_grouped_mm_bf16_gather_swiglu(const mxmoe_tensor* a, const mxmoe_tensor* gather,
+                                                           int64_t fanout, const mxmoe_tensor* b,
+                                                           const mxmoe_tensor* offs, int32_t layout, float alpha,
+                                                           float limit, float up_offset, mxmoe_tensor* h,
+                                                           mxmoe_tensor* act, void* stream);
+
 /* mxmoe_grouped_mm_bf16_gather_dswiglu: the bf16 MoE layer's down-projection dgrad with the SwiGLU
  * backward in its epilogue. The bf16 gather GEMM's
  *   dY' (M, I) = A[rows] . B[g]   (mxmoe_grouped_mm_bf16_gather with b_kn 1: a (T, K) bf16, gather (M,),

@@ -54,6 +54,8 @@ Ops (schemas in src/ops/library.cpp):
   moe_kgather_mm_bf16(a, b, perm, k, gather_b, offs) -> (G, M, N) bf16: per group of offs, the sum over its
       routed rows r of a_r^T b_r, the rows of b (gather_b) or a read as x[perm // k] (no gathered copy):
       the bf16 layer's dW13 = dH^T dispatch(x) and dW2 = dispatch(dout)^T (w act(h)) (sm_90a kernel)
+  moe_swiglu_mm_bf16(x, perm, k, w13, alpha, limit, up_offset, offs) -> (h, act): the bf16 layer's up
+      projection h = x[perm // k] @ w13[g]^T (M, 2I) with act = swiglu(h) (M, I) in its epilogue
   moe_dswiglu_mm_bf16(dout, perm, k, w2, h, row_scale?, alpha, limit, up_offset, offs) -> (dh, tw_part): the
       bf16 layer's down-projection dgrad dY' = dout[perm // k] @ w2[g] (never stored) with dH =
       swiglu_backward(bf16(w * dY'), h) (M, 2I) bf16 and the routing weights' per-128-column partials
@@ -495,6 +497,7 @@ moe_combine = _python_op("moe_combine")
 moe_gather_mm_bf16 = _python_op("moe_gather_mm_bf16")
 moe_kgather_mm_bf16 = _python_op("moe_kgather_mm_bf16")
 moe_dswiglu_mm_bf16 = _python_op("moe_dswiglu_mm_bf16")
+moe_swiglu_mm_bf16 = _python_op("moe_swiglu_mm_bf16")
 moe_combine_weight_grad = _python_op("moe_combine_weight_grad")
 moe_swiglu_weight_grad = _python_op("moe_swiglu_weight_grad")
 moe_group_sum = _python_op("moe_group_sum")
@@ -502,7 +505,8 @@ swiglu = _python_op("swiglu")
 swiglu_backward = _python_op("swiglu_backward")
 
 __all__ += [
-    "moe_routing", "moe_gather", "moe_gather_mm_bf16", "moe_kgather_mm_bf16", "moe_dswiglu_mm_bf16", "moe_combine",
+    "moe_routing", "moe_gather", "moe_gather_mm_bf16", "moe_kgather_mm_bf16", "moe_swiglu_mm_bf16", "moe_dswiglu_mm_bf16",
+    "moe_combine",
     "moe_combine_weight_grad",
     "moe_swiglu_weight_grad",
     "moe_group_sum", "swiglu", "swiglu_backward", "SWIGLU_CONCAT", "SWIGLU_INTERLEAVED", "SWIGLU_STANDARD",
@@ -544,6 +548,13 @@ def _(a, b, perm, k, gather_b, offs):
     _dims(a, "a", 2)
     _dims(b, "b", 2)
     return a.new_empty((offs.shape[0], a.shape[1], b.shape[1]), dtype=torch.bfloat16)
+
+
+@_fake("moe_swiglu_mm_bf16")
+def _(x, perm, k, w13, alpha, limit, up_offset, offs):
+    _dims(w13, "w13", 3)
+    m, n = perm.shape[0], w13.shape[1]
+    return x.new_empty((m, n), dtype=torch.bfloat16), x.new_empty((m, n // 2), dtype=torch.bfloat16)
 
 
 @_fake("moe_dswiglu_mm_bf16")

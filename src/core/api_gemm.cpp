@@ -623,6 +623,92 @@ mxmoe_status mxmoe_grouped_mm_bf16_gather(const mxmoe_tensor* a_, const mxmoe_te
   MXMOE_API_END
 }
 
+int32_t mxmoe_grouped_mm_bf16_gather_swiglu_available(int64_t m, int64_t i, int64_t k, int64_t g, int64_t t,
+                                                      int64_t fanout, int32_t layout, int32_t device) {
+  if (m < 0 || i < 0 || k < 0 || g < 0 || t < 0 || fanout < 1 || device < -1 || layout != MXMOE_SWIGLU_CONCAT) return 0;
+  if (device < 0) return 1;  // the host reference takes every call
+#if defined(MXMOE_WITH_CUDA)
+  try {
+    return cuda::grouped_mm_bf16_gather_swiglu_available(m, i, k, g, t, fanout, device) ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
+#else
+  return 0;
+#endif
+}
+
+mxmoe_status mxmoe_grouped_mm_bf16_gather_swiglu(const mxmoe_tensor* a_, const mxmoe_tensor* gather_, int64_t fanout,
+                                                 const mxmoe_tensor* b_, const mxmoe_tensor* offs_, int32_t layout,
+                                                 float alpha, float limit, float up_offset, mxmoe_tensor* h_,
+                                                 mxmoe_tensor* act_, void* stream) {
+  MXMOE_API_BEGIN
+  if (layout != MXMOE_SWIGLU_CONCAT) fail("layout: expected MXMOE_SWIGLU_CONCAT (0), got ", layout);
+  if (!std::isfinite(alpha)) fail("alpha: expected a finite value, got ", alpha);
+  if (!(limit > 0.f)) fail("limit: expected a positive value (+inf: no clamp), got ", limit);
+  if (!std::isfinite(up_offset)) fail("up_offset: expected a finite value, got ", up_offset);
+  const mxmoe_tensor& b = require(b_, "b");
+  check_ndim(b, "b", {3});
+  if (b.shape[1] % 2 != 0) fail("b: expected an even output width 2I (dim 1: gate | up), got ", b.shape[1]);
+  const int64_t I = b.shape[1] / 2;
+  const mxmoe_tensor& act = require(act_, "act");
+  Bf16GatherSwigluArgs x;
+  const mxmoe_tensor& a = require(a_, "a");
+  check_dtype(a, "a", {MXMOE_DTYPE_BF16});
+  check_ndim(a, "a", {2});
+  check_backend(a.device, "a");
+  check_contiguous(a, "a");
+  const int64_t T = a.shape[0], K = a.shape[1];
+  const mxmoe_tensor& gather = check_gather_index(gather_);
+  check_device(gather, "gather", a.device);
+  check_contiguous(gather, "gather");
+  const int64_t M = gather.shape[0];
+  if (fanout < 1 || (T > 0 && fanout > ((int64_t{1} << 31) - 1) / T))
+    fail("fanout: expected 1 <= fanout and T * fanout < 2^31 (T = ", T, "), got ", fanout);
+  check_dtype(b, "b", {MXMOE_DTYPE_BF16});
+  check_device(b, "b", a.device);
+  check_contiguous(b, "b");
+  if (b.shape[2] != K) fail("b: expected the contraction dim (dim 2) ", K, " to match a, got ", b.shape[2]);
+  const mxmoe_tensor& offs = require(offs_, "offs");
+  api::check_offs(offs, a.device);
+  check_shape(offs, "offs", {b.shape[0]});
+  mxmoe_tensor& h = const_cast<mxmoe_tensor&>(require(h_, "h"));
+  check_dtype(h, "h", {MXMOE_DTYPE_BF16});
+  check_shape(h, "h", {M, 2 * I});
+  check_device(h, "h", a.device);
+  check_contiguous(h, "h");
+  check_dtype(act, "act", {MXMOE_DTYPE_BF16});
+  check_shape(act, "act", {M, I});
+  check_device(act, "act", a.device);
+  check_contiguous(act, "act");
+  for (const auto& [t, name] : {std::pair<const mxmoe_tensor*, const char*>{&a, "a"}, {&gather, "gather"}, {&b, "b"},
+                                {&offs, "offs"}}) {
+    check_no_overlap(h, "h", *t, name);
+    check_no_overlap(act, "act", *t, name);
+  }
+  check_no_overlap(h, "h", act, "act");
+  x.g.a = a;
+  x.g.gather = gather;
+  x.g.b = b;
+  x.g.offs = offs;
+  x.g.out = h;
+  x.g.fanout = fanout;
+  x.g.b_kn = false;
+  x.g.stream = stream;
+  x.alpha = alpha;
+  x.limit = limit;
+  x.up_offset = up_offset;
+  x.act = act;
+  if (a.device >= 0) {
+#if defined(MXMOE_WITH_CUDA)
+    cuda::grouped_mm_bf16_gather_swiglu(x);
+#endif
+  } else {
+    cpu::grouped_mm_bf16_gather_swiglu(x);
+  }
+  MXMOE_API_END
+}
+
 int32_t mxmoe_grouped_mm_bf16_gather_dswiglu_available(int64_t m, int64_t i, int64_t k, int64_t g, int64_t t,
                                                        int64_t fanout, int32_t layout, int32_t device) {
   if (m < 0 || i < 0 || k < 0 || g < 0 || t < 0 || fanout < 1 || device < -1 || layout != MXMOE_SWIGLU_CONCAT) return 0;

@@ -88,6 +88,13 @@ struct Bf16GatherDSwigluArgs {
   mxmoe_tensor dh{}, tw_part{};
 };
 
+// mxmoe_grouped_mm_bf16_gather_swiglu: g is the gather GEMM writing h (g.out, (M, 2I)); act (M, I).
+struct Bf16GatherSwigluArgs {
+  Bf16GatherMMArgs g;
+  float alpha = 1.f, limit = 0.f, up_offset = 0.f;
+  mxmoe_tensor act{};
+};
+
 // mxmoe_grouped_mm_bf16_kgather: out (G, M, N) bf16, out[g] = sum over group g's routed rows r of
 // A_r^T B_r; gather (R,) reads b's rows (gather_b) or a's, the other operand has R rows.
 struct Bf16KGatherMMArgs {
@@ -175,6 +182,7 @@ void grouped_mm_gather(const GroupedMMGatherArgs& args);  // routed rows materia
 void grouped_mm_bf16_gather(const Bf16GatherMMArgs& args);  // fp32 sums in K order
 void grouped_mm_bf16_kgather(const Bf16KGatherMMArgs& args);  // fp32 sums in row order
 void grouped_mm_bf16_gather_dswiglu(const Bf16GatherDSwigluArgs& args);  // the gather GEMM, then the epilogue
+void grouped_mm_bf16_gather_swiglu(const Bf16GatherSwigluArgs& args);    // the gather GEMM, then the SwiGLU
 }  // namespace cpu
 
 #if defined(MXMOE_WITH_CUDA)
@@ -210,6 +218,9 @@ void grouped_mm_bf16_kgather(const Bf16KGatherMMArgs& args);
 bool grouped_mm_bf16_gather_dswiglu_available(int64_t m, int64_t i, int64_t k, int64_t g, int64_t t, int64_t fanout,
                                               int32_t device);
 void grouped_mm_bf16_gather_dswiglu(const Bf16GatherDSwigluArgs& args);
+bool grouped_mm_bf16_gather_swiglu_available(int64_t m, int64_t i, int64_t k, int64_t g, int64_t t, int64_t fanout,
+                                             int32_t device);
+void grouped_mm_bf16_gather_swiglu(const Bf16GatherSwigluArgs& args);
 
 void quantize(const QuantizeArgs& args);
 void dequantize(const DequantizeArgs& args);

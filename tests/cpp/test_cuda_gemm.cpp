@@ -899,6 +899,51 @@ TEST(CudaGemm, Bf16GatherDSwigluMatchesHost) {
   }
 }
 
+// The bf16 SwiGLU gather GEMM (mxmoe_grouped_mm_bf16_gather_swiglu, the bf16 MoE layer's up projection):
+// h and act(h) the contract's bits on exact operands (h exact, so act is the host's SwiGLU of it), the
+// gate / up tile pairs, empty groups, padding, clamped and tail rows; Qwen3-30B-A3B's shape and gpt-oss's
+// clamped activation among them.
+TEST(CudaGemm, Bf16GatherSwigluMatchesTheContract) {
+  SKIP_WITHOUT_CUDA();
+  const float inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    int64_t t, k, i, fanout;
+    std::vector<int32_t> sizes;
+    mxmoe::SwigluParams act;
+  };
+  const Case cases[] = {{300, 520, 256, 8, {400, 0, 333, 700, 16, 951}, {0, 1.702f, 7.f, 1.f}},
+                        {1024, 2048, 768, 8, {1000, 2000, 3000, 2192}, {0, 1.f, inf, 0.f}}};
+  uint32_t seed = 90;
+  for (const Case& c : cases) {
+    mxtest::Bf16Gather g = mxtest::bf16_gather_case(c.t, c.k, 2 * c.i, c.fanout, c.sizes, false, seed++);
+    const int64_t M = static_cast<int64_t>(g.gather.size()), G = static_cast<int64_t>(c.sizes.size());
+    if (!mxmoe_grouped_mm_bf16_gather_swiglu_available(M, c.i, c.k, G, c.t, c.fanout, 0, 0))
+      GTEST_SKIP() << "the sm_90a bf16 SwiGLU gather kernel is not available here";
+    DevBuf da(g.a), db(g.b), doffs(g.offs), dgi(g.index);
+    DevBuf dh(Buffer({M, 2 * c.i}, MXMOE_DTYPE_BF16), false), dact(Buffer({M, c.i}, MXMOE_DTYPE_BF16), false);
+    dh.poison();
+    dact.poison();
+    auto va = da.view(), vb = db.view(), vo = doffs.view(), vg = dgi.view(), vh = dh.view(), vact = dact.view();
+    ASSERT_EQ(mxmoe_grouped_mm_bf16_gather_swiglu(&va, &vg, c.fanout, &vb, &vo, 0, c.act.alpha, c.act.limit,
+                                                  c.act.up_offset, &vh, &vact, nullptr),
+              MXMOE_OK)
+        << mxmoe_last_error();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const Buffer got_h = dh.download(), got_act = dact.download(), want_h = mxtest::bf16_gather_expected(g);
+    Buffer want_act({M, c.i}, MXMOE_DTYPE_BF16);
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t j = 0; j < c.i; ++j)
+        want_act.set(r * c.i + j,
+                     mxmoe::swiglu_value(want_h.get(r * 2 * c.i + j), want_h.get(r * 2 * c.i + c.i + j), c.act));
+    int64_t diff_h = 0, diff_act = 0;
+    for (int64_t i = 0; i < got_h.numel(); ++i) diff_h += got_h.data<uint16_t>()[i] != want_h.data<uint16_t>()[i];
+    for (int64_t i = 0; i < got_act.numel(); ++i)
+      diff_act += got_act.data<uint16_t>()[i] != want_act.data<uint16_t>()[i];
+    EXPECT_EQ(diff_h, 0) << "h, I=" << c.i;
+    EXPECT_EQ(diff_act, 0) << "act, I=" << c.i;
+  }
+}
+
 // The gather GEMM with the dSwiGLU epilogue (mxmoe_grouped_mm_tile128_gather_dswiglu, the MoE layer's
 // down-projection dgrad): the same bytes as the gather GEMM writing dY' and the tile128 quantize pass
 // over the SWIGLU_BACKWARD source (both on the device), rows past the last group as a zero dY', and

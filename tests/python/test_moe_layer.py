@@ -187,9 +187,10 @@ class _OpNames(TorchDispatchMode):
 @pytest.mark.parametrize("dtype", [BF16, torch.float32])
 def test_bf16_gather_gemm_same_bits_as_gathered_rows(monkeypatch, device, dtype):
     """With its backend's bf16_gather_gemm (Sm90Backend's: not yet the default) every GEMM of the bf16
-    layer that reads routed rows of x or dout reads them inside the GEMM (moe_gather_mm_bf16: up
-    projection; moe_dswiglu_mm_bf16: down-projection dgrad with dH in its epilogue; moe_kgather_mm_bf16:
-    dW13, dW2; the sm_90a kernels, on the CPU their references): no gathered copy, no stored dY'. With
+    layer that reads routed rows of x or dout reads them inside the GEMM (moe_swiglu_mm_bf16: the up
+    projection with act(h) in its epilogue; moe_dswiglu_mm_bf16: the down-projection dgrad with dH in
+    its epilogue; moe_kgather_mm_bf16: dW13, dW2; the sm_90a kernels, on the CPU their references): no
+    gathered copy, no SwiGLU pass, no stored dY'. With
     exact operands (multiples of 1/8: every fp32 sum of the forward and dgrad GEMMs exact, so their
     summation order cannot matter) the output and the grad of x are the bits of the same layer gathering
     the rows first for torch._grouped_mm; the weights' grads (sums of inexact products, and dW2 weighting
@@ -210,8 +211,8 @@ def test_bf16_gather_gemm_same_bits_as_gathered_rows(monkeypatch, device, dtype)
     with _OpNames() as seen:
         out, grads = _run(inp, dout, recipe=None)
     names = lambda op: sum(f"mxmoe.{op}." in n for n in seen.names)  # noqa: E731
-    assert (names("moe_gather_mm_bf16"), names("moe_dswiglu_mm_bf16"), names("moe_kgather_mm_bf16")) == (1, 1, 2), \
-        "the up projection; the down-projection dgrad with dSwiGLU; dW13 and dW2"
+    assert (names("moe_swiglu_mm_bf16"), names("moe_dswiglu_mm_bf16"), names("moe_kgather_mm_bf16")) == (1, 1, 2), \
+        "the up projection with SwiGLU; the down-projection dgrad with dSwiGLU; dW13 and dW2"
     monkeypatch.setattr(backend, "bf16_gather_gemm", False)
     with _OpNames() as seen:
         ref_out, ref_grads = _run(inp, dout, recipe=None)

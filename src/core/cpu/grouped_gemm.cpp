@@ -458,5 +458,18 @@ void grouped_mm_bf16_gather_dswiglu(const Bf16GatherDSwigluArgs& x) {
   });
 }
 
+void grouped_mm_bf16_gather_swiglu(const Bf16GatherSwigluArgs& x) {
+  grouped_mm_bf16_gather(x.g);  // h, rows past the last group zero
+  const int64_t M = x.g.out.shape[0], I = x.g.out.shape[1] / 2;
+  const auto* h = static_cast<const uint16_t*>(x.g.out.data);
+  auto* act = static_cast<uint16_t*>(x.act.data);
+  const SwigluParams p{kSwigluConcat, x.alpha, x.limit, x.up_offset};
+  parallel_for(M, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = 0; c < I; ++c)
+        act[r * I + c] = f32_to_bf16(swiglu_value(bf16_to_f32(h[r * 2 * I + c]), bf16_to_f32(h[r * 2 * I + I + c]), p));
+  });
+}
+
 }  // namespace cpu
 }  // namespace mxmoe

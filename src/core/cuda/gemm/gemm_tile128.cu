@@ -807,6 +807,61 @@ void grouped_mm_bf16_gather(const Bf16GatherMMArgs& x) {
               " (mxmoe_grouped_mm_bf16_gather_available says which calls it takes)");
 }
 
+bool grouped_mm_bf16_gather_swiglu_available(int64_t m, int64_t i, int64_t k, int64_t g, int64_t t, int64_t fanout,
+                                             int32_t device) {
+#if defined(MXMOE_HAVE_CUTLASS)
+  return g > 0 && gemm::sm90_grouped_m_gather_swiglu_bf16_takes(m, 2 * i, k, g, t, fanout, device);
+#else
+  (void)m, (void)i, (void)k, (void)g, (void)t, (void)fanout, (void)device;
+  return false;
+#endif
+}
+
+void grouped_mm_bf16_gather_swiglu(const Bf16GatherSwigluArgs& x) {
+  const char* what = "grouped_mm_bf16_gather_swiglu";
+  const int64_t T = x.g.a.shape[0], K = x.g.a.shape[1], M = x.g.out.shape[0], N = x.g.out.shape[1];
+  const int G = static_cast<int>(x.g.offs.shape[0]);
+  const DeviceProps props = require_hopper(x.g.a.device, what);
+  DeviceGuard guard(x.g.a.device, what);
+#if defined(MXMOE_HAVE_CUTLASS)
+  const auto stream = static_cast<cudaStream_t>(x.g.stream);
+  if (G == 0) {  // no group: every row is past the last one
+    if (M > 0) {
+      cudaMemsetAsync(x.g.out.data, 0, static_cast<size_t>(M * N * 2), stream);
+      cudaMemsetAsync(x.act.data, 0, static_cast<size_t>(M * N), stream);
+    }
+    check_launch(what);
+    return;
+  }
+  gemm::GroupedMGatherSwigluBf16Run r;
+  r.m = M;
+  r.n = N;
+  r.k = 2 * K;
+  r.groups = G;
+  r.a = static_cast<const uint8_t*>(x.g.a.data);
+  r.b = static_cast<const uint8_t*>(x.g.b.data);
+  r.offs = static_cast<const int32_t*>(x.g.offs.data);
+  r.offs_s = x.g.offs.strides[0];
+  r.out = x.g.out.data;
+  r.out_bf16 = true;
+  r.sm_count = props.sm_count;
+  r.device = x.g.a.device;
+  r.stream = stream;
+  r.gather = static_cast<const int32_t*>(x.g.gather.data);
+  r.fanout = x.g.fanout;
+  r.a_rows = T;
+  r.lda = 2 * K;
+  r.alpha = x.alpha;
+  r.limit = x.limit;
+  r.up_offset = x.up_offset;
+  r.act = static_cast<uint16_t*>(x.act.data);
+  if (gemm::sm90_grouped_m_gather_swiglu_bf16(r)) return;
+#endif
+  fail_status(MXMOE_ERR_UNSUPPORTED, what, ": the sm_90a kernel does not take M = ", M, ", 2I = ", N, ", K = ", K,
+              ", G = ", G, ", T = ", T, ", fanout = ", x.g.fanout,
+              " (mxmoe_grouped_mm_bf16_gather_swiglu_available says which calls it takes)");
+}
+
 bool grouped_mm_bf16_gather_dswiglu_available(int64_t m, int64_t i, int64_t k, int64_t g, int64_t t, int64_t fanout,
                                               int32_t device) {
 #if defined(MXMOE_HAVE_CUTLASS)

@@ -96,6 +96,8 @@ struct GroupedMParams {
   // The bf16 dSwiGLU epilogue only (GroupedMGatherDSwigluBf16, sm90_bf16_grouped_m_gather_dswiglu.cuh):
   // dH (M, 2I) bf16 instead of its FP8 forms; h, act, plain, row_scale and tw_part as above.
   uint16_t* dh_bf16;
+  // The bf16 SwiGLU epilogue only (GroupedMGatherSwigluBf16): act(h) (M, n / 2) bf16 beside h in `out`.
+  uint16_t* act_bf16;
 };
 
 // The device arguments of a call (host; band_div and the gather fields are the launcher's).
