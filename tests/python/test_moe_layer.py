@@ -34,6 +34,14 @@ def _fused_ok(device):
     return torch.cuda.get_device_capability() == (9, 0) and mxmoe.build_info()["tile128_gemm"]
 
 
+def _bf16_gather_on(monkeypatch, device):
+    """The bf16 layer's gather GEMMs on for the device's backend (skips where they cannot run)."""
+    if not _fused_ok(device):
+        pytest.skip("needs Hopper and a build with the sm_90a kernels")
+    backend = mxmoe.backends.get_backend(mxmoe.backends.resolve_backend("auto", torch.device(device)))
+    monkeypatch.setattr(backend, "bf16_gather_gemm", True)
+
+
 def _inputs(device, T=77, H=64, I=96, E=5, k=2, dtype=BF16, bias=False, seed=0, idx=None):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(T, H, generator=g).to(dtype)
@@ -196,8 +204,7 @@ def test_bf16_gather_gemm_same_bits_as_gathered_rows(monkeypatch, device, dtype)
     the rows first for torch._grouped_mm; the weights' grads (sums of inexact products, and dW2 weighting
     act(h)'s rows instead of dout's) and the routing weights' (another summation order) agree to bf16
     rounding."""
-    if not _fused_ok(device):
-        pytest.skip("needs Hopper and a build with the sm_90a kernels")
+    _bf16_gather_on(monkeypatch, device)
     T, H, I, E, k = 300, 256, 128, 6, 4
     inp, _ = _inputs(device, T=T, H=H, I=I, E=E, k=k, seed=31, dtype=dtype)
     g = torch.Generator().manual_seed(32)
@@ -206,13 +213,12 @@ def test_bf16_gather_gemm_same_bits_as_gathered_rows(monkeypatch, device, dtype)
     inp["topk_idx"][5, 1] = E + 3  # a dropped id
     inp["topk_idx"][inp["topk_idx"] == E - 1] = 0  # expert E - 1 gets no rows (a token may pick 0 twice)
     dout = eighths((T, H))
-    backend = mxmoe.backends.get_backend(mxmoe.backends.resolve_backend("auto", inp["x"].device))
-    monkeypatch.setattr(backend, "bf16_gather_gemm", True)
     with _OpNames() as seen:
         out, grads = _run(inp, dout, recipe=None)
     names = lambda op: sum(f"mxmoe.{op}." in n for n in seen.names)  # noqa: E731
     assert (names("moe_swiglu_mm_bf16"), names("moe_dswiglu_mm_bf16"), names("moe_kgather_mm_bf16")) == (1, 1, 2), \
         "the up projection with SwiGLU; the down-projection dgrad with dSwiGLU; dW13 and dW2"
+    backend = mxmoe.backends.get_backend(mxmoe.backends.resolve_backend("auto", inp["x"].device))
     monkeypatch.setattr(backend, "bf16_gather_gemm", False)
     with _OpNames() as seen:
         ref_out, ref_grads = _run(inp, dout, recipe=None)
@@ -498,9 +504,11 @@ def test_routing_cases(device, recipe, case, I):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("recipe", [TILE, None])
+@pytest.mark.parametrize("recipe,bf16_gather", [(TILE, False), (None, False), (None, True)])
 @pytest.mark.parametrize("I", [96, 128])
-def test_deterministic(device, recipe, I):
+def test_deterministic(monkeypatch, device, recipe, bf16_gather, I):
+    if bf16_gather:
+        _bf16_gather_on(monkeypatch, device)
     inp, dout = _inputs(device, T=200, I=I, E=4, k=3, seed=9)
     a = _run(inp, dout, recipe=recipe)
     b = _run(inp, dout, recipe=recipe)
@@ -573,10 +581,7 @@ def test_compile_fullgraph_dynamic(monkeypatch, device, recipe, bf16_gather, I):
     torch._dynamo.reset()
     inp, dout = _inputs(device, T=64, I=I, seed=11)
     if bf16_gather:
-        if not _fused_ok(device):
-            pytest.skip("needs Hopper and a build with the sm_90a kernels")
-        backend = mxmoe.backends.get_backend(mxmoe.backends.resolve_backend("auto", inp["x"].device))
-        monkeypatch.setattr(backend, "bf16_gather_gemm", True)
+        _bf16_gather_on(monkeypatch, device)
     eager = _run(inp, dout, recipe=recipe)
 
     def step(x, topk_idx, topk_weights, w13, w2):
@@ -637,8 +642,10 @@ def test_compile_reuses_cached_weights(device, recipe):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("recipe", [TILE, EXACT, None])
-def test_cuda_graph_equals_eager(recipe):
+@pytest.mark.parametrize("recipe,bf16_gather", [(TILE, False), (EXACT, False), (None, False), (None, True)])
+def test_cuda_graph_equals_eager(monkeypatch, recipe, bf16_gather):
+    if bf16_gather:
+        _bf16_gather_on(monkeypatch, "cuda")
     mxmoe.set_weight_cache(False)
     try:
         inp, dout = _inputs("cuda", T=128, H=128, I=128, E=4, k=2, seed=12)
