@@ -483,3 +483,27 @@ def test_cuda_graph_capture():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("out_dtype,bias_dtype", [(BF16, BF16), (F32, F32), (BF16, F32)])
+def test_add_group_bias_is_the_fp32_sum_rounded_once(device, out_dtype, bias_dtype):
+    """The layers' expert-bias add (backends/common.add_group_bias): out + bias[g] on group g's rows,
+    summed in fp32 and rounded once to out's dtype (its one-pass same-dtype form included), rows past the
+    groups and empty groups as the offsets say; written out here as a loop over the groups."""
+    from mxmoe.backends.common import add_group_bias
+
+    g = torch.Generator().manual_seed(3)
+    out = (torch.randn(1000, 96, generator=g) * torch.logspace(-3, 3, 96)).to(out_dtype)
+    out[900:] = 0
+    bias = (torch.randn(7, 96, generator=g) * 10).to(bias_dtype)
+    ends = [100, 100, 250, 500, 600, 700, 900]
+    want = out.float().clone()
+    start = 0
+    for e, end in enumerate(ends):
+        want[start:end] += bias[e].float()
+        start = end
+    want = want.to(out_dtype)
+    got = add_group_bias(out.to(device), bias.to(device), torch.tensor(ends, dtype=torch.int32, device=device))
+    assert got.dtype == out_dtype
+    assert torch.equal(got.cpu(), want)
