@@ -248,8 +248,8 @@ MXMOE_API mxmoe_status mxmoe_grouped_mm_bf16_gather_swiglu(const mxmoe_tensor* a
  * backward in its epilogue. The bf16 gather GEMM's
  *   dY' (M, I) = A[rows] . B[g]   (mxmoe_grouped_mm_bf16_gather with b_kn 1: a (T, K) bf16, gather (M,),
  *                                  fanout, b (G, K, I) bf16 read as it lies, offs)
- * rounded to bf16 is not stored; from it, the pre-activation h (M, 2I) bf16 (gate | up, layout
- * MXMOE_SWIGLU_CONCAT; alpha, limit, up_offset as mxmoe_swiglu) and the routing weight w of each row
+ * rounded to bf16 is not stored; from it, the pre-activation h (M, 2I) bf16 (layout MXMOE_SWIGLU_CONCAT
+ * or MXMOE_SWIGLU_INTERLEAVED; alpha, limit, up_offset as mxmoe_swiglu) and the routing weight w of each row
  * (row_scale (T, fanout) f32 at the row's index, 0 for a padding row; without row_scale 1) come
  *   dh (M, 2I) bf16 = mxmoe_swiglu_backward of bf16(w * bf16(dY')) (one fp32 multiply rounded once) and h;
  *   tw_part (M, ceil(I/128)) f32: tw_part[r, t] = sum over columns c of tile t (128 t .. 128 t + 127, < I)

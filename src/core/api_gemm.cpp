@@ -711,7 +711,8 @@ mxmoe_status mxmoe_grouped_mm_bf16_gather_swiglu(const mxmoe_tensor* a_, const m
 
 int32_t mxmoe_grouped_mm_bf16_gather_dswiglu_available(int64_t m, int64_t i, int64_t k, int64_t g, int64_t t,
                                                        int64_t fanout, int32_t layout, int32_t device) {
-  if (m < 0 || i < 0 || k < 0 || g < 0 || t < 0 || fanout < 1 || device < -1 || layout != MXMOE_SWIGLU_CONCAT) return 0;
+  if (m < 0 || i < 0 || k < 0 || g < 0 || t < 0 || fanout < 1 || device < -1) return 0;
+  if (layout != MXMOE_SWIGLU_CONCAT && layout != MXMOE_SWIGLU_INTERLEAVED) return 0;
   if (device < 0) return 1;  // the host reference takes every call
 #if defined(MXMOE_WITH_CUDA)
   try {
@@ -731,7 +732,8 @@ mxmoe_status mxmoe_grouped_mm_bf16_gather_dswiglu(const mxmoe_tensor* a_, const 
                                                   float up_offset, mxmoe_tensor* dh_, mxmoe_tensor* tw_part_,
                                                   void* stream) {
   MXMOE_API_BEGIN
-  if (layout != MXMOE_SWIGLU_CONCAT) fail("layout: expected MXMOE_SWIGLU_CONCAT (0), got ", layout);
+  if (layout != MXMOE_SWIGLU_CONCAT && layout != MXMOE_SWIGLU_INTERLEAVED)
+    fail("layout: expected MXMOE_SWIGLU_CONCAT (0) or MXMOE_SWIGLU_INTERLEAVED (1), got ", layout);
   if (!std::isfinite(alpha)) fail("alpha: expected a finite value, got ", alpha);
   if (!(limit > 0.f)) fail("limit: expected a positive value (+inf: no clamp), got ", limit);
   if (!std::isfinite(up_offset)) fail("up_offset: expected a finite value, got ", up_offset);
@@ -801,6 +803,7 @@ mxmoe_status mxmoe_grouped_mm_bf16_gather_dswiglu(const mxmoe_tensor* a_, const 
   x.g.b_kn = true;
   x.g.stream = stream;
   x.h = h;
+  x.layout = layout;
   x.alpha = alpha;
   x.limit = limit;
   x.up_offset = up_offset;

@@ -84,6 +84,7 @@ struct Bf16GatherDSwigluArgs {
   Bf16GatherMMArgs g;
   OptTensor row_scale;  // (T, fanout) f32
   mxmoe_tensor h{};     // (M, 2I) bf16
+  int32_t layout = 0;   // MXMOE_SWIGLU_CONCAT or MXMOE_SWIGLU_INTERLEAVED
   float alpha = 1.f, limit = 0.f, up_offset = 0.f;
   mxmoe_tensor dh{}, tw_part{};
 };

@@ -104,8 +104,8 @@ std::tuple<Tensor, Tensor> moe_swiglu_mm_bf16(Tensor x, Tensor perm, int64_t k, 
 }
 
 std::tuple<Tensor, Tensor> moe_dswiglu_mm_bf16(Tensor dout, Tensor perm, int64_t k, Tensor w2, Tensor h,
-                                               OptTensor row_scale, double alpha, double limit, double up_offset,
-                                               Tensor offs) {
+                                               OptTensor row_scale, int64_t layout, double alpha, double limit,
+                                               double up_offset, Tensor offs) {
   const char* op = "moe_dswiglu_mm_bf16";
   Launch L(dout);
   const Tensor dd = dense(dout), pd = dense(perm), wd = dense(w2), hd = dense(h), od = dense(offs);
@@ -118,7 +118,7 @@ std::tuple<Tensor, Tensor> moe_dswiglu_mm_bf16(Tensor dout, Tensor perm, int64_t
   mxmoe_tensor dv = view(dd, "dout", op), pv = view(pd, "perm", op), wv = view(wd, "w2", op), hv = view(hd, "h", op),
                ov = view(od, "offs", op), dhv = view(dh, "dh", op), twv = view(tw, "tw_part", op);
   OptView sv(sd, "row_scale", op);
-  check(mxmoe_grouped_mm_bf16_gather_dswiglu(&dv, &pv, k, sv.get(), &wv, &ov, &hv, MXMOE_SWIGLU_CONCAT,
+  check(mxmoe_grouped_mm_bf16_gather_dswiglu(&dv, &pv, k, sv.get(), &wv, &ov, &hv, static_cast<int32_t>(layout),
                                              static_cast<float>(alpha), static_cast<float>(limit),
                                              static_cast<float>(up_offset), &dhv, &twv, L.stream),
         op);

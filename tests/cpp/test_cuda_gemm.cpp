@@ -857,24 +857,26 @@ TEST(CudaGemm, Bf16GatherDSwigluMatchesHost) {
   const Case cases[] = {{200, 512, 320, 8, {300, 0, 129, 700, 471}}, {1024, 2048, 768, 8, {1000, 2000, 0, 3000, 2192}}};
   uint32_t seed = 80;
   for (const Case& c : cases) {
-    for (bool weighted : {true, false}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      const bool weighted = variant != 1, inter = variant == 2;  // the third: gpt-oss' interleaved, clamped SwiGLU
+      const mxmoe::SwigluParams p = inter ? mxmoe::SwigluParams{1, 1.702f, 7.f, 1.f}
+                                          : mxmoe::SwigluParams{0, 1.f, std::numeric_limits<float>::infinity(), 0.f};
       mxtest::Bf16Gather g = mxtest::bf16_gather_case(c.t, c.k, c.i, c.fanout, c.sizes, true, seed++);
       const int64_t M = static_cast<int64_t>(g.gather.size()), G = static_cast<int64_t>(c.sizes.size());
       const int64_t ntw = (c.i + 127) / 128;
-      if (!mxmoe_grouped_mm_bf16_gather_dswiglu_available(M, c.i, c.k, G, c.t, c.fanout, 0, 0))
+      if (!mxmoe_grouped_mm_bf16_gather_dswiglu_available(M, c.i, c.k, G, c.t, c.fanout, p.layout, 0))
         GTEST_SKIP() << "the sm_90a bf16 dSwiGLU gather kernel is not available here";
       Buffer h = mxtest::random_input({M, 2 * c.i}, MXMOE_DTYPE_BF16, seed++, 3.f);
       Buffer rs({c.t, c.fanout}, MXMOE_DTYPE_F32);
       std::mt19937 rng(seed++);
       std::uniform_real_distribution<float> u(0.f, 1.f);
       for (int64_t i = 0; i < rs.numel(); ++i) rs.set(i, u(rng));
-      const float inf = std::numeric_limits<float>::infinity();
       Buffer host_dh({M, 2 * c.i}, MXMOE_DTYPE_BF16), host_tw({M, ntw}, MXMOE_DTYPE_F32);
       {
         auto va = g.a.view(), vg = g.index.view(), vrs = rs.view(), vb = g.b.view(), vo = g.offs.view(),
              vh = h.view(), vdh = host_dh.view(), vtw = host_tw.view();
-        ASSERT_EQ(mxmoe_grouped_mm_bf16_gather_dswiglu(&va, &vg, c.fanout, weighted ? &vrs : nullptr, &vb, &vo, &vh, 0,
-                                                       1.f, inf, 0.f, &vdh, &vtw, nullptr),
+        ASSERT_EQ(mxmoe_grouped_mm_bf16_gather_dswiglu(&va, &vg, c.fanout, weighted ? &vrs : nullptr, &vb, &vo, &vh,
+                                                       p.layout, p.alpha, p.limit, p.up_offset, &vdh, &vtw, nullptr),
                   MXMOE_OK)
             << mxmoe_last_error();
       }
@@ -884,8 +886,8 @@ TEST(CudaGemm, Bf16GatherDSwigluMatchesHost) {
       dtw.poison();
       auto va = da.view(), vb = db.view(), vo = doffs.view(), vg = dgi.view(), vrs = drs.view(), vh = dh_in.view(),
            vdh = ddh.view(), vtw = dtw.view();
-      ASSERT_EQ(mxmoe_grouped_mm_bf16_gather_dswiglu(&va, &vg, c.fanout, weighted ? &vrs : nullptr, &vb, &vo, &vh, 0,
-                                                     1.f, inf, 0.f, &vdh, &vtw, nullptr),
+      ASSERT_EQ(mxmoe_grouped_mm_bf16_gather_dswiglu(&va, &vg, c.fanout, weighted ? &vrs : nullptr, &vb, &vo, &vh,
+                                                     p.layout, p.alpha, p.limit, p.up_offset, &vdh, &vtw, nullptr),
                 MXMOE_OK)
           << mxmoe_last_error();
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -893,8 +895,8 @@ TEST(CudaGemm, Bf16GatherDSwigluMatchesHost) {
       int64_t diff_dh = 0, diff_tw = 0;
       for (int64_t i = 0; i < got_dh.numel(); ++i) diff_dh += got_dh.data<uint16_t>()[i] != host_dh.data<uint16_t>()[i];
       for (int64_t i = 0; i < got_tw.numel(); ++i) diff_tw += got_tw.data<uint32_t>()[i] != host_tw.data<uint32_t>()[i];
-      EXPECT_EQ(diff_dh, 0) << "dh, I=" << c.i << " weighted=" << weighted;
-      EXPECT_EQ(diff_tw, 0) << "tw_part, I=" << c.i << " weighted=" << weighted;
+      EXPECT_EQ(diff_dh, 0) << "dh, I=" << c.i << " variant=" << variant;
+      EXPECT_EQ(diff_tw, 0) << "tw_part, I=" << c.i << " variant=" << variant;
     }
   }
 }

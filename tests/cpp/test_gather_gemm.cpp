@@ -438,7 +438,8 @@ TEST(Bf16KGatherGemm, Validation) {
 // out from the gather GEMM's dY', with and without row weights (a padding row's weight is 0), I not a
 // multiple of 128 (a partial tile of the weights' partials); and its checks (nothing written).
 TEST(Bf16GatherDSwiglu, HostMatchesTheContract) {
-  for (bool weighted : {true, false}) {
+  for (int variant = 0; variant < 3; ++variant) {
+    const bool weighted = variant != 1, inter = variant == 2;  // the third: gpt-oss' interleaved, clamped SwiGLU
     mxtest::Bf16Gather c = mxtest::bf16_gather_case(30, 64, 192, 4, {20, 0, 37, 9}, true, 55);
     const int64_t M = static_cast<int64_t>(c.gather.size()), I = c.N;
     Buffer h = mxtest::random_input({M, 2 * I}, MXMOE_DTYPE_BF16, 56, 3.f);
@@ -449,11 +450,12 @@ TEST(Bf16GatherDSwiglu, HostMatchesTheContract) {
     Buffer dh({M, 2 * I}, MXMOE_DTYPE_BF16, 0xEE), tw({M, 2}, MXMOE_DTYPE_F32, 0xEE);
     auto va = c.a.view(), vg = c.index.view(), vrs = rs.view(), vb = c.b.view(), vo = c.offs.view(), vh = h.view(),
          vdh = dh.view(), vtw = tw.view();
-    ASSERT_EQ(mxmoe_grouped_mm_bf16_gather_dswiglu(&va, &vg, c.fanout, weighted ? &vrs : nullptr, &vb, &vo, &vh, 0, 1.f,
-                                                   std::numeric_limits<float>::infinity(), 0.f, &vdh, &vtw, nullptr),
+    const mxmoe::SwigluParams p = inter ? mxmoe::SwigluParams{1, 1.702f, 7.f, 1.f}
+                                        : mxmoe::SwigluParams{0, 1.f, std::numeric_limits<float>::infinity(), 0.f};
+    ASSERT_EQ(mxmoe_grouped_mm_bf16_gather_dswiglu(&va, &vg, c.fanout, weighted ? &vrs : nullptr, &vb, &vo, &vh,
+                                                   p.layout, p.alpha, p.limit, p.up_offset, &vdh, &vtw, nullptr),
               MXMOE_OK)
         << mxmoe_last_error();
-    const mxmoe::SwigluParams p{0, 1.f, std::numeric_limits<float>::infinity(), 0.f};
     auto act_grad = [&](float g, float uu, float d, float* dg, float* du, float* y) {
       mxmoe::swiglu_grad_value(g, uu, d, p, dg, du, y);
     };
@@ -462,9 +464,9 @@ TEST(Bf16GatherDSwiglu, HostMatchesTheContract) {
       const int64_t i = std::min<int64_t>(c.gather[r], c.T * c.fanout - 1);
       return i < 0 ? 0.f : rs.get(i);
     };
-    const auto [want_dh, want_tw] = mxtest::bf16_dswiglu_expected(c, h, act_grad, w_of);
-    EXPECT_EQ(dh.bytes, want_dh.bytes) << "weighted " << weighted;
-    EXPECT_EQ(tw.bytes, want_tw.bytes) << "weighted " << weighted;
+    const auto [want_dh, want_tw] = mxtest::bf16_dswiglu_expected(c, h, act_grad, w_of, inter);
+    EXPECT_EQ(dh.bytes, want_dh.bytes) << "variant " << variant;
+    EXPECT_EQ(tw.bytes, want_tw.bytes) << "variant " << variant;
   }
 }
 
@@ -479,7 +481,7 @@ TEST(Bf16GatherDSwiglu, Validation) {
     EXPECT_EQ(st, MXMOE_ERR_INVALID_ARGUMENT) << what;
     EXPECT_NE(std::string(mxmoe_last_error()).find(what), std::string::npos) << mxmoe_last_error();
   };
-  expect_error(mxmoe_grouped_mm_bf16_gather_dswiglu(&va, &vg, 2, nullptr, &vb, &vo, &vh, 1, 1.f, inf, 0.f, &vdh, &vtw,
+  expect_error(mxmoe_grouped_mm_bf16_gather_dswiglu(&va, &vg, 2, nullptr, &vb, &vo, &vh, 2, 1.f, inf, 0.f, &vdh, &vtw,
                                                     nullptr),
                "layout");
   expect_error(mxmoe_grouped_mm_bf16_gather_dswiglu(&va, &vg, 2, nullptr, &vb, &vo, &vh, 0, 1.f, -1.f, 0.f, &vdh, &vtw,
@@ -498,7 +500,8 @@ TEST(Bf16GatherDSwiglu, Validation) {
   for (const Buffer* b : {&dh, &tw})
     for (uint8_t v : b->bytes) ASSERT_EQ(v, 0xEE);  // nothing written by the failed calls
   EXPECT_EQ(mxmoe_grouped_mm_bf16_gather_dswiglu_available(10, 64, 64, 2, 20, 2, 0, -1), 1);
-  EXPECT_EQ(mxmoe_grouped_mm_bf16_gather_dswiglu_available(10, 64, 64, 2, 20, 2, 1, -1), 0);
+  EXPECT_EQ(mxmoe_grouped_mm_bf16_gather_dswiglu_available(10, 64, 64, 2, 20, 2, 1, -1), 1);
+  EXPECT_EQ(mxmoe_grouped_mm_bf16_gather_dswiglu_available(10, 64, 64, 2, 20, 2, 2, -1), 0);
 }
 
 // The bf16 SwiGLU gather GEMM on the host (mxmoe_grouped_mm_bf16_gather_swiglu): h is the gather GEMM's

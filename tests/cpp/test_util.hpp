@@ -257,10 +257,11 @@ inline Buffer bf16_kgather_expected(const Bf16KGather& c) {
 // The bf16 dSwiGLU gather GEMM's contract (mxmoe_grouped_mm_bf16_gather_dswiglu) written out from the
 // gather GEMM's bf16 dY' (bf16_gather_expected of a b_kn case): dh (M, 2I) and tw_part (M, ceil(I/128)),
 // with act_grad(g, u, dy, &dg, &du, &y) the SwiGLU gradient and value (the caller's, e.g.
-// mxmoe::swiglu_grad_value), row weights w_of(r), the documented partial order.
+// mxmoe::swiglu_grad_value), row weights w_of(r), the documented partial order; interleaved: column c's
+// gate and up at 2c, 2c + 1 of h and dh (else c, I + c).
 template <class ActGrad, class WeightOf>
 inline std::pair<Buffer, Buffer> bf16_dswiglu_expected(const Bf16Gather& c, const Buffer& h, ActGrad act_grad,
-                                                       WeightOf w_of) {
+                                                       WeightOf w_of, bool interleaved = false) {
   const Buffer dy = bf16_gather_expected(c);
   const int64_t M = dy.shape[0], I = c.N, ntw = (I + 127) / 128, end = c.ends.empty() ? 0 : c.ends.back();
   Buffer dh({M, 2 * I}, MXMOE_DTYPE_BF16, 0), tw({M, ntw}, MXMOE_DTYPE_F32, 0);
@@ -276,11 +277,12 @@ inline std::pair<Buffer, Buffer> bf16_dswiglu_expected(const Bf16Gather& c, cons
             const float d = dy.get(r * I + col);
             volatile float dw = d * w;
             float dg, du, y;
-            act_grad(h.get(r * 2 * I + col), h.get(r * 2 * I + I + col), from_bf16(to_bf16(dw)), &dg, &du, &y);
+            const int64_t gc = interleaved ? 2 * col : col, uc = interleaved ? 2 * col + 1 : I + col;
+            act_grad(h.get(r * 2 * I + gc), h.get(r * 2 * I + uc), from_bf16(to_bf16(dw)), &dg, &du, &y);
             volatile float prod = d * y;
             s[q] = s[q] + prod;
-            dh.set(r * 2 * I + col, dg);
-            dh.set(r * 2 * I + I + col, du);
+            dh.set(r * 2 * I + gc, dg);
+            dh.set(r * 2 * I + uc, du);
           }
       volatile float a = s[0] + s[1], b = s[2] + s[3];
       tw.set(r * ntw + t, a + b);

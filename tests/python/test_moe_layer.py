@@ -192,8 +192,8 @@ class _OpNames(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [BF16, torch.float32])
-def test_bf16_gather_gemm_same_bits_as_gathered_rows(monkeypatch, device, dtype):
+@pytest.mark.parametrize("dtype,gpt_oss", [(BF16, False), (torch.float32, False), (BF16, True)])
+def test_bf16_gather_gemm_same_bits_as_gathered_rows(monkeypatch, device, dtype, gpt_oss):
     """With its backend's bf16_gather_gemm (Sm90Backend's: not yet the default) every GEMM of the bf16
     layer that reads routed rows of x or dout reads them inside the GEMM (moe_swiglu_mm_bf16: the up
     projection with act(h) in its epilogue; moe_dswiglu_mm_bf16: the down-projection dgrad with dH in
@@ -203,10 +203,12 @@ def test_bf16_gather_gemm_same_bits_as_gathered_rows(monkeypatch, device, dtype)
     summation order cannot matter) the output and the grad of x are the bits of the same layer gathering
     the rows first for torch._grouped_mm; the weights' grads (sums of inexact products, and dW2 weighting
     act(h)'s rows instead of dout's) and the routing weights' (another summation order) agree to bf16
-    rounding."""
+    rounding. gpt_oss: its clamped activation, interleaved halves and expert biases (the up projection
+    then the gather GEMM, the bias and the SwiGLU pass; the dgrad's epilogue reads h interleaved)."""
     _bf16_gather_on(monkeypatch, device)
     T, H, I, E, k = 300, 256, 128, 6, 4
-    inp, _ = _inputs(device, T=T, H=H, I=I, E=E, k=k, seed=31, dtype=dtype)
+    inp, _ = _inputs(device, T=T, H=H, I=I, E=E, k=k, seed=31, dtype=dtype, bias=gpt_oss)
+    kw = dict(activation="gpt_oss", layout="interleaved") if gpt_oss else {}
     g = torch.Generator().manual_seed(32)
     eighths = lambda shape: (torch.randint(-16, 17, shape, generator=g) / 8).to(dtype).to(device)  # noqa: E731
     inp.update(x=eighths((T, H)), w13=eighths((E, 2 * I, H)), w2=eighths((E, H, I)))
@@ -214,19 +216,21 @@ def test_bf16_gather_gemm_same_bits_as_gathered_rows(monkeypatch, device, dtype)
     inp["topk_idx"][inp["topk_idx"] == E - 1] = 0  # expert E - 1 gets no rows (a token may pick 0 twice)
     dout = eighths((T, H))
     with _OpNames() as seen:
-        out, grads = _run(inp, dout, recipe=None)
+        out, grads = _run(inp, dout, recipe=None, **kw)
     names = lambda op: sum(f"mxmoe.{op}." in n for n in seen.names)  # noqa: E731
-    assert (names("moe_swiglu_mm_bf16"), names("moe_dswiglu_mm_bf16"), names("moe_kgather_mm_bf16")) == (1, 1, 2), \
-        "the up projection with SwiGLU; the down-projection dgrad with dSwiGLU; dW13 and dW2"
+    up = (0, 1) if gpt_oss else (1, 0)  # (with SwiGLU, plain gather GEMM)
+    assert (names("moe_swiglu_mm_bf16"), names("moe_gather_mm_bf16"), names("moe_dswiglu_mm_bf16"),
+            names("moe_kgather_mm_bf16")) == (*up, 1, 2), \
+        "the up projection; the down-projection dgrad with dSwiGLU; dW13 and dW2"
     backend = mxmoe.backends.get_backend(mxmoe.backends.resolve_backend("auto", inp["x"].device))
     monkeypatch.setattr(backend, "bf16_gather_gemm", False)
     with _OpNames() as seen:
-        ref_out, ref_grads = _run(inp, dout, recipe=None)
+        ref_out, ref_grads = _run(inp, dout, recipe=None, **kw)
     assert not any("_mm_bf16" in n for n in seen.names)
     _same(out, ref_out, "out")
     _same(grads["x"], ref_grads["x"], "grad of x")
     # the routing weights' grad sums <dY', act(h)> per 128 columns in the epilogue's order
-    for n in ("topk_weights", "w13", "w2"):
+    for n in ("topk_weights", "w13", "w2", *(("bias13", "bias2") if gpt_oss else ())):
         assert sqnr(grads[n].float().cpu(), ref_grads[n].float().cpu()) >= 40, n
     for n in ("w13", "w2"):
         assert not grads[n][E - 1].any(), f"grad of {n}: the expert without rows"

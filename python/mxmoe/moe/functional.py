@@ -217,9 +217,9 @@ class Bf16(torch.autograd.Function):
     """FusedMX's data flow in bf16: x and the pre-activation h are kept, nothing of T*k rows x H. With
     gather_gemm (Backend.bf16_gather_gemm; on Hopper once verified there) every GEMM that reads routed
     rows of x or dout reads them inside the GEMM: the up projection and the down projection's dgrad
-    (ops.moe_gather_mm_bf16; with concatenated halves the up projection's epilogue computes act(h),
-    ops.moe_swiglu_mm_bf16, and the dgrad's dH and the routing weights' grad instead of storing dY',
-    ops.moe_dswiglu_mm_bf16), dW13 = dH^T dispatch(x) and dW2 =
+    (ops.moe_gather_mm_bf16; with concatenated halves and no b13 the up projection's epilogue computes
+    act(h), ops.moe_swiglu_mm_bf16; the dgrad's epilogue computes dH and the routing weights' grad
+    instead of storing dY', ops.moe_dswiglu_mm_bf16), dW13 = dH^T dispatch(x) and dW2 =
     dispatch(dout)^T (w act(h)) (ops.moe_kgather_mm_bf16); else they are gathered first for
     torch._grouped_mm. act(h) is recomputed
     for dW2; the routing weights' grad comes from the unweighted dgrad and h, as on the MX paths."""
@@ -271,19 +271,16 @@ class Bf16(torch.autograd.Function):
             # The dgrad on the unweighted rows, dY' = gather(dout) @ w2; with the weights after the
             # experts they are applied where dY' is read next, dH = act'(h, w * dY'), and d w[t, j] =
             # <dout[t], o[n]> = <dY'[n], act(h[n])> (+ <dout[t], b2[e]>): o is not kept.
-            if gather_gemm and layout == ops.SWIGLU_CONCAT and _gather_mm_takes(dout, w2b, k, True):
+            if gather_gemm and _gather_mm_takes(dout, w2b, k, True):
                 # dY' is never stored: its GEMM's epilogue writes dH = act'(h, bf16(w * dY')) and the
                 # routing weights' per-128-column partials of <dY', act(h)>.
                 dh, tw_part = ops.moe_dswiglu_mm_bf16(_cast(dout, BF16), perm, k, w2b, h, None if score_before else rs,
-                                                      act.alpha, act.limit, act.up_offset, offs)
+                                                      layout, act.alpha, act.limit, act.up_offset, offs)
                 if need_tw and not score_before:
                     d_tw = tw_part.sum(1)[inv.long()]  # rows past the groups (dropped ids) are 0
                 del tw_part
             else:
-                if gather_gemm and _gather_mm_takes(dout, w2b, k, True):
-                    d_y = ops.moe_gather_mm_bf16(_cast(dout, BF16), perm, k, w2b, True, offs)
-                else:
-                    d_y = _mm(ops.moe_gather(dout, perm, k, None, BF16), w2b, offs)
+                d_y = _mm(ops.moe_gather(dout, perm, k, None, BF16), w2b, offs)
                 if need_tw and not score_before:
                     d_tw = ops.moe_swiglu_weight_grad(d_y, h, inv, *act_args)
             if need_tw and not score_before:

@@ -423,7 +423,8 @@ void grouped_mm_bf16_gather_dswiglu(const Bf16GatherDSwigluArgs& x) {
   const auto* h = static_cast<const uint16_t*>(x.h.data);
   auto* dh = static_cast<uint16_t*>(x.dh.data);
   auto* tw = static_cast<float*>(x.tw_part.data);
-  const SwigluParams act{kSwigluConcat, x.alpha, x.limit, x.up_offset};
+  const SwigluParams act{x.layout, x.alpha, x.limit, x.up_offset};
+  const bool inter = x.layout == kSwigluInterleaved;
   const int64_t max_index = T * x.g.fanout - 1;
   parallel_for(M, 8, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
@@ -445,12 +446,13 @@ void grouped_mm_bf16_gather_dswiglu(const Bf16GatherDSwigluArgs& x) {
               const int64_t c = 128 * t + 8 * j + 2 * q + e;
               if (c >= I) continue;
               const float d = bf16_to_f32(dy[r * I + c]);
-              const float g = bf16_to_f32(h[r * 2 * I + c]), u = bf16_to_f32(h[r * 2 * I + I + c]);
+              const int64_t gc = inter ? 2 * c : c, uc = inter ? 2 * c + 1 : I + c;  // h's gate and up columns
+              const float g = bf16_to_f32(h[r * 2 * I + gc]), u = bf16_to_f32(h[r * 2 * I + uc]);
               float dg, du, y;
               swiglu_grad_value(g, u, bf16_to_f32(f32_to_bf16(mul_rn(d, w))), act, &dg, &du, &y);
               s[q] = add_rn(s[q], mul_rn(d, y));  // the kernel's order, no contraction
-              dh[r * 2 * I + c] = f32_to_bf16(dg);
-              dh[r * 2 * I + I + c] = f32_to_bf16(du);
+              dh[r * 2 * I + gc] = f32_to_bf16(dg);
+              dh[r * 2 * I + uc] = f32_to_bf16(du);
             }
         tw[r * ntw + t] = add_rn(add_rn(s[0], s[1]), add_rn(s[2], s[3]));
       }

@@ -907,6 +907,7 @@ void grouped_mm_bf16_gather_dswiglu(const Bf16GatherDSwigluArgs& x) {
   r.lda = 2 * K;
   r.row_scale = x.row_scale.present ? static_cast<const float*>(x.row_scale.t.data) : nullptr;
   r.h = static_cast<const uint16_t*>(x.h.data);
+  r.layout = x.layout;
   r.alpha = x.alpha;
   r.limit = x.limit;
   r.up_offset = x.up_offset;

@@ -150,7 +150,8 @@ bool sm90_grouped_m_gather_dswiglu_bf16(const GroupedMGatherDSwigluBf16Run& r) {
   p.out = nullptr;
   p.bias = nullptr;
   p.h = r.h;
-  p.act = SwigluParams{kSwigluConcat, r.alpha, r.limit, r.up_offset};
+  if (r.layout != kSwigluConcat && r.layout != kSwigluInterleaved) return false;
+  p.act = SwigluParams{r.layout, r.alpha, r.limit, r.up_offset};
   p.plain = swiglu_is_plain(p.act) ? 1 : 0;
   p.tw_part = r.tw_part;
   p.dh_bf16 = r.dh;

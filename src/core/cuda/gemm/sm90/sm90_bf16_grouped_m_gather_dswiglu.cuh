@@ -2,10 +2,11 @@
 // down-projection dgrad. The mainloop is the bf16 gather GEMM's (GroupedMGather<128, ., bf16, true,
 // true>: dY' = gather(dout) . w2[e], w2 (E, H, I) read as it lies); dY' is never stored. Each 128 x 128
 // tile of it (one group's rows, columns n0 .. n0 + 127 of I) becomes, in the math warpgroups' epilogue:
-//   dH = act'(h, bf16(w * bf16(dY')))  bf16, gate columns n0 + c and up columns I + n0 + c, from the
-//        saved pre-activation h (M, 2I) (concatenated halves) and the row's routing weight w (1 without
-//        row_scale): the bits of the unfused bf16 layer (the gather GEMM's bf16 dY', the weight applied
-//        in fp32 and rounded to bf16, then mxmoe_swiglu_backward);
+//   dH = act'(h, bf16(w * bf16(dY')))  bf16, from the saved pre-activation h (M, 2I) and the row's
+//        routing weight w (1 without row_scale): the bits of the unfused bf16 layer (the gather GEMM's
+//        bf16 dY', the weight applied in fp32 and rounded to bf16, then mxmoe_swiglu_backward). Column c
+//        of dY' pairs with h's gate and up columns c and I + c (concatenated halves) or 2c and 2c + 1
+//        (interleaved, gpt-oss), as p.act.layout says;
 //   tw_part  per row, <bf16(dY'), act(h)> over the tile's columns in a fixed order (lane q of a row's
 //        quad sums columns n0 + 8 j + 2 q + e, j < 16, e < 2, in that order from +0; then (s0 + s1) +
 //        (s2 + s3)): the routing weights' gradient summed over the column tiles by the caller.
@@ -40,10 +41,14 @@ struct GroupedMGatherDSwigluBf16 : GroupedMGather<128, Stages_, __nv_bfloat16, t
   // gate and 128 up values) into L2 for the epilogue.
   static __device__ __forceinline__ void prefetch_tile(const GroupedMParams& p, const TileCoord& c, int t) {
     if (t >= c.rows) return;
-    const uint16_t* row = p.h + (static_cast<int64_t>(c.row0) + t) * 2 * static_cast<int64_t>(p.n) + c.n0;
+    const uint16_t* row = p.h + (static_cast<int64_t>(c.row0) + t) * 2 * static_cast<int64_t>(p.n);
     const int bytes = min(256, 2 * (p.n - c.n0));  // columns past I (I % 64 == 0: 128 or 256 bytes)
-    prefetch_l2(row, bytes);
-    prefetch_l2(row + p.n, bytes);
+    if (p.act.layout == kSwigluInterleaved) {
+      prefetch_l2(row + 2 * c.n0, 2 * bytes);
+    } else {
+      prefetch_l2(row + c.n0, bytes);
+      prefetch_l2(row + p.n + c.n0, bytes);
+    }
   }
 
   // A math thread (mw, warp, lane) after its tile's mainloop, holding rows lr and lr + 8, columns
@@ -56,6 +61,7 @@ struct GroupedMGatherDSwigluBf16 : GroupedMGather<128, Stages_, __nv_bfloat16, t
                                                  typename Base::HandoffState&) {
     const int I = p.n, q = lane & 3;
     const int lr = mw * 64 + warp * 16 + lane / 4;
+    const bool inter = p.act.layout == kSwigluInterleaved;
     const int ntw = (I + 127) / 128;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -75,8 +81,16 @@ struct GroupedMGatherDSwigluBf16 : GroupedMGather<128, Stages_, __nv_bfloat16, t
         if (!in || col >= I) continue;
         // dY' as the gather GEMM stores it (+ 0, its bias-free output, so -0 is +0; then bf16)
         const uint32_t d2 = cvt_bf16x2(__fadd_rn(fin[4 * j + 2 * r], 0.f), __fadd_rn(fin[4 * j + 2 * r + 1], 0.f));
-        const uint32_t g2 = *reinterpret_cast<const uint32_t*>(hr + col);
-        const uint32_t u2 = *reinterpret_cast<const uint32_t*>(hr + I + col);
+        // gate and up pairs of columns col, col + 1: h[col], h[I + col] or, interleaved, h[2 col ..]
+        uint32_t g2, u2;
+        if (inter) {
+          const uint2 v = *reinterpret_cast<const uint2*>(hr + 2 * col);  // g0 u0 | g1 u1
+          g2 = __byte_perm(v.x, v.y, 0x5410);
+          u2 = __byte_perm(v.x, v.y, 0x7632);
+        } else {
+          g2 = *reinterpret_cast<const uint32_t*>(hr + col);
+          u2 = *reinterpret_cast<const uint32_t*>(hr + I + col);
+        }
         float dg[2], du[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
@@ -89,8 +103,12 @@ struct GroupedMGatherDSwigluBf16 : GroupedMGather<128, Stages_, __nv_bfloat16, t
           swiglu_grad_value<PLAIN>(g, u, __uint_as_float(dw2 << 16), p.act, &dg[e], &du[e], &y);
           part = add_rn(part, mul_rn(d, y));
         }
-        *reinterpret_cast<uint32_t*>(dr + col) = pack_bf16x2(dg[0], dg[1]);
-        *reinterpret_cast<uint32_t*>(dr + I + col) = pack_bf16x2(du[0], du[1]);
+        if (inter) {
+          *reinterpret_cast<uint2*>(dr + 2 * col) = make_uint2(pack_bf16x2(dg[0], du[0]), pack_bf16x2(dg[1], du[1]));
+        } else {
+          *reinterpret_cast<uint32_t*>(dr + col) = pack_bf16x2(dg[0], dg[1]);
+          *reinterpret_cast<uint32_t*>(dr + I + col) = pack_bf16x2(du[0], du[1]);
+        }
       }
       // (s0 + s1) + (s2 + s3) over the row's quad: every lane of the quad ends with the same sum
       part = add_rn(part, __shfl_xor_sync(0xffffffffu, part, 1));
