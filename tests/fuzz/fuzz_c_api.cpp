@@ -1557,6 +1557,109 @@ void op_fused_source(FuzzedDataProvider& fdp) {
 
 }  // namespace
 
+// ---- the bf16 layer's gather GEMMs (ops 29-32) ----------------------------------------------------
+
+// mxmoe_grouped_mm_bf16_gather: bf16 rows of a per-token operand times B[g] (N, K) or, b_kn, (K, N).
+void op_bf16_gather(FuzzedDataProvider& fdp) {
+  g_op = "mxmoe_grouped_mm_bf16_gather";
+  Call c(fdp);
+  const GatherShape sh = gather_shape(c, c.dim());
+  const int64_t T = sh.T, K = sh.K, N = sh.N, G = sh.G, fanout = sh.fanout, M = sh.M;
+  const int32_t b_kn = c.pick(0, 9) == 9 ? c.fdp().ConsumeIntegral<int32_t>() : static_cast<int32_t>(c.coin());
+  Arg& a = c.add("a", Role::kIn, MXMOE_DTYPE_BF16, {T, K}, false);
+  Arg& gather = c.add_index("gather", MXMOE_DTYPE_I32, {M}, std::max<int64_t>(smul(T, std::max<int64_t>(fanout, 1)), 1));
+  Arg& b = c.add("b", Role::kIn, MXMOE_DTYPE_BF16, b_kn == 1 ? std::vector<int64_t>{G, K, N} : std::vector<int64_t>{G, N, K},
+                 false);
+  Arg& offs = c.add_offs("offs", G, M);
+  Arg& out = c.add("out", Role::kOut, MXMOE_DTYPE_BF16, {M, N}, false);
+  void* stream = c.stream();
+  if (!c.prepare()) return;
+  c.verbose_dump();
+  c.check(mxmoe_grouped_mm_bf16_gather(Call::ptr(a), Call::ptr(gather), fanout, Call::ptr(b), b_kn, Call::ptr(offs),
+                                       Call::ptr(out), stream));
+}
+
+// mxmoe_grouped_mm_bf16_kgather: groups along the routed rows, either operand read through the index.
+void op_bf16_kgather(FuzzedDataProvider& fdp) {
+  g_op = "mxmoe_grouped_mm_bf16_kgather";
+  Call c(fdp);
+  int64_t T = c.dim(), M = c.dim(), N = c.dim(), G = std::min<int64_t>(c.groups(), 32);
+  const int64_t fanout = c.pick(0, 15) == 15 ? c.fdp().ConsumeIntegral<int64_t>() : small_k(c);
+  int64_t R = smul(T, std::max<int64_t>(fanout, 1));
+  if (c.pick(0, 3) == 3) R = sadd(R, c.pick(-3, 40));
+  int64_t GMN = G + 1;
+  Call::cap({&R, &M, &N}, kMaxMacs);
+  Call::cap({&GMN, &M, &N}, kMaxElems);
+  Call::cap({&T, &M}, kMaxElems / 2);
+  Call::cap({&T, &N}, kMaxElems / 2);
+  G = std::min(G, GMN);
+  const int32_t gather_b = c.pick(0, 9) == 9 ? c.fdp().ConsumeIntegral<int32_t>() : static_cast<int32_t>(c.coin());
+  Arg& a = c.add("a", Role::kIn, MXMOE_DTYPE_BF16, {gather_b == 0 ? T : R, M}, false);
+  Arg& b = c.add("b", Role::kIn, MXMOE_DTYPE_BF16, {gather_b == 0 ? R : T, N}, false);
+  Arg& gather = c.add_index("gather", MXMOE_DTYPE_I32, {R}, std::max<int64_t>(smul(T, std::max<int64_t>(fanout, 1)), 1));
+  Arg& offs = c.add_offs("offs", G, R);
+  Arg& out = c.add("out", Role::kOut, MXMOE_DTYPE_BF16, {G, M, N}, false);
+  void* stream = c.stream();
+  if (!c.prepare()) return;
+  c.verbose_dump();
+  c.check(mxmoe_grouped_mm_bf16_kgather(Call::ptr(a), Call::ptr(b), Call::ptr(gather), fanout, gather_b,
+                                        Call::ptr(offs), Call::ptr(out), stream));
+}
+
+// mxmoe_grouped_mm_bf16_gather_swiglu: the bf16 gather GEMM writing h (M, 2I) and act(h) (M, I).
+void op_bf16_gather_swiglu(FuzzedDataProvider& fdp) {
+  g_op = "mxmoe_grouped_mm_bf16_gather_swiglu";
+  Call c(fdp);
+  GatherShape sh = gather_shape(c, c.pick(0, 3) == 3 ? c.dim() : smul(2, c.dim()));
+  Call::cap({&sh.M, &sh.N}, kMaxElems / 4);
+  const int64_t T = sh.T, K = sh.K, N = sh.N, G = sh.G, fanout = sh.fanout, M = sh.M, I = N / 2;
+  const int32_t layout = c.pick(0, 9) == 9 ? c.fdp().ConsumeIntegral<int32_t>() : 0;
+  const bool gpt = c.coin();
+  const float alpha = activation_param(c, gpt ? 1.702f : 1.0f);
+  const float limit = activation_param(c, gpt ? 7.0f : INFINITY);
+  const float up = activation_param(c, gpt ? 1.0f : 0.0f);
+  Arg& a = c.add("a", Role::kIn, MXMOE_DTYPE_BF16, {T, K}, false);
+  Arg& gather = c.add_index("gather", MXMOE_DTYPE_I32, {M}, std::max<int64_t>(smul(T, std::max<int64_t>(fanout, 1)), 1));
+  Arg& b = c.add("b", Role::kIn, MXMOE_DTYPE_BF16, {G, N, K}, false);
+  Arg& offs = c.add_offs("offs", G, M);
+  Arg& h = c.add("h", Role::kOut, MXMOE_DTYPE_BF16, {M, N}, false);
+  Arg& act = c.add("act", Role::kOut, MXMOE_DTYPE_BF16, {M, I}, false);
+  void* stream = c.stream();
+  if (!c.prepare()) return;
+  c.verbose_dump();
+  c.check(mxmoe_grouped_mm_bf16_gather_swiglu(Call::ptr(a), Call::ptr(gather), fanout, Call::ptr(b), Call::ptr(offs),
+                                              layout, alpha, limit, up, Call::ptr(h), Call::ptr(act), stream));
+}
+
+// mxmoe_grouped_mm_bf16_gather_dswiglu: the bf16 gather GEMM on w2 (G, K, I) as it lies, dH and the
+// routing weights' partials from h (either layout), row_scale optional.
+void op_bf16_gather_dswiglu(FuzzedDataProvider& fdp) {
+  g_op = "mxmoe_grouped_mm_bf16_gather_dswiglu";
+  Call c(fdp);
+  GatherShape sh = gather_shape(c, c.dim());
+  Call::cap({&sh.M, &sh.N}, kMaxElems / 4);
+  const int64_t T = sh.T, K = sh.K, I = sh.N, G = sh.G, fanout = sh.fanout, M = sh.M;
+  const int32_t layout = c.pick(0, 9) == 9 ? c.fdp().ConsumeIntegral<int32_t>() : static_cast<int32_t>(c.coin());
+  const bool gpt = c.coin();
+  const float alpha = activation_param(c, gpt ? 1.702f : 1.0f);
+  const float limit = activation_param(c, gpt ? 7.0f : INFINITY);
+  const float up = activation_param(c, gpt ? 1.0f : 0.0f);
+  Arg& a = c.add("a", Role::kIn, MXMOE_DTYPE_BF16, {T, K}, false);
+  Arg& gather = c.add_index("gather", MXMOE_DTYPE_I32, {M}, std::max<int64_t>(smul(T, std::max<int64_t>(fanout, 1)), 1));
+  Arg& rs = c.add("row_scale", Role::kIn, MXMOE_DTYPE_F32, {T, std::clamp<int64_t>(fanout, 0, 64)}, false, c.coin());
+  Arg& b = c.add("b", Role::kIn, MXMOE_DTYPE_BF16, {G, K, I}, false);
+  Arg& offs = c.add_offs("offs", G, M);
+  Arg& h = c.add("h", Role::kIn, MXMOE_DTYPE_BF16, {M, smul(2, I)}, false);
+  Arg& dh = c.add("dh", Role::kOut, MXMOE_DTYPE_BF16, {M, smul(2, I)}, false);
+  Arg& tw = c.add("tw_part", Role::kOut, MXMOE_DTYPE_F32, {M, sceil(I, 128)}, false);
+  void* stream = c.stream();
+  if (!c.prepare()) return;
+  c.verbose_dump();
+  c.check(mxmoe_grouped_mm_bf16_gather_dswiglu(Call::ptr(a), Call::ptr(gather), fanout, Call::ptr(rs), Call::ptr(b),
+                                               Call::ptr(offs), Call::ptr(h), layout, alpha, limit, up, Call::ptr(dh),
+                                               Call::ptr(tw), stream));
+}
+
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   if (const char* s = std::getenv("MXMOE_FUZZ_SKIP")) {
     const std::string skip = std::string(",") + s + ",";
@@ -1576,16 +1679,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Ops 0-16 are data[0] % 17 as they always were (the corpus and tests/fuzz/regressions keep their
   // meaning); op 16's inputs pick with data[1] between clamp_offsets and the MoE layer's entry
   // points 17-24 (added later: no regression input has op 16).
-  int op = g_knobs.only >= 0 ? g_knobs.only % 29 : data[0] % 17;
+  int op = g_knobs.only >= 0 ? g_knobs.only % 33 : data[0] % 17;
   size_t skip = 1;
   if (g_knobs.only < 0 && op == 16 && size >= 2) {
     // 24: mxmoe_quantize_fused_source (added after 17-23); 25, 26: the gather GEMM and the SwiGLU
     // weight grad (added later still); 27 (data[1] 240-247, taken from 24): the dSwiGLU gather GEMM;
-    // 28 (data[1] 232-239, taken from 24; its corpus seed is 224): the SwiGLU gather GEMM
+    // 28 (data[1] 232-239, taken from 24; its corpus seed is 224): the SwiGLU gather GEMM; 29-32
+    // (data[1] 216-223, which no corpus or regression input used): the bf16 layer's gather GEMMs
     op = data[1] >= 248   ? 25 + data[1] % 2
          : data[1] >= 240 ? 27
          : data[1] >= 232 ? 28
          : data[1] >= 224 ? 24
+         : data[1] >= 216 ? 29 + data[1] % 4
                           : 16 + data[1] % 8;
     skip = 2;
   }
@@ -1630,6 +1735,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 25: op_gemm_gather(fdp); break;
     case 27: op_gemm_gather_dswiglu(fdp); break;
     case 28: op_gemm_gather_swiglu(fdp); break;
+    case 29: op_bf16_gather(fdp); break;
+    case 30: op_bf16_kgather(fdp); break;
+    case 31: op_bf16_gather_swiglu(fdp); break;
+    case 32: op_bf16_gather_dswiglu(fdp); break;
     default: op_swiglu_weight_grad(fdp); break;
   }
   return 0;
