@@ -221,8 +221,8 @@ class Bf16(torch.autograd.Function):
     act(h), ops.moe_swiglu_mm_bf16; the dgrad's epilogue computes dH and the routing weights' grad
     instead of storing dY', ops.moe_dswiglu_mm_bf16), dW13 = dH^T dispatch(x) and dW2 =
     dispatch(dout)^T (w act(h)) (ops.moe_kgather_mm_bf16); else they are gathered first for
-    torch._grouped_mm. act(h) is recomputed
-    for dW2; the routing weights' grad comes from the unweighted dgrad and h, as on the MX paths."""
+    torch._grouped_mm. act(h) is recomputed for dW2; the routing weights' grad comes from the
+    unweighted dgrad and h, as on the MX paths."""
 
     @staticmethod
     def forward(ctx, x, topk_idx, topk_w, w13, w2, b13, b2, mode: int, act: Swiglu, layout: int, w_up=None,
