@@ -298,3 +298,16 @@ def test_preact_precision_round_trips_the_saved_h(capsys):
         assert fp8[0] == base[0], (layer, "the output does not read the stored h")
     assert rows[("bf16", "MXFP8 1x32")][1] < rows[("bf16", "bf16")][1] - 10, "dx of the bf16 layer"
     assert rows[("tile128", "MXFP8 1x32")][4] == rows[("tile128", "bf16")][4], "tile128's dW2"
+
+
+def test_bench_bf16_gather_cpu_tiny():
+    """bench/bench_bf16_gather.py (each bf16 gather kernel against the gathered path it replaces) runs on
+    the CPU through the kernels' host references: one row per op, each pair agreeing before it is timed."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_bf16_gather", BENCH_MOE.parent / "bench_bf16_gather.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = module.main(["--device", "cpu", "--config", "tiny", "--tokens", "64", "--reps", "1", "--warmup", "0"])
+    assert [r["op"] for r in rows] == ["up+swiglu", "up", "down dgrad", "dW13", "dW2"]
+    assert all(r["rel_err"] < 1e-3 and r["ours_us"] > 0 for r in rows), rows
