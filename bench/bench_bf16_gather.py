@@ -91,7 +91,7 @@ def main(argv=None):
     cases = []
     # up projection with and without the SwiGLU epilogue
     cases.append(("up+swiglu", 4 * N * H * I,
-                  lambda: ops.moe_swiglu_mm_bf16(x, perm, k, w13, *act[1:], offs)[1],
+                  lambda: ops.moe_swiglu_mm_bf16(x, perm, k, w13, None, *act, offs)[1],
                   lambda: ops.swiglu(mm(ops.moe_gather(x, perm, k, None, BF16), w13.transpose(-2, -1)), *act)))
     cases.append(("up", 4 * N * H * I, lambda: ops.moe_gather_mm_bf16(x, perm, k, w13, False, offs),
                   lambda: mm(ops.moe_gather(x, perm, k, None, BF16), w13.transpose(-2, -1))))

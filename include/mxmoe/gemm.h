@@ -230,19 +230,22 @@ MXMOE_API mxmoe_status mxmoe_grouped_mm_bf16_gather(const mxmoe_tensor* a, const
  * epilogue. The bf16 gather GEMM's
  *   h (M, 2I) bf16 = A[rows] . B[g]^T   (mxmoe_grouped_mm_bf16_gather with b_kn 0: a (T, K) bf16,
  *                                         gather (M,), fanout, b (G, 2I, K) bf16, offs)
- * is stored (gate | up halves, layout MXMOE_SWIGLU_CONCAT) and act (M, I) bf16 = mxmoe_swiglu of it
- * (alpha, limit, up_offset as mxmoe_swiglu); rows past the last group are zero in both. 2I a multiple of
- * 256. On the host a reference composes the two; on a device only the sm_90a kernel runs it
- * (UNSUPPORTED elsewhere: ..._available says).
+ * with bias (optional (G, 2I) bf16 or f32) added in fp32 to the bf16 result and rounded again (the bits
+ * of the GEMM, then a bias add), is stored (layout MXMOE_SWIGLU_CONCAT: gate | up halves, 2I a multiple
+ * of 256 on a device; MXMOE_SWIGLU_INTERLEAVED: gpt-oss) and act (M, I) bf16 = mxmoe_swiglu of it
+ * (alpha, limit, up_offset as mxmoe_swiglu); rows past the last group are zero in both. On the host a
+ * reference composes the two; on a device only the sm_90a kernel runs it (UNSUPPORTED elsewhere:
+ * ..._available says).
  */
 MXMOE_API int32_t mxmoe_grouped_mm_bf16_gather_swiglu_available(int64_t m, int64_t i, int64_t k, int64_t g,
                                                                 int64_t t, int64_t fanout, int32_t layout,
                                                                 int32_t device);
 MXMOE_API mxmoe_status mxmoe_grouped_mm_bf16_gather_swiglu(const mxmoe_tensor* a, const mxmoe_tensor* gather,
                                                            int64_t fanout, const mxmoe_tensor* b,
-                                                           const mxmoe_tensor* offs, int32_t layout, float alpha,
-                                                           float limit, float up_offset, mxmoe_tensor* h,
-                                                           mxmoe_tensor* act, void* stream);
+                                                           const mxmoe_tensor* offs, const mxmoe_tensor* bias,
+                                                           int32_t layout, float alpha, float limit,
+                                                           float up_offset, mxmoe_tensor* h, mxmoe_tensor* act,
+                                                           void* stream);
 
 /* mxmoe_grouped_mm_bf16_gather_dswiglu: the bf16 MoE layer's down-projection dgrad with the SwiGLU
  * backward in its epilogue. The bf16 gather GEMM's

@@ -54,8 +54,9 @@ Ops (schemas in src/ops/library.cpp):
   moe_kgather_mm_bf16(a, b, perm, k, gather_b, offs) -> (G, M, N) bf16: per group of offs, the sum over its
       routed rows r of a_r^T b_r, the rows of b (gather_b) or a read as x[perm // k] (no gathered copy):
       the bf16 layer's dW13 = dH^T dispatch(x) and dW2 = dispatch(dout)^T (w act(h)) (sm_90a kernel)
-  moe_swiglu_mm_bf16(x, perm, k, w13, alpha, limit, up_offset, offs) -> (h, act): the bf16 layer's up
-      projection h = x[perm // k] @ w13[g]^T (M, 2I) with act = swiglu(h) (M, I) in its epilogue
+  moe_swiglu_mm_bf16(x, perm, k, w13, bias?, layout, alpha, limit, up_offset, offs) -> (h, act): the bf16
+      layer's up projection h = x[perm // k] @ w13[g]^T (+ bias[g]) (M, 2I) with act = swiglu(h) (M, I)
+      in its epilogue
   moe_dswiglu_mm_bf16(dout, perm, k, w2, h, row_scale?, layout, alpha, limit, up_offset, offs) -> (dh, tw_part): the
       bf16 layer's down-projection dgrad dY' = dout[perm // k] @ w2[g] (never stored) with dH =
       swiglu_backward(bf16(w * dY'), h) (M, 2I) bf16 and the routing weights' per-128-column partials
@@ -551,7 +552,7 @@ def _(a, b, perm, k, gather_b, offs):
 
 
 @_fake("moe_swiglu_mm_bf16")
-def _(x, perm, k, w13, alpha, limit, up_offset, offs):
+def _(x, perm, k, w13, bias, layout, alpha, limit, up_offset, offs):
     _dims(w13, "w13", 3)
     m, n = perm.shape[0], w13.shape[1]
     return x.new_empty((m, n), dtype=torch.bfloat16), x.new_empty((m, n // 2), dtype=torch.bfloat16)

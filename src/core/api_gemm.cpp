@@ -625,11 +625,12 @@ mxmoe_status mxmoe_grouped_mm_bf16_gather(const mxmoe_tensor* a_, const mxmoe_te
 
 int32_t mxmoe_grouped_mm_bf16_gather_swiglu_available(int64_t m, int64_t i, int64_t k, int64_t g, int64_t t,
                                                       int64_t fanout, int32_t layout, int32_t device) {
-  if (m < 0 || i < 0 || k < 0 || g < 0 || t < 0 || fanout < 1 || device < -1 || layout != MXMOE_SWIGLU_CONCAT) return 0;
+  if (m < 0 || i < 0 || k < 0 || g < 0 || t < 0 || fanout < 1 || device < -1) return 0;
+  if (layout != MXMOE_SWIGLU_CONCAT && layout != MXMOE_SWIGLU_INTERLEAVED) return 0;
   if (device < 0) return 1;  // the host reference takes every call
 #if defined(MXMOE_WITH_CUDA)
   try {
-    return cuda::grouped_mm_bf16_gather_swiglu_available(m, i, k, g, t, fanout, device) ? 1 : 0;
+    return cuda::grouped_mm_bf16_gather_swiglu_available(m, i, k, g, t, fanout, layout, device) ? 1 : 0;
   } catch (...) {
     return 0;
   }
@@ -639,11 +640,13 @@ int32_t mxmoe_grouped_mm_bf16_gather_swiglu_available(int64_t m, int64_t i, int6
 }
 
 mxmoe_status mxmoe_grouped_mm_bf16_gather_swiglu(const mxmoe_tensor* a_, const mxmoe_tensor* gather_, int64_t fanout,
-                                                 const mxmoe_tensor* b_, const mxmoe_tensor* offs_, int32_t layout,
-                                                 float alpha, float limit, float up_offset, mxmoe_tensor* h_,
-                                                 mxmoe_tensor* act_, void* stream) {
+                                                 const mxmoe_tensor* b_, const mxmoe_tensor* offs_,
+                                                 const mxmoe_tensor* bias_, int32_t layout, float alpha, float limit,
+                                                 float up_offset, mxmoe_tensor* h_, mxmoe_tensor* act_,
+                                                 void* stream) {
   MXMOE_API_BEGIN
-  if (layout != MXMOE_SWIGLU_CONCAT) fail("layout: expected MXMOE_SWIGLU_CONCAT (0), got ", layout);
+  if (layout != MXMOE_SWIGLU_CONCAT && layout != MXMOE_SWIGLU_INTERLEAVED)
+    fail("layout: expected MXMOE_SWIGLU_CONCAT (0) or MXMOE_SWIGLU_INTERLEAVED (1), got ", layout);
   if (!std::isfinite(alpha)) fail("alpha: expected a finite value, got ", alpha);
   if (!(limit > 0.f)) fail("limit: expected a positive value (+inf: no clamp), got ", limit);
   if (!std::isfinite(up_offset)) fail("up_offset: expected a finite value, got ", up_offset);
@@ -672,6 +675,13 @@ mxmoe_status mxmoe_grouped_mm_bf16_gather_swiglu(const mxmoe_tensor* a_, const m
   const mxmoe_tensor& offs = require(offs_, "offs");
   api::check_offs(offs, a.device);
   check_shape(offs, "offs", {b.shape[0]});
+  if (bias_ != nullptr) {
+    const mxmoe_tensor& bias = require(bias_, "bias");
+    check_dtype(bias, "bias", {MXMOE_DTYPE_BF16, MXMOE_DTYPE_F32});
+    check_shape(bias, "bias", {b.shape[0], 2 * I});
+    check_device(bias, "bias", a.device);
+    x.bias = {true, bias};
+  }
   mxmoe_tensor& h = const_cast<mxmoe_tensor&>(require(h_, "h"));
   check_dtype(h, "h", {MXMOE_DTYPE_BF16});
   check_shape(h, "h", {M, 2 * I});
@@ -682,7 +692,7 @@ mxmoe_status mxmoe_grouped_mm_bf16_gather_swiglu(const mxmoe_tensor* a_, const m
   check_device(act, "act", a.device);
   check_contiguous(act, "act");
   for (const auto& [t, name] : {std::pair<const mxmoe_tensor*, const char*>{&a, "a"}, {&gather, "gather"}, {&b, "b"},
-                                {&offs, "offs"}}) {
+                                {&offs, "offs"}, {x.bias.present ? &x.bias.t : &a, x.bias.present ? "bias" : "a"}}) {
     check_no_overlap(h, "h", *t, name);
     check_no_overlap(act, "act", *t, name);
   }
@@ -695,6 +705,7 @@ mxmoe_status mxmoe_grouped_mm_bf16_gather_swiglu(const mxmoe_tensor* a_, const m
   x.g.fanout = fanout;
   x.g.b_kn = false;
   x.g.stream = stream;
+  x.layout = layout;
   x.alpha = alpha;
   x.limit = limit;
   x.up_offset = up_offset;

@@ -92,6 +92,8 @@ struct Bf16GatherDSwigluArgs {
 // mxmoe_grouped_mm_bf16_gather_swiglu: g is the gather GEMM writing h (g.out, (M, 2I)); act (M, I).
 struct Bf16GatherSwigluArgs {
   Bf16GatherMMArgs g;
+  OptTensor bias;      // (G, 2I) bf16 or f32
+  int32_t layout = 0;  // MXMOE_SWIGLU_CONCAT or MXMOE_SWIGLU_INTERLEAVED
   float alpha = 1.f, limit = 0.f, up_offset = 0.f;
   mxmoe_tensor act{};
 };
@@ -220,7 +222,7 @@ bool grouped_mm_bf16_gather_dswiglu_available(int64_t m, int64_t i, int64_t k, i
                                               int32_t device);
 void grouped_mm_bf16_gather_dswiglu(const Bf16GatherDSwigluArgs& args);
 bool grouped_mm_bf16_gather_swiglu_available(int64_t m, int64_t i, int64_t k, int64_t g, int64_t t, int64_t fanout,
-                                             int32_t device);
+                                             int32_t layout, int32_t device);
 void grouped_mm_bf16_gather_swiglu(const Bf16GatherSwigluArgs& args);
 
 void quantize(const QuantizeArgs& args);

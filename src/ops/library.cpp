@@ -66,8 +66,8 @@ STABLE_TORCH_LIBRARY(mxmoe, m) {
   m.def("moe_gather_mm_bf16_available(int m, int n, int kdim, int groups, int t, int fanout, bool w_kn, "
         "int device) -> bool");
   m.def("moe_kgather_mm_bf16(Tensor a, Tensor b, Tensor perm, int k, bool gather_b, Tensor offs) -> Tensor");
-  m.def("moe_swiglu_mm_bf16(Tensor x, Tensor perm, int k, Tensor w13, float alpha, float limit, float up_offset, "
-        "Tensor offs) -> (Tensor, Tensor)");
+  m.def("moe_swiglu_mm_bf16(Tensor x, Tensor perm, int k, Tensor w13, Tensor? bias, int layout, float alpha, "
+        "float limit, float up_offset, Tensor offs) -> (Tensor, Tensor)");
   m.def("moe_dswiglu_mm_bf16(Tensor dout, Tensor perm, int k, Tensor w2, Tensor h, Tensor? row_scale, int layout, "
         "float alpha, float limit, float up_offset, Tensor offs) -> (Tensor, Tensor)");
   m.def("moe_combine(Tensor y, Tensor inv, Tensor? weights, ScalarType out_dtype) -> Tensor");

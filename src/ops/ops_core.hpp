@@ -123,8 +123,9 @@ bool moe_gather_mm_bf16_available(int64_t m, int64_t n, int64_t kdim, int64_t gr
 Tensor moe_kgather_mm_bf16(Tensor a, Tensor b, Tensor perm, int64_t k, bool gather_b, Tensor offs);
 // The bf16 layer's up projection with SwiGLU in its epilogue: (h (M, 2I), act (M, I)) bf16 from x's rows
 // x[perm // k] . w13[g]^T (mxmoe_grouped_mm_bf16_gather_swiglu).
-std::tuple<Tensor, Tensor> moe_swiglu_mm_bf16(Tensor x, Tensor perm, int64_t k, Tensor w13, double alpha,
-                                              double limit, double up_offset, Tensor offs);
+std::tuple<Tensor, Tensor> moe_swiglu_mm_bf16(Tensor x, Tensor perm, int64_t k, Tensor w13, OptTensor bias,
+                                              int64_t layout, double alpha, double limit, double up_offset,
+                                              Tensor offs);
 // The bf16 layer's down-projection dgrad with dSwiGLU in its epilogue: (dH (M, 2I) bf16, tw_part (M, ceil(I/128))
 // f32) from dout's rows x[perm // k] . w2[g] (w2 (G, H, I) as it lies) and h (mxmoe_grouped_mm_bf16_gather_dswiglu).
 std::tuple<Tensor, Tensor> moe_dswiglu_mm_bf16(Tensor dout, Tensor perm, int64_t k, Tensor w2, Tensor h,

@@ -85,20 +85,24 @@ Tensor moe_kgather_mm_bf16(Tensor a, Tensor b, Tensor perm, int64_t k, bool gath
   return out;
 }
 
-std::tuple<Tensor, Tensor> moe_swiglu_mm_bf16(Tensor x, Tensor perm, int64_t k, Tensor w13, double alpha,
-                                              double limit, double up_offset, Tensor offs) {
+std::tuple<Tensor, Tensor> moe_swiglu_mm_bf16(Tensor x, Tensor perm, int64_t k, Tensor w13, OptTensor bias,
+                                              int64_t layout, double alpha, double limit, double up_offset,
+                                              Tensor offs) {
   const char* op = "moe_swiglu_mm_bf16";
   Launch L(x);
   const Tensor xd = dense(x), pd = dense(perm), wd = dense(w13), od = dense(offs);
+  OptTensor bd;
+  if (bias) bd = dense(*bias);
   require_dims(wd, "w13", 3, 3, op);
   const int64_t M = size_or0(pd, 0), N = wd.size(1);
   Tensor h = empty({M, N}, ScalarType::BFloat16, L.device);
   Tensor act = empty({M, N / 2}, ScalarType::BFloat16, L.device);
   mxmoe_tensor xv = view(xd, "x", op), pv = view(pd, "perm", op), wv = view(wd, "w13", op), ov = view(od, "offs", op),
                hv = view(h, "h", op), av = view(act, "act", op);
-  check(mxmoe_grouped_mm_bf16_gather_swiglu(&xv, &pv, k, &wv, &ov, MXMOE_SWIGLU_CONCAT, static_cast<float>(alpha),
-                                            static_cast<float>(limit), static_cast<float>(up_offset), &hv, &av,
-                                            L.stream),
+  OptView bv(bd, "bias", op);
+  check(mxmoe_grouped_mm_bf16_gather_swiglu(&xv, &pv, k, &wv, &ov, bv.get(), static_cast<int32_t>(layout),
+                                            static_cast<float>(alpha), static_cast<float>(limit),
+                                            static_cast<float>(up_offset), &hv, &av, L.stream),
         op);
   return {h, act};
 }

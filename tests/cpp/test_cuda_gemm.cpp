@@ -914,29 +914,46 @@ TEST(CudaGemm, Bf16GatherSwigluMatchesTheContract) {
     mxmoe::SwigluParams act;
   };
   const Case cases[] = {{300, 520, 256, 8, {400, 0, 333, 700, 16, 951}, {0, 1.702f, 7.f, 1.f}},
-                        {1024, 2048, 768, 8, {1000, 2000, 3000, 2192}, {0, 1.f, inf, 0.f}}};
+                        {1024, 2048, 768, 8, {1000, 2000, 3000, 2192}, {0, 1.f, inf, 0.f}},
+                        {300, 520, 200, 8, {400, 0, 333, 700, 16, 951}, {1, 1.702f, 7.f, 1.f}}};  // gpt-oss
   uint32_t seed = 90;
   for (const Case& c : cases) {
     mxtest::Bf16Gather g = mxtest::bf16_gather_case(c.t, c.k, 2 * c.i, c.fanout, c.sizes, false, seed++);
     const int64_t M = static_cast<int64_t>(g.gather.size()), G = static_cast<int64_t>(c.sizes.size());
-    if (!mxmoe_grouped_mm_bf16_gather_swiglu_available(M, c.i, c.k, G, c.t, c.fanout, 0, 0))
+    if (!mxmoe_grouped_mm_bf16_gather_swiglu_available(M, c.i, c.k, G, c.t, c.fanout, c.act.layout, 0))
       GTEST_SKIP() << "the sm_90a bf16 SwiGLU gather kernel is not available here";
     DevBuf da(g.a), db(g.b), doffs(g.offs), dgi(g.index);
     DevBuf dh(Buffer({M, 2 * c.i}, MXMOE_DTYPE_BF16), false), dact(Buffer({M, c.i}, MXMOE_DTYPE_BF16), false);
     dh.poison();
     dact.poison();
     auto va = da.view(), vb = db.view(), vo = doffs.view(), vg = dgi.view(), vh = dh.view(), vact = dact.view();
-    ASSERT_EQ(mxmoe_grouped_mm_bf16_gather_swiglu(&va, &vg, c.fanout, &vb, &vo, 0, c.act.alpha, c.act.limit,
-                                                  c.act.up_offset, &vh, &vact, nullptr),
+    // a bf16 bias on the gpt-oss case (added to h in fp32 and rounded again)
+    Buffer bias = mxtest::random_input({G, 2 * c.i}, MXMOE_DTYPE_BF16, seed + 50, 2.f);
+    DevBuf dbias(bias);
+    auto vbias = dbias.view();
+    const bool with_bias = c.act.layout == 1;
+    ASSERT_EQ(mxmoe_grouped_mm_bf16_gather_swiglu(&va, &vg, c.fanout, &vb, &vo, with_bias ? &vbias : nullptr,
+                                                  c.act.layout, c.act.alpha, c.act.limit, c.act.up_offset, &vh, &vact,
+                                                  nullptr),
               MXMOE_OK)
         << mxmoe_last_error();
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const Buffer got_h = dh.download(), got_act = dact.download(), want_h = mxtest::bf16_gather_expected(g);
+    const Buffer got_h = dh.download(), got_act = dact.download();
+    Buffer want_h = mxtest::bf16_gather_expected(g);
+    int64_t grp = 0;
+    for (int64_t r = 0; with_bias && r < g.ends.back(); ++r) {
+      while (r >= g.ends[grp]) ++grp;
+      for (int64_t j = 0; j < 2 * c.i; ++j) {
+        volatile float sum = want_h.get(r * 2 * c.i + j) + bias.get(grp * 2 * c.i + j);
+        want_h.set(r * 2 * c.i + j, sum);
+      }
+    }
     Buffer want_act({M, c.i}, MXMOE_DTYPE_BF16);
     for (int64_t r = 0; r < M; ++r)
-      for (int64_t j = 0; j < c.i; ++j)
-        want_act.set(r * c.i + j,
-                     mxmoe::swiglu_value(want_h.get(r * 2 * c.i + j), want_h.get(r * 2 * c.i + c.i + j), c.act));
+      for (int64_t j = 0; j < c.i; ++j) {
+        const int64_t gc = c.act.layout ? 2 * j : j, uc = c.act.layout ? 2 * j + 1 : c.i + j;
+        want_act.set(r * c.i + j, mxmoe::swiglu_value(want_h.get(r * 2 * c.i + gc), want_h.get(r * 2 * c.i + uc), c.act));
+      }
     int64_t diff_h = 0, diff_act = 0;
     for (int64_t i = 0; i < got_h.numel(); ++i) diff_h += got_h.data<uint16_t>()[i] != want_h.data<uint16_t>()[i];
     for (int64_t i = 0; i < got_act.numel(); ++i)

@@ -505,25 +505,44 @@ TEST(Bf16GatherDSwiglu, Validation) {
 }
 
 // The bf16 SwiGLU gather GEMM on the host (mxmoe_grouped_mm_bf16_gather_swiglu): h is the gather GEMM's
-// (the contract in double), act its SwiGLU (gpt-oss's clamped form too); and its checks.
+// (the contract in double) plus the bias in fp32 rounded again, act its SwiGLU: concatenated halves and
+// gpt-oss's interleaved, clamped form with bf16 and f32 biases; and its checks.
 TEST(Bf16GatherSwiglu, HostMatchesTheContract) {
   const float inf = std::numeric_limits<float>::infinity();
-  for (const mxmoe::SwigluParams p : {mxmoe::SwigluParams{0, 1.f, inf, 0.f}, mxmoe::SwigluParams{0, 1.702f, 7.f, 1.f}}) {
+  const mxmoe::SwigluParams plain{0, 1.f, inf, 0.f}, gpt{1, 1.702f, 7.f, 1.f};
+  const struct {
+    mxmoe::SwigluParams p;
+    int bias;  // 0 none, 1 bf16, 2 f32
+  } variants[] = {{plain, 0}, {plain, 1}, {gpt, 2}, {gpt, 0}};
+  for (const auto& v : variants) {
+    const mxmoe::SwigluParams p = v.p;
     mxtest::Bf16Gather c = mxtest::bf16_gather_case(30, 64, 256, 4, {20, 0, 37, 9}, false, 59);
-    const int64_t M = static_cast<int64_t>(c.gather.size()), I = c.N / 2;
+    const int64_t M = static_cast<int64_t>(c.gather.size()), I = c.N / 2, G = 4;
+    Buffer bias = mxtest::random_input({G, 2 * I}, v.bias == 2 ? MXMOE_DTYPE_F32 : MXMOE_DTYPE_BF16, 61, 2.f);
     Buffer h({M, 2 * I}, MXMOE_DTYPE_BF16, 0xEE), act({M, I}, MXMOE_DTYPE_BF16, 0xEE);
-    auto va = c.a.view(), vg = c.index.view(), vb = c.b.view(), vo = c.offs.view(), vh = h.view(), vact = act.view();
-    ASSERT_EQ(mxmoe_grouped_mm_bf16_gather_swiglu(&va, &vg, c.fanout, &vb, &vo, 0, p.alpha, p.limit, p.up_offset, &vh,
-                                                  &vact, nullptr),
+    auto va = c.a.view(), vg = c.index.view(), vb = c.b.view(), vo = c.offs.view(), vbias = bias.view(), vh = h.view(),
+         vact = act.view();
+    ASSERT_EQ(mxmoe_grouped_mm_bf16_gather_swiglu(&va, &vg, c.fanout, &vb, &vo, v.bias ? &vbias : nullptr, p.layout,
+                                                  p.alpha, p.limit, p.up_offset, &vh, &vact, nullptr),
               MXMOE_OK)
         << mxmoe_last_error();
-    const Buffer want_h = mxtest::bf16_gather_expected(c);
-    EXPECT_EQ(h.bytes, want_h.bytes);
+    Buffer want_h = mxtest::bf16_gather_expected(c);
+    int64_t g = 0;
+    for (int64_t r = 0; v.bias && r < c.ends.back(); ++r) {
+      while (r >= c.ends[g]) ++g;
+      for (int64_t j = 0; j < 2 * I; ++j) {
+        volatile float sum = want_h.get(r * 2 * I + j) + bias.get(g * 2 * I + j);
+        want_h.set(r * 2 * I + j, sum);
+      }
+    }
+    EXPECT_EQ(h.bytes, want_h.bytes) << "layout " << p.layout << " bias " << v.bias;
     Buffer want_act({M, I}, MXMOE_DTYPE_BF16);
     for (int64_t r = 0; r < M; ++r)
-      for (int64_t j = 0; j < I; ++j)
-        want_act.set(r * I + j, mxmoe::swiglu_value(want_h.get(r * 2 * I + j), want_h.get(r * 2 * I + I + j), p));
-    EXPECT_EQ(act.bytes, want_act.bytes) << "alpha " << p.alpha;
+      for (int64_t j = 0; j < I; ++j) {
+        const int64_t gc = p.layout ? 2 * j : j, uc = p.layout ? 2 * j + 1 : I + j;
+        want_act.set(r * I + j, mxmoe::swiglu_value(want_h.get(r * 2 * I + gc), want_h.get(r * 2 * I + uc), p));
+      }
+    EXPECT_EQ(act.bytes, want_act.bytes) << "layout " << p.layout << " bias " << v.bias;
   }
 }
 
@@ -537,17 +556,26 @@ TEST(Bf16GatherSwiglu, Validation) {
     EXPECT_EQ(st, MXMOE_ERR_INVALID_ARGUMENT) << what;
     EXPECT_NE(std::string(mxmoe_last_error()).find(what), std::string::npos) << mxmoe_last_error();
   };
-  expect_error(mxmoe_grouped_mm_bf16_gather_swiglu(&va, &vg, 2, &vb, &vo, 1, 1.f, inf, 0.f, &vh, &vact, nullptr),
+  expect_error(mxmoe_grouped_mm_bf16_gather_swiglu(&va, &vg, 2, &vb, &vo, nullptr, 2, 1.f, inf, 0.f, &vh, &vact,
+                                                   nullptr),
                "layout");
+  Buffer bias_bad({2, I}, MXMOE_DTYPE_BF16);
+  auto vbias_bad = bias_bad.view();
+  expect_error(mxmoe_grouped_mm_bf16_gather_swiglu(&va, &vg, 2, &vb, &vo, &vbias_bad, 0, 1.f, inf, 0.f, &vh, &vact,
+                                                   nullptr),
+               "bias");
   Buffer act_bad({M, 2 * I}, MXMOE_DTYPE_BF16);
   auto vact_bad = act_bad.view();
-  expect_error(mxmoe_grouped_mm_bf16_gather_swiglu(&va, &vg, 2, &vb, &vo, 0, 1.f, inf, 0.f, &vh, &vact_bad, nullptr),
+  expect_error(mxmoe_grouped_mm_bf16_gather_swiglu(&va, &vg, 2, &vb, &vo, nullptr, 0, 1.f, inf, 0.f, &vh, &vact_bad,
+                                                   nullptr),
                "act");
-  expect_error(mxmoe_grouped_mm_bf16_gather_swiglu(&va, &vg, 2, &vb, &vo, 0, 1.f, inf, 0.f, &vh, &vh, nullptr), "act");
+  expect_error(mxmoe_grouped_mm_bf16_gather_swiglu(&va, &vg, 2, &vb, &vo, nullptr, 0, 1.f, inf, 0.f, &vh, &vh, nullptr),
+               "act");
   for (const Buffer* b : {&h, &act})
     for (uint8_t v : b->bytes) ASSERT_EQ(v, 0xEE);  // nothing written by the failed calls
   EXPECT_EQ(mxmoe_grouped_mm_bf16_gather_swiglu_available(10, 128, 64, 2, 20, 2, 0, -1), 1);
-  EXPECT_EQ(mxmoe_grouped_mm_bf16_gather_swiglu_available(10, 128, 64, 2, 20, 2, 1, -1), 0);
+  EXPECT_EQ(mxmoe_grouped_mm_bf16_gather_swiglu_available(10, 128, 64, 2, 20, 2, 1, -1), 1);
+  EXPECT_EQ(mxmoe_grouped_mm_bf16_gather_swiglu_available(10, 128, 64, 2, 20, 2, 2, -1), 0);
 }
 
 }  // namespace

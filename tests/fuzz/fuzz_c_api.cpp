@@ -1613,7 +1613,7 @@ void op_bf16_gather_swiglu(FuzzedDataProvider& fdp) {
   GatherShape sh = gather_shape(c, c.pick(0, 3) == 3 ? c.dim() : smul(2, c.dim()));
   Call::cap({&sh.M, &sh.N}, kMaxElems / 4);
   const int64_t T = sh.T, K = sh.K, N = sh.N, G = sh.G, fanout = sh.fanout, M = sh.M, I = N / 2;
-  const int32_t layout = c.pick(0, 9) == 9 ? c.fdp().ConsumeIntegral<int32_t>() : 0;
+  const int32_t layout = c.pick(0, 9) == 9 ? c.fdp().ConsumeIntegral<int32_t>() : static_cast<int32_t>(c.coin());
   const bool gpt = c.coin();
   const float alpha = activation_param(c, gpt ? 1.702f : 1.0f);
   const float limit = activation_param(c, gpt ? 7.0f : INFINITY);
@@ -1622,13 +1622,15 @@ void op_bf16_gather_swiglu(FuzzedDataProvider& fdp) {
   Arg& gather = c.add_index("gather", MXMOE_DTYPE_I32, {M}, std::max<int64_t>(smul(T, std::max<int64_t>(fanout, 1)), 1));
   Arg& b = c.add("b", Role::kIn, MXMOE_DTYPE_BF16, {G, N, K}, false);
   Arg& offs = c.add_offs("offs", G, M);
+  Arg& bias = c.add("bias", Role::kIn, float_dtype(c), {G, N}, true, c.coin());
   Arg& h = c.add("h", Role::kOut, MXMOE_DTYPE_BF16, {M, N}, false);
   Arg& act = c.add("act", Role::kOut, MXMOE_DTYPE_BF16, {M, I}, false);
   void* stream = c.stream();
   if (!c.prepare()) return;
   c.verbose_dump();
   c.check(mxmoe_grouped_mm_bf16_gather_swiglu(Call::ptr(a), Call::ptr(gather), fanout, Call::ptr(b), Call::ptr(offs),
-                                              layout, alpha, limit, up, Call::ptr(h), Call::ptr(act), stream));
+                                              Call::ptr(bias), layout, alpha, limit, up, Call::ptr(h), Call::ptr(act),
+                                              stream));
 }
 
 // mxmoe_grouped_mm_bf16_gather_dswiglu: the bf16 gather GEMM on w2 (G, K, I) as it lies, dH and the

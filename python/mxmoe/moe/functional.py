@@ -217,8 +217,9 @@ class Bf16(torch.autograd.Function):
     """FusedMX's data flow in bf16: x and the pre-activation h are kept, nothing of T*k rows x H. With
     gather_gemm (Backend.bf16_gather_gemm; on Hopper once verified there) every GEMM that reads routed
     rows of x or dout reads them inside the GEMM: the up projection and the down projection's dgrad
-    (ops.moe_gather_mm_bf16; with concatenated halves and no b13 the up projection's epilogue computes
-    act(h), ops.moe_swiglu_mm_bf16; the dgrad's epilogue computes dH and the routing weights' grad
+    (ops.moe_gather_mm_bf16; the up projection's epilogue adds b13 and computes act(h),
+    ops.moe_swiglu_mm_bf16, with interleaved or concatenated halves of 2I % 256 == 0; the dgrad's
+    epilogue computes dH and the routing weights' grad
     instead of storing dY', ops.moe_dswiglu_mm_bf16), dW13 = dH^T dispatch(x) and dW2 =
     dispatch(dout)^T (w act(h)) (ops.moe_kgather_mm_bf16); else they are gathered first for
     torch._grouped_mm. act(h) is recomputed for dW2; the routing weights' grad comes from the
@@ -231,9 +232,10 @@ class Bf16(torch.autograd.Function):
         offs, perm, inv = ops.moe_routing(topk_idx, E)
         w13b, w2b = _cast(w13 if w_up is None else weight_cache.joined((w13, w_up)), BF16), _cast(w2, BF16)
         gather_up = gather_gemm and not score_before and _gather_mm_takes(x, w13b, k, False)
-        if gather_up and b13 is None and layout == ops.SWIGLU_CONCAT and w13b.shape[1] % 256 == 0:
-            # act(h) from the GEMM's epilogue: no SwiGLU pass over h
-            h, y = ops.moe_swiglu_mm_bf16(_cast(x, BF16), perm, k, w13b, act.alpha, act.limit, act.up_offset, offs)
+        if gather_up and (layout == ops.SWIGLU_INTERLEAVED or w13b.shape[1] % 256 == 0):
+            # h (+ b13) and act(h) from the GEMM's epilogue: no bias pass, no SwiGLU pass over h
+            h, y = ops.moe_swiglu_mm_bf16(_cast(x, BF16), perm, k, w13b, b13, layout, act.alpha, act.limit,
+                                          act.up_offset, offs)
         else:
             if gather_up:
                 h = ops.moe_gather_mm_bf16(_cast(x, BF16), perm, k, w13b, False, offs)

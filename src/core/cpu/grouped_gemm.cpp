@@ -463,13 +463,26 @@ void grouped_mm_bf16_gather_dswiglu(const Bf16GatherDSwigluArgs& x) {
 void grouped_mm_bf16_gather_swiglu(const Bf16GatherSwigluArgs& x) {
   grouped_mm_bf16_gather(x.g);  // h, rows past the last group zero
   const int64_t M = x.g.out.shape[0], I = x.g.out.shape[1] / 2;
-  const auto* h = static_cast<const uint16_t*>(x.g.out.data);
+  auto* h = static_cast<uint16_t*>(x.g.out.data);
   auto* act = static_cast<uint16_t*>(x.act.data);
-  const SwigluParams p{kSwigluConcat, x.alpha, x.limit, x.up_offset};
+  const SwigluParams p{x.layout, x.alpha, x.limit, x.up_offset};
+  const bool inter = x.layout == kSwigluInterleaved;
+  const Groups groups = groups_from_offsets(x.g.offs, M);
+  std::vector<int64_t> group_of(static_cast<size_t>(M), -1);
+  for (int64_t gi = 0; gi < groups.count(); ++gi)
+    for (int64_t r = groups.start[gi]; r < groups.end[gi]; ++r) group_of[r] = gi;
   parallel_for(M, 64, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t c = 0; c < I; ++c)
-        act[r * I + c] = f32_to_bf16(swiglu_value(bf16_to_f32(h[r * 2 * I + c]), bf16_to_f32(h[r * 2 * I + I + c]), p));
+    for (int64_t r = r0; r < r1; ++r) {
+      if (x.bias.present && group_of[r] >= 0)  // + bias in fp32, rounded again (the unfused layer's add)
+        for (int64_t c = 0; c < 2 * I; ++c) {
+          const float b = load_f32(x.bias.t, group_of[r] * x.bias.t.strides[0] + c * x.bias.t.strides[1]);
+          h[r * 2 * I + c] = f32_to_bf16(add_rn(bf16_to_f32(h[r * 2 * I + c]), b));
+        }
+      for (int64_t c = 0; c < I; ++c) {
+        const int64_t gc = inter ? 2 * c : c, uc = inter ? 2 * c + 1 : I + c;
+        act[r * I + c] = f32_to_bf16(swiglu_value(bf16_to_f32(h[r * 2 * I + gc]), bf16_to_f32(h[r * 2 * I + uc]), p));
+      }
+    }
   });
 }
 

@@ -808,11 +808,11 @@ void grouped_mm_bf16_gather(const Bf16GatherMMArgs& x) {
 }
 
 bool grouped_mm_bf16_gather_swiglu_available(int64_t m, int64_t i, int64_t k, int64_t g, int64_t t, int64_t fanout,
-                                             int32_t device) {
+                                             int32_t layout, int32_t device) {
 #if defined(MXMOE_HAVE_CUTLASS)
-  return g > 0 && gemm::sm90_grouped_m_gather_swiglu_bf16_takes(m, 2 * i, k, g, t, fanout, device);
+  return g > 0 && gemm::sm90_grouped_m_gather_swiglu_bf16_takes(m, 2 * i, k, g, t, fanout, layout, device);
 #else
-  (void)m, (void)i, (void)k, (void)g, (void)t, (void)fanout, (void)device;
+  (void)m, (void)i, (void)k, (void)g, (void)t, (void)fanout, (void)layout, (void)device;
   return false;
 #endif
 }
@@ -851,6 +851,13 @@ void grouped_mm_bf16_gather_swiglu(const Bf16GatherSwigluArgs& x) {
   r.fanout = x.g.fanout;
   r.a_rows = T;
   r.lda = 2 * K;
+  if (x.bias.present) {
+    r.bias = x.bias.t.data;
+    r.bias_bf16 = x.bias.t.dtype == MXMOE_DTYPE_BF16;
+    r.bias_s0 = x.bias.t.strides[0];
+    r.bias_s1 = x.bias.t.strides[1];
+  }
+  r.layout = x.layout;
   r.alpha = x.alpha;
   r.limit = x.limit;
   r.up_offset = x.up_offset;

@@ -28,8 +28,10 @@ using Bf16Kernel = sm90::GroupedMGather<128, 5, __nv_bfloat16, true, false>;
 using Bf16KnKernel = sm90::GroupedMGather<128, 5, __nv_bfloat16, true, true>;
 // Its dSwiGLU epilogue variant (the epilogue in the math warpgroups: the same ring).
 using Bf16DSwigluKernel = sm90::GroupedMGatherDSwigluBf16<5>;
-// Its SwiGLU epilogue variant (tiles in gate / up pairs, the epilogue in the math warpgroups).
-using Bf16SwigluKernel = sm90::GroupedMGatherSwigluBf16<5>;
+// Its SwiGLU epilogue variants (the epilogue in the math warpgroups): concatenated halves (tiles in gate /
+// up pairs) and interleaved ones.
+using Bf16SwigluKernel = sm90::GroupedMGatherSwigluBf16<5, false>;
+using Bf16SwigluInterKernel = sm90::GroupedMGatherSwigluBf16<5, true>;
 // The dSwiGLU epilogue's variant: the same mainloop with 3 stages beside its hand-over buffers (64 KB).
 // 3 stages measured 11% faster than 4 at Qwen3-30B-A3B 16K (H100, same run), most likely because the
 // shared memory left over is L1, which the epilogue's loads of h go through (docs/design/gemm-sm90.md).
@@ -159,24 +161,26 @@ bool sm90_grouped_m_gather_dswiglu_bf16(const GroupedMGatherDSwigluBf16Run& r) {
 }
 
 bool sm90_grouped_m_gather_swiglu_bf16_takes(int64_t m, int64_t n, int64_t k, int64_t groups, int64_t a_rows,
-                                             int64_t fanout, int device) {
-  if (n % 256 != 0 || !sm90_grouped_m_gather_bf16_takes(m, n, k, groups, a_rows, fanout, false, device)) return false;
+                                             int64_t fanout, int layout, int device) {
+  if (layout == kSwigluConcat ? n % 256 != 0 : layout != kSwigluInterleaved) return false;
+  if (!sm90_grouped_m_gather_bf16_takes(m, n, k, groups, a_rows, fanout, false, device)) return false;
   return Bf16SwigluKernel::smem_bytes(static_cast<int>(std::min<int64_t>(groups, 1 << 20))) <= 227 * 1024;
 }
 
 bool sm90_grouped_m_gather_swiglu_bf16(const GroupedMGatherSwigluBf16Run& r) {
-  if (!sm90_grouped_m_gather_swiglu_bf16_takes(r.m, r.n, r.k / 2, r.groups, r.a_rows, r.fanout, r.device) ||
+  if (!sm90_grouped_m_gather_swiglu_bf16_takes(r.m, r.n, r.k / 2, r.groups, r.a_rows, r.fanout, r.layout, r.device) ||
       r.lda != r.k || r.out == nullptr || r.act == nullptr || !r.out_bf16)
     return false;
   for (const void* q : {static_cast<const void*>(r.a), static_cast<const void*>(r.b), static_cast<const void*>(r.out),
                         static_cast<const void*>(r.act)})
     if (reinterpret_cast<uintptr_t>(q) % 16 != 0) return false;
-  sm90::GroupedMParams p = sm90::grouped_m_params(r);
-  p.bias = nullptr;
-  p.act = SwigluParams{kSwigluConcat, r.alpha, r.limit, r.up_offset};
+  sm90::GroupedMParams p = sm90::grouped_m_params(r);  // with the bias (G, 2I), added before the SwiGLU
+  p.act = SwigluParams{r.layout, r.alpha, r.limit, r.up_offset};
   p.plain = swiglu_is_plain(p.act) ? 1 : 0;
   p.act_bf16 = r.act;
-  return launch_gather<Bf16SwigluKernel>(r, p, "grouped_mm_bf16_gather_swiglu", true);
+  return r.layout == kSwigluInterleaved
+             ? launch_gather<Bf16SwigluInterKernel>(r, p, "grouped_mm_bf16_gather_swiglu", true)
+             : launch_gather<Bf16SwigluKernel>(r, p, "grouped_mm_bf16_gather_swiglu", true);
 }
 
 bool sm90_grouped_m_gather_dswiglu_takes(int64_t m, int64_t n, int64_t k, int64_t groups, int64_t a_rows,

@@ -89,17 +89,19 @@ bool sm90_grouped_m_gather_dswiglu_bf16_takes(int64_t m, int64_t n, int64_t k, i
 bool sm90_grouped_m_gather_dswiglu_bf16(const GroupedMGatherDSwigluBf16Run& r);
 
 // The bf16 MoE layer's up projection with the SwiGLU epilogue (sm90_bf16_grouped_m_gather_swiglu.cuh): the bf16
-// gather GEMM's h = A[rows] . B[g]^T (M, N = 2I) bf16 stored into out (gate | up halves concatenated; k and lda in
-// bytes as sm90_grouped_m_gather_bf16) and act(h) = swiglu(gate, up) (M, I) bf16 into act; rows past the last group
-// zero in both.
+// gather GEMM's h = A[rows] . B[g]^T (+ bias[g], rounded twice as the unfused layer) (M, N = 2I) bf16 stored into
+// out (gate | up halves concatenated or interleaved; k and lda in bytes as sm90_grouped_m_gather_bf16) and
+// act(h) = swiglu(gate, up) (M, I) bf16 into act; rows past the last group zero in both.
 struct GroupedMGatherSwigluBf16Run : GroupedMGatherRun {
+  int layout = 0;  // kSwigluConcat or kSwigluInterleaved
   float alpha = 1.f, limit = 0.f, up_offset = 0.f;
   uint16_t* act = nullptr;
 };
 
-// Whether it takes a call (m, n = 2I, k = H in elements: 2I a multiple of 256). Launches nothing.
+// Whether it takes a call (m, n = 2I, k = H in elements; concatenated halves: 2I a multiple of 256).
+// Launches nothing.
 bool sm90_grouped_m_gather_swiglu_bf16_takes(int64_t m, int64_t n, int64_t k, int64_t groups, int64_t a_rows,
-                                             int64_t fanout, int device);
+                                             int64_t fanout, int layout, int device);
 // Launches on r.stream and returns true (also for m == 0), or returns false having launched nothing.
 bool sm90_grouped_m_gather_swiglu_bf16(const GroupedMGatherSwigluBf16Run& r);
 
