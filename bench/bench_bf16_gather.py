@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The bf16 layer's gather kernels one by one against what they replace, in the same run (BENCH.md
 method: CUDA events, median of --reps after --warmup; the inputs of one MoE layer's step: tokens
-routed top-k at random by mxmoe.ops.moe_routing, bf16 N(0, 1) activations, N(0, 1/fan_in) weights).
+routed top-k at random by mxmoe.ops.moe_routing, bf16 N(0, 1) activations, N(0, 1/fan_in) weights;
+the config's shape with concatenated halves, plain SwiGLU and no biases).
 
   up+swiglu   ops.moe_swiglu_mm_bf16(x, perm, w13)        vs  moe_gather + torch._grouped_mm + ops.swiglu
   up          ops.moe_gather_mm_bf16(x, perm, w13)        vs  moe_gather + torch._grouped_mm
