@@ -101,6 +101,27 @@ const mxmoe_tensor& check_gather_index(const mxmoe_tensor* gather_) {
   return gather;
 }
 
+// The bf16 gather kernels' operands: a 2D bf16 tensor read in place, and the index list with its fanout
+// into a's T rows (on a's device, contiguous, T * fanout < 2^31).
+const mxmoe_tensor& check_bf16_rows(const mxmoe_tensor* t_, const char* name) {
+  const mxmoe_tensor& t = require(t_, name);
+  check_dtype(t, name, {MXMOE_DTYPE_BF16});
+  check_ndim(t, name, {2});
+  check_backend(t.device, name);
+  check_contiguous(t, name);
+  return t;
+}
+
+const mxmoe_tensor& check_bf16_gather_index(const mxmoe_tensor* gather_, int64_t fanout, const mxmoe_tensor& rows) {
+  const mxmoe_tensor& gather = check_gather_index(gather_);
+  check_device(gather, "gather", rows.device);
+  check_contiguous(gather, "gather");
+  const int64_t T = rows.shape[0];
+  if (fanout < 1 || (T > 0 && fanout > ((int64_t{1} << 31) - 1) / T))
+    fail("fanout: expected 1 <= fanout and T * fanout < 2^31 (T = ", T, "), got ", fanout);
+  return gather;
+}
+
 // After check_grouped_mm: the index list on A's device, fanout in range, the operands read in place.
 void check_gather_operands(const GroupedMMArgs& mm, const mxmoe_tensor& gather, int64_t fanout) {
   const int64_t T = mm.a.shape[0];
@@ -112,12 +133,19 @@ void check_gather_operands(const GroupedMMArgs& mm, const mxmoe_tensor& gather, 
   check_contiguous(mm.a_scale, "a_scale");
 }
 
-// The fused gather variants' activation (as mxmoe_swiglu, concatenated halves) and scale mode.
-void check_swiglu_args(int32_t layout, float alpha, float limit, float up_offset, mxmoe_scale_mode mode) {
-  if (layout != MXMOE_SWIGLU_CONCAT) fail("layout: expected MXMOE_SWIGLU_CONCAT (0), got ", layout);
+// A fused variant's activation (as mxmoe_swiglu); interleaved halves where the variant takes them.
+void check_activation_args(int32_t layout, float alpha, float limit, float up_offset, bool interleaved_ok) {
+  if (layout != MXMOE_SWIGLU_CONCAT && !(interleaved_ok && layout == MXMOE_SWIGLU_INTERLEAVED))
+    fail("layout: expected MXMOE_SWIGLU_CONCAT (0)", interleaved_ok ? " or MXMOE_SWIGLU_INTERLEAVED (1)" : "",
+         ", got ", layout);
   if (!std::isfinite(alpha)) fail("alpha: expected a finite value, got ", alpha);
   if (!(limit > 0.f)) fail("limit: expected a positive value (+inf: no clamp), got ", limit);
   if (!std::isfinite(up_offset)) fail("up_offset: expected a finite value, got ", up_offset);
+}
+
+// The tile128 fused gather variants' activation (concatenated halves) and scale mode.
+void check_swiglu_args(int32_t layout, float alpha, float limit, float up_offset, mxmoe_scale_mode mode) {
+  check_activation_args(layout, alpha, limit, up_offset, false);
   if (mode < MXMOE_SCALE_RCEIL || mode > MXMOE_SCALE_EVEN)
     fail("mode: expected RCEIL (0), FLOOR (1), CEIL (2) or EVEN (3), got ", static_cast<int>(mode));
 }
@@ -571,18 +599,9 @@ mxmoe_status mxmoe_grouped_mm_bf16_gather(const mxmoe_tensor* a_, const mxmoe_te
                                           const mxmoe_tensor* b_, int32_t b_kn, const mxmoe_tensor* offs_,
                                           mxmoe_tensor* out_, void* stream) {
   MXMOE_API_BEGIN
-  const mxmoe_tensor& a = require(a_, "a");
-  check_dtype(a, "a", {MXMOE_DTYPE_BF16});
-  check_ndim(a, "a", {2});
-  check_backend(a.device, "a");
-  check_contiguous(a, "a");
-  const int64_t T = a.shape[0], K = a.shape[1];
-  const mxmoe_tensor& gather = check_gather_index(gather_);
-  check_device(gather, "gather", a.device);
-  check_contiguous(gather, "gather");
-  const int64_t M = gather.shape[0];
-  if (fanout < 1 || (T > 0 && fanout > ((int64_t{1} << 31) - 1) / T))
-    fail("fanout: expected 1 <= fanout and T * fanout < 2^31 (T = ", T, "), got ", fanout);
+  const mxmoe_tensor& a = check_bf16_rows(a_, "a");
+  const mxmoe_tensor& gather = check_bf16_gather_index(gather_, fanout, a);
+  const int64_t K = a.shape[1], M = gather.shape[0];
   if (b_kn != 0 && b_kn != 1) fail("b_kn: expected 0 (b is (G, N, K)) or 1 (b is (G, K, N)), got ", b_kn);
   const mxmoe_tensor& b = require(b_, "b");
   check_dtype(b, "b", {MXMOE_DTYPE_BF16});
@@ -645,29 +664,16 @@ mxmoe_status mxmoe_grouped_mm_bf16_gather_swiglu(const mxmoe_tensor* a_, const m
                                                  float up_offset, mxmoe_tensor* h_, mxmoe_tensor* act_,
                                                  void* stream) {
   MXMOE_API_BEGIN
-  if (layout != MXMOE_SWIGLU_CONCAT && layout != MXMOE_SWIGLU_INTERLEAVED)
-    fail("layout: expected MXMOE_SWIGLU_CONCAT (0) or MXMOE_SWIGLU_INTERLEAVED (1), got ", layout);
-  if (!std::isfinite(alpha)) fail("alpha: expected a finite value, got ", alpha);
-  if (!(limit > 0.f)) fail("limit: expected a positive value (+inf: no clamp), got ", limit);
-  if (!std::isfinite(up_offset)) fail("up_offset: expected a finite value, got ", up_offset);
+  check_activation_args(layout, alpha, limit, up_offset, true);
   const mxmoe_tensor& b = require(b_, "b");
   check_ndim(b, "b", {3});
   if (b.shape[1] % 2 != 0) fail("b: expected an even output width 2I (dim 1: gate | up), got ", b.shape[1]);
   const int64_t I = b.shape[1] / 2;
   const mxmoe_tensor& act = require(act_, "act");
   Bf16GatherSwigluArgs x;
-  const mxmoe_tensor& a = require(a_, "a");
-  check_dtype(a, "a", {MXMOE_DTYPE_BF16});
-  check_ndim(a, "a", {2});
-  check_backend(a.device, "a");
-  check_contiguous(a, "a");
-  const int64_t T = a.shape[0], K = a.shape[1];
-  const mxmoe_tensor& gather = check_gather_index(gather_);
-  check_device(gather, "gather", a.device);
-  check_contiguous(gather, "gather");
-  const int64_t M = gather.shape[0];
-  if (fanout < 1 || (T > 0 && fanout > ((int64_t{1} << 31) - 1) / T))
-    fail("fanout: expected 1 <= fanout and T * fanout < 2^31 (T = ", T, "), got ", fanout);
+  const mxmoe_tensor& a = check_bf16_rows(a_, "a");
+  const mxmoe_tensor& gather = check_bf16_gather_index(gather_, fanout, a);
+  const int64_t K = a.shape[1], M = gather.shape[0];
   check_dtype(b, "b", {MXMOE_DTYPE_BF16});
   check_device(b, "b", a.device);
   check_contiguous(b, "b");
@@ -743,23 +749,10 @@ mxmoe_status mxmoe_grouped_mm_bf16_gather_dswiglu(const mxmoe_tensor* a_, const 
                                                   float up_offset, mxmoe_tensor* dh_, mxmoe_tensor* tw_part_,
                                                   void* stream) {
   MXMOE_API_BEGIN
-  if (layout != MXMOE_SWIGLU_CONCAT && layout != MXMOE_SWIGLU_INTERLEAVED)
-    fail("layout: expected MXMOE_SWIGLU_CONCAT (0) or MXMOE_SWIGLU_INTERLEAVED (1), got ", layout);
-  if (!std::isfinite(alpha)) fail("alpha: expected a finite value, got ", alpha);
-  if (!(limit > 0.f)) fail("limit: expected a positive value (+inf: no clamp), got ", limit);
-  if (!std::isfinite(up_offset)) fail("up_offset: expected a finite value, got ", up_offset);
-  const mxmoe_tensor& a = require(a_, "a");
-  check_dtype(a, "a", {MXMOE_DTYPE_BF16});
-  check_ndim(a, "a", {2});
-  check_backend(a.device, "a");
-  check_contiguous(a, "a");
-  const int64_t T = a.shape[0], K = a.shape[1];
-  const mxmoe_tensor& gather = check_gather_index(gather_);
-  check_device(gather, "gather", a.device);
-  check_contiguous(gather, "gather");
-  const int64_t M = gather.shape[0];
-  if (fanout < 1 || (T > 0 && fanout > ((int64_t{1} << 31) - 1) / T))
-    fail("fanout: expected 1 <= fanout and T * fanout < 2^31 (T = ", T, "), got ", fanout);
+  check_activation_args(layout, alpha, limit, up_offset, true);
+  const mxmoe_tensor& a = check_bf16_rows(a_, "a");
+  const mxmoe_tensor& gather = check_bf16_gather_index(gather_, fanout, a);
+  const int64_t T = a.shape[0], K = a.shape[1], M = gather.shape[0];
   const mxmoe_tensor& b = require(b_, "b");
   check_dtype(b, "b", {MXMOE_DTYPE_BF16});
   check_ndim(b, "b", {3});
@@ -849,29 +842,15 @@ mxmoe_status mxmoe_grouped_mm_bf16_kgather(const mxmoe_tensor* a_, const mxmoe_t
                                            int64_t fanout, int32_t gather_b, const mxmoe_tensor* offs_,
                                            mxmoe_tensor* out_, void* stream) {
   MXMOE_API_BEGIN
-  const mxmoe_tensor& a = require(a_, "a");
-  check_dtype(a, "a", {MXMOE_DTYPE_BF16});
-  check_ndim(a, "a", {2});
-  check_backend(a.device, "a");
-  check_contiguous(a, "a");
-  const mxmoe_tensor& b = require(b_, "b");
-  check_dtype(b, "b", {MXMOE_DTYPE_BF16});
-  check_ndim(b, "b", {2});
+  const mxmoe_tensor& a = check_bf16_rows(a_, "a");
+  const mxmoe_tensor& b = check_bf16_rows(b_, "b");
   check_device(b, "b", a.device);
-  check_contiguous(b, "b");
-  const mxmoe_tensor& gather = check_gather_index(gather_);
-  check_device(gather, "gather", a.device);
-  check_contiguous(gather, "gather");
   if (gather_b != 0 && gather_b != 1) fail("gather_b: expected 0 (gather reads a's rows) or 1 (b's), got ", gather_b);
+  const mxmoe_tensor& gather = check_bf16_gather_index(gather_, fanout, gather_b ? b : a);
   const int64_t R = gather.shape[0];
   const mxmoe_tensor& plain = gather_b ? a : b;
-  const mxmoe_tensor& routed = gather_b ? b : a;
-  const char* plain_name = gather_b ? "a" : "b";
   if (plain.shape[0] != R)
-    fail(plain_name, ": expected ", R, " rows (one per routed row, gather's length), got ", plain.shape[0]);
-  const int64_t T = routed.shape[0];
-  if (fanout < 1 || (T > 0 && fanout > ((int64_t{1} << 31) - 1) / T))
-    fail("fanout: expected 1 <= fanout and T * fanout < 2^31 (T = ", T, "), got ", fanout);
+    fail(gather_b ? "a" : "b", ": expected ", R, " rows (one per routed row, gather's length), got ", plain.shape[0]);
   const mxmoe_tensor& offs = require(offs_, "offs");
   api::check_offs(offs, a.device);
   const int64_t G = offs.shape[0], M = a.shape[1], N = b.shape[1];

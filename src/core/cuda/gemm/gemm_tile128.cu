@@ -484,6 +484,27 @@ void fill_gather_run(const GroupedMMGatherArgs& ga, int sm_count, gemm::GroupedM
   r.lda = a.a.strides[0];
   r.row_scale = ga.row_scale.present ? static_cast<const float*>(ga.row_scale.t.data) : nullptr;
 }
+
+// The bf16 gather kernels' run: K and A's row stride in bytes (the kernel's k-blocks are 128 bytes).
+void fill_bf16_gather_run(const Bf16GatherMMArgs& x, int sm_count, gemm::GroupedMGatherRun& r) {
+  r.m = x.out.shape[0];
+  r.n = x.out.shape[1];
+  r.k = 2 * x.a.shape[1];
+  r.groups = static_cast<int>(x.offs.shape[0]);
+  r.a = static_cast<const uint8_t*>(x.a.data);
+  r.b = static_cast<const uint8_t*>(x.b.data);
+  r.offs = static_cast<const int32_t*>(x.offs.data);
+  r.offs_s = x.offs.strides[0];
+  r.out = x.out.data;
+  r.out_bf16 = true;
+  r.sm_count = sm_count;
+  r.device = x.a.device;
+  r.stream = static_cast<cudaStream_t>(x.stream);
+  r.gather = static_cast<const int32_t*>(x.gather.data);
+  r.fanout = x.fanout;
+  r.a_rows = x.a.shape[0];
+  r.lda = r.k;
+}
 }  // namespace
 #endif
 
@@ -783,23 +804,7 @@ void grouped_mm_bf16_gather(const Bf16GatherMMArgs& x) {
     return;
   }
   gemm::GroupedMGatherRun r;
-  r.m = M;
-  r.n = N;
-  r.k = 2 * K;
-  r.groups = G;
-  r.a = static_cast<const uint8_t*>(x.a.data);
-  r.b = static_cast<const uint8_t*>(x.b.data);
-  r.offs = static_cast<const int32_t*>(x.offs.data);
-  r.offs_s = x.offs.strides[0];
-  r.out = x.out.data;
-  r.out_bf16 = true;
-  r.sm_count = props.sm_count;
-  r.device = x.a.device;
-  r.stream = stream;
-  r.gather = static_cast<const int32_t*>(x.gather.data);
-  r.fanout = x.fanout;
-  r.a_rows = T;
-  r.lda = 2 * K;
+  fill_bf16_gather_run(x, props.sm_count, r);
   if (gemm::sm90_grouped_m_gather_bf16(r, x.b_kn)) return;
 #endif
   fail_status(MXMOE_ERR_UNSUPPORTED, what, ": the sm_90a gather kernel does not take M = ", M, ", N = ", N,
@@ -834,23 +839,7 @@ void grouped_mm_bf16_gather_swiglu(const Bf16GatherSwigluArgs& x) {
     return;
   }
   gemm::GroupedMGatherSwigluBf16Run r;
-  r.m = M;
-  r.n = N;
-  r.k = 2 * K;
-  r.groups = G;
-  r.a = static_cast<const uint8_t*>(x.g.a.data);
-  r.b = static_cast<const uint8_t*>(x.g.b.data);
-  r.offs = static_cast<const int32_t*>(x.g.offs.data);
-  r.offs_s = x.g.offs.strides[0];
-  r.out = x.g.out.data;
-  r.out_bf16 = true;
-  r.sm_count = props.sm_count;
-  r.device = x.g.a.device;
-  r.stream = stream;
-  r.gather = static_cast<const int32_t*>(x.g.gather.data);
-  r.fanout = x.g.fanout;
-  r.a_rows = T;
-  r.lda = 2 * K;
+  fill_bf16_gather_run(x.g, props.sm_count, r);
   if (x.bias.present) {
     r.bias = x.bias.t.data;
     r.bias_bf16 = x.bias.t.dtype == MXMOE_DTYPE_BF16;
@@ -896,22 +885,8 @@ void grouped_mm_bf16_gather_dswiglu(const Bf16GatherDSwigluArgs& x) {
     return;
   }
   gemm::GroupedMGatherDSwigluBf16Run r;
-  r.m = M;
-  r.n = I;
-  r.k = 2 * K;
-  r.groups = G;
-  r.a = static_cast<const uint8_t*>(x.g.a.data);
-  r.b = static_cast<const uint8_t*>(x.g.b.data);
-  r.offs = static_cast<const int32_t*>(x.g.offs.data);
-  r.offs_s = x.g.offs.strides[0];
-  r.out_bf16 = true;
-  r.sm_count = props.sm_count;
-  r.device = x.g.a.device;
-  r.stream = stream;
-  r.gather = static_cast<const int32_t*>(x.g.gather.data);
-  r.fanout = x.g.fanout;
-  r.a_rows = T;
-  r.lda = 2 * K;
+  fill_bf16_gather_run(x.g, props.sm_count, r);
+  r.out = nullptr;  // dY' is never stored
   r.row_scale = x.row_scale.present ? static_cast<const float*>(x.row_scale.t.data) : nullptr;
   r.h = static_cast<const uint16_t*>(x.h.data);
   r.layout = x.layout;
