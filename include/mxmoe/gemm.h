@@ -184,25 +184,29 @@ MXMOE_API mxmoe_status mxmoe_grouped_mm_tile128_gather_dswiglu(
 
 /* mxmoe_grouped_mm_tile128_gather_swiglu: the MoE layer's up projection with the SwiGLU in its
  * epilogue. The gather GEMM's
- *   h (M, 2I) bf16 = A[rows] . B[g] (2I, K)^T   (mxmoe_grouped_mm_tile128_gather: A (T, K) e4m3 +
- *                                                a_scale, gather (M,), fanout, b (G, 2I, K), b_scale,
- *                                                offs; no bias, no row_scale)
- * is stored (gate | up halves, layout MXMOE_SWIGLU_CONCAT), and act(h) = swiglu(gate, up) (M, I)
- * (alpha, limit, up_offset as mxmoe_swiglu) is written as
+ *   h (M, 2I) bf16 = A[rows] . B[g] (2I, K)^T (+ bias[g])   (mxmoe_grouped_mm_tile128_gather: A (T, K)
+ *                                                e4m3 + a_scale, gather (M,), fanout, b (G, 2I, K),
+ *                                                b_scale, offs, bias optional (G, 2I) bf16 or f32, added
+ *                                                in fp32 before h's one rounding; no row_scale)
+ * is stored (gate and up halves as layout says: MXMOE_SWIGLU_CONCAT or MXMOE_SWIGLU_INTERLEAVED), and
+ * act(h) = swiglu(gate, up) (M, I) (alpha, limit, up_offset as mxmoe_swiglu) is written as
  *   act_q (M, I) e4m3, act_scale (M, I/32) e8m0 and, when act_qt is given, act_qt (I, M) e4m3,
  *   act_scale_t (I, ceil(M/32) + G) e8m0: the bytes of mxmoe_quantize_fused_source on the SWIGLU source
  *   (a = h) with offs, row and column blocks of 128, `mode`: the rowwise 1x128 operand (the down
  *   projection's A) and the per-group columnwise 128x1 operand (its wgrad). act_qt and act_scale_t are
  *   both given or both NULL.
- * I a multiple of 128. On the host the CPU backend composes the gather GEMM and the quantize pass; on a
- * device only the sm_90a kernel runs it (UNSUPPORTED elsewhere: ..._available says).
+ * I a multiple of 128 (concatenated halves) or of 64 (interleaved: gpt-oss's 2880). On the host the CPU
+ * backend composes the gather GEMM and the quantize pass; on a device only the sm_90a kernel runs it
+ * (UNSUPPORTED elsewhere: ..._available says), which takes a bias with interleaved halves only (gpt-oss's
+ * b13; INVALID_ARGUMENT for concatenated halves with a bias on a device).
  */
 MXMOE_API int32_t mxmoe_grouped_mm_tile128_gather_swiglu_available(int64_t m, int64_t i, int64_t k, int64_t g,
                                                                    int64_t t, int64_t fanout, int32_t layout,
                                                                    int32_t device);
 MXMOE_API mxmoe_status mxmoe_grouped_mm_tile128_gather_swiglu(
     const mxmoe_tensor* a, const mxmoe_tensor* a_scale, const mxmoe_tensor* gather, int64_t fanout,
-    const mxmoe_tensor* b, const mxmoe_tensor* b_scale, const mxmoe_tensor* offs, int32_t layout, float alpha,
+    const mxmoe_tensor* b, const mxmoe_tensor* b_scale, const mxmoe_tensor* offs, const mxmoe_tensor* bias,
+    int32_t layout, float alpha,
     float limit, float up_offset, mxmoe_scale_mode mode, mxmoe_tensor* h, mxmoe_tensor* act_q,
     mxmoe_tensor* act_scale, mxmoe_tensor* act_qt, mxmoe_tensor* act_scale_t, void* stream);
 

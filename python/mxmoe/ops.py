@@ -451,7 +451,7 @@ def _(dout, perm, k, row_scale, w2_qt, w2_scale, h, alpha, limit, up_offset, w13
 
 
 @_fake("moe_tile128_swiglu_forward")
-def _(x, perm, k, w13_q, w13_scale, alpha, limit, up_offset, w2_q, w2_scale, offs, b2, mode, want_col):
+def _(x, perm, k, w13_q, w13_scale, b13, layout, alpha, limit, up_offset, w2_q, w2_scale, offs, b2, mode, want_col):
     m, i = perm.shape[0], w13_q.shape[1] // 2
     y_col = _side(x.new_empty((m, i), dtype=BF16), offs, False, (FUSED_QT | FUSED_SCALE) if want_col else 0)
     return x.new_empty((m, 2 * i), dtype=BF16), x.new_empty((m, w2_q.shape[1]), dtype=BF16), y_col[1], y_col[2]

@@ -143,21 +143,25 @@ void check_activation_args(int32_t layout, float alpha, float limit, float up_of
   if (!std::isfinite(up_offset)) fail("up_offset: expected a finite value, got ", up_offset);
 }
 
-// The tile128 fused gather variants' activation (concatenated halves) and scale mode.
-void check_swiglu_args(int32_t layout, float alpha, float limit, float up_offset, mxmoe_scale_mode mode) {
-  check_activation_args(layout, alpha, limit, up_offset, false);
+// The tile128 fused gather variants' activation (concatenated halves; the SwiGLU variant also
+// interleaved ones) and scale mode.
+void check_swiglu_args(int32_t layout, float alpha, float limit, float up_offset, mxmoe_scale_mode mode,
+                       bool interleaved_ok = false) {
+  check_activation_args(layout, alpha, limit, up_offset, interleaved_ok);
   if (mode < MXMOE_SCALE_RCEIL || mode > MXMOE_SCALE_EVEN)
     fail("mode: expected RCEIL (0), FLOOR (1), CEIL (2) or EVEN (3), got ", static_cast<int>(mode));
 }
 
 using FusedAvailableFn = bool (*)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int32_t, int32_t);
 
-// The fused gather variants' _available (I a multiple of 128, concatenated halves): the host always,
-// a device where the sm_90a kernel takes the shape.
+// The fused gather variants' _available (I a multiple of 128 with concatenated halves; with
+// interleaved_ok also interleaved halves, I a multiple of 64): the host always, a device where the
+// sm_90a kernel takes the shape.
 int32_t fused_gather_available(FusedAvailableFn cuda_fn, int64_t m, int64_t i, int64_t k, int64_t g, int64_t t,
-                               int64_t fanout, int32_t layout, int32_t device) {
-  if (m < 0 || i <= 0 || i % 128 != 0 || k < 0 || g < 0 || t < 0 || fanout < 1 || device < -1) return 0;
-  if (layout != MXMOE_SWIGLU_CONCAT) return 0;
+                               int64_t fanout, int32_t layout, int32_t device, bool interleaved_ok = false) {
+  if (m < 0 || i <= 0 || k < 0 || g < 0 || t < 0 || fanout < 1 || device < -1) return 0;
+  if (layout == MXMOE_SWIGLU_CONCAT ? i % 128 != 0 : !(interleaved_ok && layout == MXMOE_SWIGLU_INTERLEAVED && i % 64 == 0))
+    return 0;
   if (device < 0) return 1;  // the CPU composition takes every call
   if (cuda_fn == nullptr) return 0;
   try {
@@ -240,7 +244,7 @@ void gather_swiglu_host(const GatherSwigluArgs& x) {
   mxmoe_fused_source src{};
   src.kind = MXMOE_SOURCE_SWIGLU;
   src.a = &h;
-  src.layout = MXMOE_SWIGLU_CONCAT;
+  src.layout = x.layout;
   src.alpha = x.alpha;
   src.limit = x.limit;
   src.up_offset = x.up_offset;
@@ -501,27 +505,33 @@ mxmoe_status mxmoe_grouped_mm_tile128_gather_dswiglu(
 int32_t mxmoe_grouped_mm_tile128_gather_swiglu_available(int64_t m, int64_t i, int64_t k, int64_t g, int64_t t,
                                                          int64_t fanout, int32_t layout, int32_t device) {
   return fused_gather_available(CUDA_FUSED_FN(grouped_mm_tile128_gather_swiglu_available), m, i, k, g, t, fanout,
-                                layout, device);
+                                layout, device, true);
 }
 
 mxmoe_status mxmoe_grouped_mm_tile128_gather_swiglu(
     const mxmoe_tensor* a_, const mxmoe_tensor* a_scale_, const mxmoe_tensor* gather_, int64_t fanout,
-    const mxmoe_tensor* b_, const mxmoe_tensor* b_scale_, const mxmoe_tensor* offs_, int32_t layout, float alpha,
-    float limit, float up_offset, mxmoe_scale_mode mode, mxmoe_tensor* h_, mxmoe_tensor* act_q_,
-    mxmoe_tensor* act_scale_, mxmoe_tensor* act_qt_, mxmoe_tensor* act_scale_t_, void* stream) {
+    const mxmoe_tensor* b_, const mxmoe_tensor* b_scale_, const mxmoe_tensor* offs_, const mxmoe_tensor* bias_,
+    int32_t layout, float alpha, float limit, float up_offset, mxmoe_scale_mode mode, mxmoe_tensor* h_,
+    mxmoe_tensor* act_q_, mxmoe_tensor* act_scale_, mxmoe_tensor* act_qt_, mxmoe_tensor* act_scale_t_,
+    void* stream) {
   MXMOE_API_BEGIN
   GatherSwigluArgs x;
   const mxmoe_tensor& gather = check_gather_index(gather_);
   const int64_t M = gather.shape[0];
   const mxmoe_tensor& b = require(b_, "b");
   check_ndim(b, "b", {3});
+  check_swiglu_args(layout, alpha, limit, up_offset, mode, true);
   const int64_t G = b.shape[0], N = b.shape[1], I = N / 2;
-  if (N % 256 != 0)
+  if (layout == MXMOE_SWIGLU_CONCAT && N % 256 != 0)
     fail("b: expected the gate | up width (dim 1) to be a multiple of 256 (two halves of a multiple of 128), got ", N);
-  check_swiglu_args(layout, alpha, limit, up_offset, mode);
+  if (layout == MXMOE_SWIGLU_INTERLEAVED && N % 128 != 0)
+    fail("b: expected the interleaved gate / up width (dim 1) to be a multiple of 128, got ", N);
   const mxmoe_tensor& h = require(h_, "h");
   check_dtype(h, "h", {MXMOE_DTYPE_BF16});
-  x.g.mm = api::check_grouped_mm(a_, a_scale_, b_, b_scale_, offs_, nullptr, h_, stream, M);
+  x.g.mm = api::check_grouped_mm(a_, a_scale_, b_, b_scale_, offs_, bias_, h_, stream, M);
+  if (bias_ != nullptr && layout == MXMOE_SWIGLU_CONCAT && x.g.mm.a.device >= 0)
+    fail("bias: the sm_90a kernel takes a bias with interleaved halves only (layout MXMOE_SWIGLU_INTERLEAVED); "
+         "got concatenated halves with a bias on device ", x.g.mm.a.device);
   const mxmoe_tensor& a = x.g.mm.a;
   check_gather_operands(x.g.mm, gather, fanout);
   check_contiguous(h, "h");
@@ -550,9 +560,10 @@ mxmoe_status mxmoe_grouped_mm_tile128_gather_swiglu(
   // No output overlaps an input or another output.
   std::vector<std::pair<const mxmoe_tensor*, const char*>> written = {{h_, "h"}};
   for (const Out& o : outs) written.emplace_back(o.t, o.name);
-  const std::pair<const mxmoe_tensor*, const char*> read[] = {
+  std::vector<std::pair<const mxmoe_tensor*, const char*>> read = {
       {&a, "a"}, {&x.g.mm.a_scale, "a_scale"}, {&gather, "gather"}, {&x.g.mm.b, "b"},
       {&x.g.mm.b_scale, "b_scale"}, {&x.g.mm.offs, "offs"}};
+  if (x.g.mm.bias.present) read.emplace_back(&x.g.mm.bias.t, "bias");
   for (size_t i = 0; i < written.size(); ++i) {
     for (const auto& [t, name] : read) check_no_overlap(*written[i].first, written[i].second, *t, name);
     for (size_t j = i + 1; j < written.size(); ++j)
@@ -560,6 +571,7 @@ mxmoe_status mxmoe_grouped_mm_tile128_gather_swiglu(
   }
   x.g.gather = gather;
   x.g.fanout = fanout;
+  x.layout = layout;
   x.alpha = alpha;
   x.limit = limit;
   x.up_offset = up_offset;

@@ -117,11 +117,12 @@ struct GatherDSwigluArgs {
   mxmoe_tensor dh_q{}, dh_scale{}, dh_qt{}, dh_scale_t{}, tw_part{};
 };
 
-// mxmoe_grouped_mm_tile128_gather_swiglu: g.mm.out is h (M, 2I) bf16 (no bias, no row_scale); act(h)'s
-// rowwise operand q (M, I) + scale (M, I/32) and, when present, its columnwise operand qt (I, M) +
-// scale_t (I, n_r).
+// mxmoe_grouped_mm_tile128_gather_swiglu: g.mm.out is h (M, 2I) bf16 (+ g.mm.bias, b13; no row_scale),
+// gate | up halves as layout says; act(h)'s rowwise operand q (M, I) + scale (M, I/32) and, when present,
+// its columnwise operand qt (I, M) + scale_t (I, n_r).
 struct GatherSwigluArgs {
   GroupedMMGatherArgs g;
+  int layout = 0;  // MXMOE_SWIGLU_CONCAT or MXMOE_SWIGLU_INTERLEAVED
   float alpha = 1.f, limit = 0.f, up_offset = 0.f;
   mxmoe_scale_mode mode = MXMOE_SCALE_RCEIL;
   mxmoe_tensor q{}, scale{};

@@ -52,7 +52,8 @@ STABLE_TORCH_LIBRARY(mxmoe, m) {
         "Tensor? x, Tensor offs, int mode, bool need_dxs, bool need_dw13, ScalarType a_dtype, "
         "ScalarType w_dtype) -> (Tensor, Tensor, Tensor)");
   m.def("moe_tile128_dswiglu_available(int i, int k, int groups, int t, int fanout, int device) -> bool");
-  m.def("moe_tile128_swiglu_forward(Tensor x, Tensor perm, int k, Tensor w13_q, Tensor w13_scale, float alpha, "
+  m.def("moe_tile128_swiglu_forward(Tensor x, Tensor perm, int k, Tensor w13_q, Tensor w13_scale, Tensor? b13, "
+        "int layout, float alpha, "
         "float limit, float up_offset, Tensor w2_q, Tensor w2_scale, Tensor offs, Tensor? b2, int mode, "
         "bool want_col) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("moe_exact_forward(" SRC "Tensor w_dq, Tensor offs, int mode, bool want_a_col) -> (Tensor, Tensor, Tensor)");

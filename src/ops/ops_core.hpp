@@ -99,7 +99,8 @@ bool moe_tile128_dswiglu_available(int64_t i, int64_t k, int64_t groups, int64_t
 // on the rowwise form. Returns (h, o, act_qt, act_scale_t); the last two (the down projection's wgrad
 // operand) are empty without want_col.
 std::tuple<Tensor, Tensor, Tensor, Tensor> moe_tile128_swiglu_forward(Tensor x, Tensor perm, int64_t k, Tensor w13_q,
-                                                                       Tensor w13_scale, double alpha, double limit,
+                                                                       Tensor w13_scale, OptTensor b13, int64_t layout,
+                                                                       double alpha, double limit,
                                                                        double up_offset, Tensor w2_q, Tensor w2_scale,
                                                                        Tensor offs, OptTensor b2, int64_t mode,
                                                                        bool want_col);

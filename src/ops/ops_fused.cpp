@@ -311,12 +311,13 @@ std::tuple<Tensor, Tensor, Tensor> tile128_dswiglu_backward(const char* op, cons
 }
 
 // The up projection with SwiGLU in its epilogue, then the down projection on the act(h) operand it wrote
-// (the tile128 layer's forward with concatenated halves): x quantized once per token, the gather GEMM
-// storing h and act(h)'s FP8 forms (mxmoe_grouped_mm_tile128_gather_swiglu), GEMM2. Returns (h, o,
-// act's columnwise codes and scales, or empty ones without want_col).
+// (the tile128 layer's forward): x quantized once per token, the gather GEMM storing h (+ b13) and
+// act(h)'s FP8 forms (mxmoe_grouped_mm_tile128_gather_swiglu; concatenated or interleaved halves), GEMM2.
+// Returns (h, o, act's columnwise codes and scales, or empty ones without want_col).
 std::tuple<Tensor, Tensor, Tensor, Tensor> tile128_swiglu_forward(const char* op, const Tensor& x_in,
                                                                   const Tensor& perm, int64_t k, const Tensor& w13_q,
-                                                                  const Tensor& w13_scale, double alpha, double limit,
+                                                                  const Tensor& w13_scale, const OptTensor& b13,
+                                                                  int64_t layout, double alpha, double limit,
                                                                   double up_offset, const Tensor& w2_q,
                                                                   const Tensor& w2_scale, const Tensor& offs,
                                                                   const OptTensor& b2, int64_t mode, bool want_col) {
@@ -339,12 +340,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> tile128_swiglu_forward(const char* op
     mxmoe_tensor av = view(x_row.q(), "x_q", op), asv = view(x_row.scale(), "x_scale", op),
                  pv = view(perm, "perm", op), bv = view(w13_q, "w13_q", op), bsv = view(w13_scale, "w13_scale", op),
                  ov = view(offs, "offs", op), hv = view(h, "h", op), qv = view(y_q, "act_q", op),
-                 sv = view(y_s, "act_scale", op), qtv{}, stv{};
+                 sv = view(y_s, "act_scale", op), qtv{}, stv{}, b13v{};
     if (want_col) {
       qtv = view(y_qt, "act_qt", op);
       stv = view(y_st, "act_scale_t", op);
     }
-    check(mxmoe_grouped_mm_tile128_gather_swiglu(&av, &asv, &pv, k, &bv, &bsv, &ov, MXMOE_SWIGLU_CONCAT,
+    if (b13) b13v = view(*b13, "b13", op);
+    check(mxmoe_grouped_mm_tile128_gather_swiglu(&av, &asv, &pv, k, &bv, &bsv, &ov, b13 ? &b13v : nullptr,
+                                                 to_i32(layout, "layout", op),
                                                  static_cast<float>(alpha), static_cast<float>(limit),
                                                  static_cast<float>(up_offset),
                                                  static_cast<mxmoe_scale_mode>(to_i32(mode, "mode", op)), &hv, &qv,
@@ -523,12 +526,12 @@ std::tuple<Tensor, Tensor, Tensor> moe_tile128_dswiglu_backward(Tensor dout, Ten
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> moe_tile128_swiglu_forward(Tensor x, Tensor perm, int64_t k, Tensor w13_q,
-                                                                       Tensor w13_scale, double alpha, double limit,
-                                                                       double up_offset, Tensor w2_q, Tensor w2_scale,
-                                                                       Tensor offs, OptTensor b2, int64_t mode,
-                                                                       bool want_col) {
-  return tile128_swiglu_forward("moe_tile128_swiglu_forward", x, perm, k, w13_q, w13_scale, alpha, limit, up_offset,
-                                w2_q, w2_scale, offs, b2, mode, want_col);
+                                                                       Tensor w13_scale, OptTensor b13, int64_t layout,
+                                                                       double alpha, double limit, double up_offset,
+                                                                       Tensor w2_q, Tensor w2_scale, Tensor offs,
+                                                                       OptTensor b2, int64_t mode, bool want_col) {
+  return tile128_swiglu_forward("moe_tile128_swiglu_forward", x, perm, k, w13_q, w13_scale, b13, layout, alpha, limit,
+                                up_offset, w2_q, w2_scale, offs, b2, mode, want_col);
 }
 
 bool moe_tile128_dswiglu_available(int64_t i, int64_t k, int64_t groups, int64_t t, int64_t fanout, int64_t device) {

@@ -1106,6 +1106,7 @@ TEST(CudaGemmTile128, GatherDSwigluSameBytesAsGemmThenQuantize) {
 // projection): h the same bytes as the gather GEMM's, act(h)'s rowwise and columnwise operands the same
 // bytes as the tile128 quantize pass over the SWIGLU source read from that h (both on the device), every
 // output byte written (poisoned first), also rows past the last group; and without the columnwise form.
+// Concatenated and interleaved halves, with and without the expert biases b13.
 TEST(CudaGemmTile128, GatherSwigluSameBytesAsGemmThenQuantize) {
   SKIP_WITHOUT_CUDA();
   struct Case {
@@ -1113,13 +1114,22 @@ TEST(CudaGemmTile128, GatherSwigluSameBytesAsGemmThenQuantize) {
     std::vector<int32_t> sizes;
     float alpha, limit, up_offset;
     int tail;  // rows past the last group
+    int32_t layout;
+    bool bias;
   };
   const float inf = std::numeric_limits<float>::infinity();
   // As the dSwiGLU test: 16-byte column runs (the first case), byte runs (the others); an odd count of
-  // act blocks per row (I = 768: 6 pairs) and the clamped SwiGLU in the third.
-  const Case cases[] = {{300, 512, 256, 8, {400, 0, 336, 704, 16, 944}, 1.f, inf, 0.f, 16},
-                        {97, 256, 128, 3, {50, 128, 0, 113}, 1.f, inf, 0.f, 13},
-                        {256, 2048, 768, 8, {512, 1024, 0, 496}, 1.702f, 7.f, 1.f, 9}};
+  // act blocks per row (I = 768: 6 pairs) and the clamped SwiGLU in the third. Then gpt-oss's layer:
+  // interleaved halves with b13 (f32 in the fourth case, bf16 in the fifth), I % 128 == 64 (a ghost
+  // second tile in each row's last pair: 2I = 640, 5 tiles) and I % 128 == 0; a plain interleaved
+  // SwiGLU; concatenated halves with b13, which the kernel declines (INVALID_ARGUMENT, nothing written).
+  const Case cases[] = {{300, 512, 256, 8, {400, 0, 336, 704, 16, 944}, 1.f, inf, 0.f, 16, 0, false},
+                        {97, 256, 128, 3, {50, 128, 0, 113}, 1.f, inf, 0.f, 13, 0, false},
+                        {256, 2048, 768, 8, {512, 1024, 0, 496}, 1.702f, 7.f, 1.f, 9, 0, false},
+                        {200, 384, 320, 4, {300, 0, 129, 250, 64}, 1.702f, 7.f, 1.f, 5, 1, true},
+                        {150, 256, 256, 4, {200, 77, 0, 300}, 1.702f, 7.f, 1.f, 3, 1, true},
+                        {97, 256, 192, 3, {50, 128, 0, 113}, 1.f, inf, 0.f, 13, 1, false},
+                        {97, 256, 128, 3, {50, 128, 0, 113}, 1.f, inf, 0.f, 0, 0, true}};
   uint32_t seed = 90;
   for (const Case& c : cases) {
     std::mt19937 rng(seed++);
@@ -1142,14 +1152,20 @@ TEST(CudaGemmTile128, GatherSwigluSameBytesAsGemmThenQuantize) {
     const int64_t n_r = mxmoe_grouped_scale_capacity(M, G);
     Buffer offs = mxtest::offsets(ends), gi({M}, MXMOE_DTYPE_I32);
     std::memcpy(gi.bytes.data(), gather.data(), gather.size() * 4);
-    if (!mxmoe_grouped_mm_tile128_gather_swiglu_available(M, I, c.k, G, c.t, c.fanout, 0, 0))
+    if (!mxmoe_grouped_mm_tile128_gather_swiglu_available(M, I, c.k, G, c.t, c.fanout, c.layout, 0))
       GTEST_SKIP() << "the sm_90a SwiGLU gather kernel is not available here";
-    DevBuf da(a), das(as), db(b), dbs(bs), doffs(offs), dgi(gi);
-    auto va = da.view(), vas = das.view(), vb = db.view(), vbs = dbs.view(), vo = doffs.view(), vg = dgi.view();
+    // b13: f32 where the groups are 5 (the gpt-oss case), else bf16.
+    Buffer bias({G, 2 * I}, G == 5 ? MXMOE_DTYPE_F32 : MXMOE_DTYPE_BF16);
+    std::normal_distribution<float> bnd(0.f, 2.f);
+    for (int64_t i = 0; i < bias.numel(); ++i) bias.set(i, bnd(rng));
+    DevBuf da(a), das(as), db(b), dbs(bs), doffs(offs), dgi(gi), dbias(bias);
+    auto va = da.view(), vas = das.view(), vb = db.view(), vbs = dbs.view(), vo = doffs.view(), vg = dgi.view(),
+         vbias = dbias.view();
+    mxmoe_tensor* pbias = c.bias ? &vbias : nullptr;
     // The reference: h by the gather GEMM, then the quantize pass over act(h).
     DevBuf rh(Buffer({M, 2 * I}, MXMOE_DTYPE_BF16), false);
     auto vrh = rh.view();
-    ASSERT_EQ(mxmoe_grouped_mm_tile128_gather(&va, &vas, &vg, c.fanout, nullptr, &vb, &vbs, &vo, nullptr, &vrh, nullptr),
+    ASSERT_EQ(mxmoe_grouped_mm_tile128_gather(&va, &vas, &vg, c.fanout, nullptr, &vb, &vbs, &vo, pbias, &vrh, nullptr),
               MXMOE_OK)
         << mxmoe_last_error();
     DevBuf rq(Buffer({M, I}, MXMOE_DTYPE_E4M3), false), rsc(Buffer({M, I / 32}, MXMOE_DTYPE_E8M0), false),
@@ -1159,7 +1175,7 @@ TEST(CudaGemmTile128, GatherSwigluSameBytesAsGemmThenQuantize) {
       mxmoe_fused_source src{};
       src.kind = MXMOE_SOURCE_SWIGLU;
       src.a = &vrh;
-      src.layout = 0;
+      src.layout = c.layout;
       src.alpha = c.alpha;
       src.limit = c.limit;
       src.up_offset = c.up_offset;
@@ -1173,15 +1189,27 @@ TEST(CudaGemmTile128, GatherSwigluSameBytesAsGemmThenQuantize) {
                 MXMOE_OK)
           << mxmoe_last_error();
     }
-    const std::string where = "T=" + std::to_string(c.t) + " K=" + std::to_string(c.k) + " I=" + std::to_string(I);
+    const std::string where = "T=" + std::to_string(c.t) + " K=" + std::to_string(c.k) + " I=" + std::to_string(I) +
+                              " layout " + std::to_string(c.layout) + (c.bias ? " b13" : "");
     for (bool with_col : {true, false}) {
       DevBuf h(Buffer({M, 2 * I}, MXMOE_DTYPE_BF16), false), q(Buffer({M, I}, MXMOE_DTYPE_E4M3), false),
           sc(Buffer({M, I / 32}, MXMOE_DTYPE_E8M0), false), qt(Buffer({I, M}, MXMOE_DTYPE_E4M3), false),
           st(Buffer({I, n_r}, MXMOE_DTYPE_E8M0), false);
       for (DevBuf* d : {&h, &q, &sc, &qt, &st}) d->poison();  // every byte must be written
+      if (c.layout == 0 && c.bias) {
+        auto vh = h.view(), vq = q.view(), vs = sc.view();
+        EXPECT_EQ(mxmoe_grouped_mm_tile128_gather_swiglu(&va, &vas, &vg, c.fanout, &vb, &vbs, &vo, pbias, 0, c.alpha,
+                                                         c.limit, c.up_offset, MXMOE_SCALE_RCEIL, &vh, &vq, &vs,
+                                                         nullptr, nullptr, nullptr),
+                  MXMOE_ERR_INVALID_ARGUMENT);
+        EXPECT_NE(std::string(mxmoe_last_error()).find("bias"), std::string::npos) << mxmoe_last_error();
+        const Buffer gq = q.download();
+        for (int64_t i = 0; i < gq.numel(); ++i) ASSERT_EQ(gq.u8(i), 0xFF) << "nothing written";
+        break;
+      }
       auto vh = h.view(), vq = q.view(), vs = sc.view(), vqt = qt.view(), vst = st.view();
-      ASSERT_EQ(mxmoe_grouped_mm_tile128_gather_swiglu(&va, &vas, &vg, c.fanout, &vb, &vbs, &vo, 0, c.alpha, c.limit,
-                                                       c.up_offset, MXMOE_SCALE_RCEIL, &vh, &vq, &vs,
+      ASSERT_EQ(mxmoe_grouped_mm_tile128_gather_swiglu(&va, &vas, &vg, c.fanout, &vb, &vbs, &vo, pbias, c.layout,
+                                                       c.alpha, c.limit, c.up_offset, MXMOE_SCALE_RCEIL, &vh, &vq, &vs,
                                                        with_col ? &vqt : nullptr, with_col ? &vst : nullptr, nullptr),
                 MXMOE_OK)
           << mxmoe_last_error();

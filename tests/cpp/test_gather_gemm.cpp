@@ -260,8 +260,8 @@ struct Swiglu {
   Buffer h, q, sc, qt, st;
 };
 
-Swiglu make_swiglu(uint32_t seed) {
-  Swiglu d{make(40, 128, 512, 4, {33, 17, 0, 64}, seed), 256, 0, {}, {}, {}, {}, {}};
+Swiglu make_swiglu(uint32_t seed, int64_t I = 256) {
+  Swiglu d{make(40, 128, 2 * I, 4, {33, 17, 0, 64}, seed), I, 0, {}, {}, {}, {}, {}};
   d.M = static_cast<int64_t>(d.o.gather.size());
   const int64_t G = static_cast<int64_t>(d.o.ends.size());
   d.h = Buffer({d.M, 2 * d.I}, MXMOE_DTYPE_BF16, 0xEE);
@@ -273,14 +273,36 @@ Swiglu make_swiglu(uint32_t seed) {
 }
 
 mxmoe_status run_swiglu(Swiglu& d, bool with_col = true, int32_t layout = 0, bool scale_t = true,
-                        mxmoe_tensor* q_override = nullptr) {
+                        mxmoe_tensor* q_override = nullptr, bool bias = false) {
   Buffer gi = gather_buf(d.o.gather);
   auto va = d.o.a.view(), vas = d.o.as.view(), vg = gi.view(), vb = d.o.b.view(), vbs = d.o.bs.view(),
-       vo = d.o.offs.view(), vh = d.h.view(), vq = d.q.view(), vs = d.sc.view(), vqt = d.qt.view(), vst = d.st.view();
-  return mxmoe_grouped_mm_tile128_gather_swiglu(&va, &vas, &vg, d.o.fanout, &vb, &vbs, &vo, layout, 1.702f, 7.f, 1.f,
-                                                MXMOE_SCALE_RCEIL, &vh, q_override ? q_override : &vq, &vs,
-                                                with_col ? &vqt : nullptr, with_col && scale_t ? &vst : nullptr,
-                                                nullptr);
+       vo = d.o.offs.view(), vh = d.h.view(), vq = d.q.view(), vs = d.sc.view(), vqt = d.qt.view(), vst = d.st.view(),
+       vbias = d.o.bias.view();
+  return mxmoe_grouped_mm_tile128_gather_swiglu(&va, &vas, &vg, d.o.fanout, &vb, &vbs, &vo, bias ? &vbias : nullptr,
+                                                layout, 1.702f, 7.f, 1.f, MXMOE_SCALE_RCEIL, &vh,
+                                                q_override ? q_override : &vq, &vs, with_col ? &vqt : nullptr,
+                                                with_col && scale_t ? &vst : nullptr, nullptr);
+}
+
+// act(h)'s forms as the quantize pass writes them from h (the SWIGLU source, gpt-oss's activation).
+void quantize_act(Buffer& h, Buffer& offs, int32_t layout, Swiglu& w) {
+  auto vh = h.view(), vq = w.q.view(), vs = w.sc.view(), vqt = w.qt.view(), vst = w.st.view(), vo = offs.view();
+  mxmoe_fused_source src{};
+  src.kind = MXMOE_SOURCE_SWIGLU;
+  src.a = &vh;
+  src.layout = layout;
+  src.alpha = 1.702f;
+  src.limit = 7.f;
+  src.up_offset = 1.f;
+  mxmoe_fused_side row{}, col{};
+  row.q = &vq;
+  row.scale = &vs;
+  col.qt = &vqt;
+  col.scale = &vst;
+  ASSERT_EQ(mxmoe_quantize_fused_source(&src, &vo, mxmoe_fused_config{128, 128, 0, MXMOE_SCALE_RCEIL}, &row, &col,
+                                        nullptr),
+            MXMOE_OK)
+      << mxmoe_last_error();
 }
 
 TEST(GatherSwiglu, GemmThenQuantize) {
@@ -330,8 +352,12 @@ TEST(GatherSwiglu, Validation) {
     EXPECT_EQ(st, MXMOE_ERR_INVALID_ARGUMENT) << what;
     EXPECT_NE(std::string(mxmoe_last_error()).find(what), std::string::npos) << mxmoe_last_error();
   };
-  expect_error(run_swiglu(d, true, 1), "layout");
+  expect_error(run_swiglu(d, true, 2), "layout");
   expect_error(run_swiglu(d, true, 0, false), "act_qt, act_scale_t");
+  Buffer bias_bad({static_cast<int64_t>(d.o.ends.size()), 2 * d.I - 32}, MXMOE_DTYPE_BF16);
+  std::swap(d.o.bias, bias_bad);
+  expect_error(run_swiglu(d, true, 0, true, nullptr, true), "bias");
+  std::swap(d.o.bias, bias_bad);
   Buffer q_bad({d.M, d.I - 32}, MXMOE_DTYPE_E4M3);
   auto vq_bad = q_bad.view();
   expect_error(run_swiglu(d, true, 0, true, &vq_bad), "act_q");
@@ -351,9 +377,43 @@ TEST(GatherSwiglu, Validation) {
   narrow.qt = Buffer({192, narrow.M}, MXMOE_DTYPE_E4M3);
   narrow.st = Buffer({192, mxmoe_grouped_scale_capacity(narrow.M, 2)}, MXMOE_DTYPE_E8M0);
   expect_error(run_swiglu(narrow), "multiple of 256");
+  // Interleaved halves take 2I a multiple of 128 (halves of 96 are not).
+  Swiglu odd{make(20, 128, 192, 2, {10, 12}, 34), 96, 0, {}, {}, {}, {}, {}};
+  odd.M = static_cast<int64_t>(odd.o.gather.size());
+  odd.h = Buffer({odd.M, 192}, MXMOE_DTYPE_BF16);
+  odd.q = Buffer({odd.M, 96}, MXMOE_DTYPE_E4M3);
+  odd.sc = Buffer({odd.M, 3}, MXMOE_DTYPE_E8M0);
+  odd.qt = Buffer({96, odd.M}, MXMOE_DTYPE_E4M3);
+  odd.st = Buffer({96, mxmoe_grouped_scale_capacity(odd.M, 2)}, MXMOE_DTYPE_E8M0);
+  expect_error(run_swiglu(odd, true, 1), "multiple of 128");
   EXPECT_EQ(mxmoe_grouped_mm_tile128_gather_swiglu_available(10, 256, 128, 2, 20, 2, 0, -1), 1);
   EXPECT_EQ(mxmoe_grouped_mm_tile128_gather_swiglu_available(10, 192, 128, 2, 20, 2, 0, -1), 0);
-  EXPECT_EQ(mxmoe_grouped_mm_tile128_gather_swiglu_available(10, 256, 128, 2, 20, 2, 1, -1), 0);
+  EXPECT_EQ(mxmoe_grouped_mm_tile128_gather_swiglu_available(10, 256, 128, 2, 20, 2, 1, -1), 1);
+  EXPECT_EQ(mxmoe_grouped_mm_tile128_gather_swiglu_available(10, 192, 128, 2, 20, 2, 1, -1), 1);
+  EXPECT_EQ(mxmoe_grouped_mm_tile128_gather_swiglu_available(10, 96, 128, 2, 20, 2, 1, -1), 0);
+  EXPECT_EQ(mxmoe_grouped_mm_tile128_gather_swiglu_available(10, 256, 128, 2, 20, 2, 2, -1), 0);
+}
+
+// gpt-oss's up projection: interleaved halves, the expert biases b13 (added before h's rounding, as the
+// gather GEMM adds a bias) and I % 128 == 64 (I = 192: the last act block has 64 columns).
+TEST(GatherSwiglu, InterleavedWithBias) {
+  for (int64_t I : {int64_t{192}, int64_t{256}}) {
+    Swiglu d = make_swiglu(35, I);
+    ASSERT_EQ(run_swiglu(d, true, 1, true, nullptr, true), MXMOE_OK) << mxmoe_last_error();
+    Buffer h({d.M, 2 * d.I}, MXMOE_DTYPE_BF16);
+    ASSERT_EQ(run_gather(d.o, true, false, h), MXMOE_OK) << mxmoe_last_error();
+    EXPECT_EQ(d.h.bytes, h.bytes) << "I " << I;
+    Swiglu w = make_swiglu(35, I);
+    quantize_act(h, d.o.offs, 1, w);
+    EXPECT_EQ(d.q.bytes, w.q.bytes) << "I " << I;
+    EXPECT_EQ(d.sc.bytes, w.sc.bytes) << "I " << I;
+    EXPECT_EQ(d.qt.bytes, w.qt.bytes) << "I " << I;
+    EXPECT_EQ(d.st.bytes, w.st.bytes) << "I " << I;
+    // The bias reached h: without it the bytes differ.
+    Buffer h0({d.M, 2 * d.I}, MXMOE_DTYPE_BF16);
+    ASSERT_EQ(run_gather(d.o, false, false, h0), MXMOE_OK) << mxmoe_last_error();
+    EXPECT_NE(h0.bytes, h.bytes);
+  }
 }
 
 // The bf16 gather GEMM on the host (mxmoe_grouped_mm_bf16_gather): the contract in double, both B

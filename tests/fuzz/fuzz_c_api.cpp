@@ -1440,10 +1440,12 @@ void op_gemm_gather_dswiglu(FuzzedDataProvider& fdp) {
 void op_gemm_gather_swiglu(FuzzedDataProvider& fdp) {
   g_op = "mxmoe_grouped_mm_tile128_gather_swiglu";
   Call c(fdp);
-  GatherShape sh = gather_shape(c, c.pick(0, 3) == 3 ? c.dim() : 256 * c.pick(1, 3));
+  // Concatenated halves (2I a multiple of 256) or interleaved ones (of 128: gpt-oss's I % 128 == 64 too).
+  const int32_t layout = c.pick(0, 9) == 9 ? c.fdp().ConsumeIntegral<int32_t>() : c.pick(0, 1);
+  const int pick_n = c.pick(0, 3);
+  GatherShape sh = gather_shape(c, pick_n == 3 ? c.dim() : (layout == 1 ? 128 : 256) * c.pick(1, 3));
   Call::cap({&sh.M, &sh.N}, kMaxElems / 4);  // h: M x 2I
   const int64_t T = sh.T, K = sh.K, N = sh.N, G = sh.G, fanout = sh.fanout, M = sh.M, I = N / 2;
-  const int32_t layout = c.pick(0, 9) == 9 ? c.fdp().ConsumeIntegral<int32_t>() : 0;
   const bool gpt = c.coin();
   const float alpha = activation_param(c, gpt ? 1.702f : 1.0f);
   const float limit = activation_param(c, gpt ? 7.0f : INFINITY);
@@ -1457,6 +1459,7 @@ void op_gemm_gather_swiglu(FuzzedDataProvider& fdp) {
   Arg& b = c.add("b", Role::kIn, MXMOE_DTYPE_E4M3, {G, N, K}, true);
   Arg& bs = c.add("b_scale", Role::kIn, MXMOE_DTYPE_E8M0, {G, N, K / 32}, true);
   Arg& offs = c.add_offs("offs", G, M);
+  Arg& bias = c.add("bias", Role::kIn, float_dtype(c), {G, N}, true, c.coin());
   Arg& h = c.add("h", Role::kOut, MXMOE_DTYPE_BF16, {M, N}, false);
   Arg& q = c.add("act_q", Role::kOut, MXMOE_DTYPE_E4M3, {M, I}, false);
   Arg& sc = c.add("act_scale", Role::kOut, MXMOE_DTYPE_E8M0, {M, I / 32}, false);
@@ -1466,7 +1469,8 @@ void op_gemm_gather_swiglu(FuzzedDataProvider& fdp) {
   if (!c.prepare()) return;
   c.verbose_dump();
   c.check(mxmoe_grouped_mm_tile128_gather_swiglu(Call::ptr(a), Call::ptr(as), Call::ptr(gather), fanout, Call::ptr(b),
-                                                 Call::ptr(bs), Call::ptr(offs), layout, alpha, limit, up, mode,
+                                                 Call::ptr(bs), Call::ptr(offs), Call::ptr(bias), layout, alpha,
+                                                 limit, up, mode,
                                                  Call::ptr(h), Call::ptr(q), Call::ptr(sc), Call::ptr(qt),
                                                  Call::ptr(st), stream));
 }

@@ -69,27 +69,36 @@ class Tile128Phases:
     def backward(src, bwd, a_q, a_s, offs, mode, need_da, need_dw, w_dtype):
         return ops.moe_tile128_backward(*src, *bwd, a_q, a_s, offs, mode, need_da, need_dw, BF16, w_dtype)
 
+    # gpt-oss's forms of the fused up projection (interleaved halves, the expert biases b13, I % 128 ==
+    # 64) on the GPU: the kernel's variant is tested on the host contract but not yet run on a GPU, so the
+    # layer keeps the unfused path there until a GPU run passes CudaGemmTile128.GatherSwiglu* (then True).
+    gpt_oss_fused_up_on_gpu = False
+
     @staticmethod
-    def fused_up_takes(x: Tensor, w13_f, k: int, layout: int) -> bool:
-        """Whether fused_up_forward runs this call: concatenated halves, I a multiple of 128; on the GPU
-        where the sm_90a kernel takes the shape. This mirrors
-        mxmoe_grouped_mm_tile128_gather_swiglu_available (the op enforces it with a clear error), in
-        Python for torch.compile as fused_down_takes."""
+    def fused_up_takes(x: Tensor, w13_f, k: int, layout: int, has_b13: bool = False) -> bool:
+        """Whether fused_up_forward runs this call: concatenated halves with I a multiple of 128, or
+        interleaved ones with I a multiple of 64 (gpt-oss's 2880); b13 or none (on the GPU interleaved
+        halves only); on the GPU where the sm_90a kernel takes the shape. This mirrors mxmoe_grouped_mm_tile128_gather_swiglu_available (the
+        op enforces it with a clear error), in Python for torch.compile as fused_down_takes."""
         E, two_i, H = w13_f[0].shape
         T = x.shape[0]
-        if layout != 0 or two_i % 256 != 0:
+        if two_i % (256 if layout == 0 else 128) != 0:
             return False
         if x.device.type != "cuda":
             return True  # the CPU composition takes every call
+        if layout == 0 and has_b13:
+            return False  # the kernel takes b13 with interleaved halves only
+        if layout != 0 and not Tile128Phases.gpt_oss_fused_up_on_gpu:
+            return False
         # int32 rows and indices, 32-bit byte offsets of x's rows, the group tables in shared memory.
         return H % 16 == 0 and 0 < E <= 2048 and E * two_i < 2**31 and T * H < 2**32 and T * k < 2**31
 
     @staticmethod
-    def fused_up_forward(x, perm, k, w13_f, act, w2_f, offs, b2, mode, want_col):
-        """The up projection with SwiGLU in its epilogue (h and act(h)'s FP8 forms from one GEMM), then
-        the down projection: (h, o, act's wgrad codes, scales)."""
-        return ops.moe_tile128_swiglu_forward(x, perm, k, *w13_f, act.alpha, act.limit, act.up_offset, *w2_f, offs, b2,
-                                              mode, want_col)
+    def fused_up_forward(x, perm, k, w13_f, act, w2_f, offs, b2, mode, want_col, b13=None, layout=0):
+        """The up projection with SwiGLU (and b13) in its epilogue (h and act(h)'s FP8 forms from one
+        GEMM), then the down projection: (h, o, act's wgrad codes, scales)."""
+        return ops.moe_tile128_swiglu_forward(x, perm, k, *w13_f, b13, layout, act.alpha, act.limit, act.up_offset,
+                                              *w2_f, offs, b2, mode, want_col)
 
     @staticmethod
     def fused_down_takes(dout: Tensor, h: Tensor, w2_b, k: int, layout: int) -> bool:

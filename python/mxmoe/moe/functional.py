@@ -88,13 +88,14 @@ class FusedMX(torch.autograd.Function):
         w2_f, w2_b = phases.weights(w2, mode)
         # GEMM1 on the dispatched rows of x (gathered, scaled when score_before, quantized as read). The
         # wgrad operand of those rows is built in the backward from x: nothing of T*k rows x H is kept.
-        # On tile128 with concatenated halves, I % 128 == 0 and no b13, GEMM1's epilogue computes
-        # act(h) and writes its FP8 forms (GEMM2's operand and dW2's); else GEMM2's quantizer computes
-        # it as it reads h.
-        fused_up = (not score_before and b13 is None and hasattr(phases, "fused_up_takes")
-                    and phases.fused_up_takes(x, w13_f, k, layout))
+        # On tile128 (concatenated halves with I % 128 == 0, or interleaved ones with I % 64 == 0; b13 or
+        # none) GEMM1's epilogue computes act(h) and writes its FP8 forms (GEMM2's operand and dW2's);
+        # else GEMM2's quantizer computes it as it reads h.
+        fused_up = (not score_before and hasattr(phases, "fused_up_takes")
+                    and phases.fused_up_takes(x, w13_f, k, layout, b13 is not None))
         if fused_up:
-            h, o, y_q, y_s = phases.fused_up_forward(x, perm, k, w13_f, act, w2_f, offs, b2, mode, need_w2)
+            h, o, y_q, y_s = phases.fused_up_forward(x, perm, k, w13_f, act, w2_f, offs, b2, mode, need_w2, b13,
+                                                     layout)
         else:
             rs = topk_w.float().contiguous() if score_before else None
             h, _, _ = phases.forward(_gather_src(x, perm, k, rs), w13_f, offs, b13, mode, False)

@@ -1007,6 +1007,7 @@ void grouped_mm_tile128_gather_swiglu(const GatherSwigluArgs& x) {
 #if defined(MXMOE_HAVE_CUTLASS)
   gemm::GroupedMGatherSwigluRun r;
   fill_gather_run(x.g, props.sm_count, r);
+  r.layout = x.layout;
   r.alpha = x.alpha;
   r.limit = x.limit;
   r.up_offset = x.up_offset;

@@ -36,8 +36,10 @@ using Bf16SwigluInterKernel = sm90::GroupedMGatherSwigluBf16<5, true>;
 // 3 stages measured 11% faster than 4 at Qwen3-30B-A3B 16K (H100, same run), most likely because the
 // shared memory left over is L1, which the epilogue's loads of h go through (docs/design/gemm-sm90.md).
 using DSwigluKernel = sm90::GroupedMGatherDSwiglu<3>;
-// The SwiGLU epilogue's variant: the same mainloop and stages, its two hand-over tiles (64 KB) beside them.
-using SwigluKernel = sm90::GroupedMGatherSwiglu<4>;
+// The SwiGLU epilogue's variant: the same mainloop and stages, its two hand-over tiles (64 KB) beside them;
+// concatenated and interleaved halves.
+using SwigluKernel = sm90::GroupedMGatherSwiglu<4, false>;
+using SwigluInterKernel = sm90::GroupedMGatherSwiglu<4, true>;
 
 int device_sm_major(int device) {
   int major = 0;
@@ -59,8 +61,9 @@ bool launch_gather(const GroupedMGatherRun& r, sm90::GroupedMParams& p, const ch
   const CUtensorMap mb =
       K::kBMajorMN ? kmajor_map(r.b, 2 * r.n, static_cast<uint64_t>(r.groups) * (r.k / 2), 2 * r.n, 64)
                    : kmajor_map(r.b, r.k, static_cast<uint64_t>(r.groups) * r.n, r.k, K::kBlockN / 2);
-  // The tile order's columns: tiles, or pairs of tiles (nt is even there: n % 256 == 0).
-  const int64_t nt = (r.n + K::kBlockN - 1) / K::kBlockN / (K::kPairs ? 2 : 1);
+  // The tile order's columns: tiles, or pairs of tiles (an odd tile count: the last pair has a ghost).
+  const int64_t tiles_n = (r.n + K::kBlockN - 1) / K::kBlockN;
+  const int64_t nt = K::kPairs ? (tiles_n + 1) / 2 : tiles_n;
   p.band_div = sm90::make_fast_div(static_cast<uint32_t>(K::kBand * nt));
   p.gather = r.gather;
   p.a = r.a;
@@ -221,23 +224,23 @@ bool sm90_grouped_m_gather_dswiglu(const GroupedMGatherDSwigluRun& r) {
 
 bool sm90_grouped_m_gather_swiglu_takes(int64_t m, int64_t n, int64_t k, int64_t groups, int64_t a_rows,
                                         int64_t lda, int64_t fanout, int layout, int device) {
-  if (layout != kSwigluConcat || n % 256 != 0 || !gather_shape_ok(m, n, k, groups, a_rows, lda, fanout, device))
+  if (layout != kSwigluConcat && layout != kSwigluInterleaved) return false;
+  if (n % (layout == kSwigluConcat ? 256 : 128) != 0 || !gather_shape_ok(m, n, k, groups, a_rows, lda, fanout, device))
     return false;
   return SwigluKernel::smem_bytes(static_cast<int>(std::min<int64_t>(groups, 1 << 20))) <= 227 * 1024;
 }
 
 bool sm90_grouped_m_gather_swiglu(const GroupedMGatherSwigluRun& r) {
-  if (!sm90_grouped_m_gather_swiglu_takes(r.m, r.n, r.k, r.groups, r.a_rows, r.lda, r.fanout, kSwigluConcat,
-                                          r.device))
+  if (!sm90_grouped_m_gather_swiglu_takes(r.m, r.n, r.k, r.groups, r.a_rows, r.lda, r.fanout, r.layout, r.device))
     return false;
   if (reinterpret_cast<uintptr_t>(r.a) % 16 != 0 || reinterpret_cast<uintptr_t>(r.b) % 16 != 0) return false;
   if ((r.qt == nullptr) != (r.scale_t == nullptr) || r.out == nullptr || !r.out_bf16) return false;
+  if (r.layout == kSwigluConcat && r.bias != nullptr) return false;  // b13: the interleaved variant only
   for (const void* q : {static_cast<const void*>(r.out), static_cast<const void*>(r.q), static_cast<const void*>(r.qt)})
     if (reinterpret_cast<uintptr_t>(q) % 16 != 0) return false;
   if (reinterpret_cast<uintptr_t>(r.scale) % 4 != 0) return false;
-  sm90::GroupedMParams p = sm90::grouped_m_params(r);
-  p.bias = nullptr;
-  p.act = SwigluParams{kSwigluConcat, r.alpha, r.limit, r.up_offset};
+  sm90::GroupedMParams p = sm90::grouped_m_params(r);  // bias: b13, added before the bf16 rounding of h
+  p.act = SwigluParams{r.layout, r.alpha, r.limit, r.up_offset};
   p.plain = swiglu_is_plain(p.act) ? 1 : 0;
   p.mode = r.mode;
   p.q_row = r.q;
@@ -245,7 +248,9 @@ bool sm90_grouped_m_gather_swiglu(const GroupedMGatherSwigluRun& r) {
   p.q_col = r.qt;
   p.scale_col = r.scale_t;
   p.n_r = r.n_r;
-  return launch_gather<SwigluKernel>(r, p, "grouped_mm_tile128_gather_swiglu", true);
+  return r.layout == kSwigluInterleaved
+             ? launch_gather<SwigluInterKernel>(r, p, "grouped_mm_tile128_gather_swiglu", true)
+             : launch_gather<SwigluKernel>(r, p, "grouped_mm_tile128_gather_swiglu", true);
 }
 
 }  // namespace gemm

@@ -27,15 +27,16 @@ __device__ __forceinline__ int handoff_offset(int r, int j) { return r * 256 + 1
 // (< 128) stores `Cols` columns' codes staged transposed in T (column cs's 16-row chunk u at
 // cs * 128 + 16 (u ^ (cs % 8))) to the columnwise operand q_col (M bytes a column: column cs at
 // q_col's column col_of(cs), the tile's rows), 8 threads per 128-byte column run, 16-byte stores where
-// the run is aligned and whole, bytes otherwise (a group starting off a 16-row boundary).
-template <int Cols, class ColOf>
+// the run is aligned and whole, bytes otherwise (a group starting off a 16-row boundary). Partial: only
+// the first `valid` columns are stored (a block of act columns cut short by I).
+template <int Cols, bool Partial = false, class ColOf>
 __device__ __forceinline__ void store_column_runs(const uint8_t* T, uint8_t* q_col, int64_t M, const TileCoord& c,
-                                                  int et, ColOf col_of) {
+                                                  int et, ColOf col_of, int valid = Cols) {
   const bool vec = (c.row0 & 15) == 0 && (M & 15) == 0;
 #pragma unroll 4
   for (int i = 0; i < Cols * 8 / 128; ++i) {
     const int id = et + 128 * i, cs = id >> 3, u = id & 7;
-    if (16 * u >= c.rows) continue;
+    if (16 * u >= c.rows || (Partial && cs >= valid)) continue;
     uint8_t* dst = q_col + static_cast<int64_t>(col_of(cs)) * M + c.row0 + 16 * u;
     const uint4 w = *reinterpret_cast<const uint4*>(T + cs * 128 + 16 * (u ^ (cs & 7)));
     if (vec && 16 * u + 16 <= c.rows) {

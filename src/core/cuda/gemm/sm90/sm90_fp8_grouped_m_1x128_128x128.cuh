@@ -157,8 +157,13 @@ struct GroupedM {
   // buffer and a third group table (32-row runs before each group).
   static constexpr bool kFusedEpilogue = false;
   // Tiles in pairs (GroupedMGatherSwiglu): one CTA takes tile (m, n0) and then (m, n / 2 + n0), the
-  // gate and up columns of one act block; the order runs over the pairs.
+  // gate and up columns of one act block; the order runs over the pairs. pair_n0: the columns of a
+  // pair's first (second = 0) or second tile from the pair's index times BlockN; load_n0: the
+  // columns a tile's B and its weight scales are read at (a variant with an odd tile count gives its
+  // last pair a ghost second tile past N, which loads and computes its first tile again).
   static constexpr bool kPairs = false;
+  static __device__ __forceinline__ int pair_n0(int n0, int second, int n) { return second ? n0 + n / 2 : n0; }
+  static __device__ __forceinline__ int load_n0(int n0, int) { return n0; }
   static constexpr int kEpiExtraBytes = 0;
   // What a fused epilogue's math side keeps from one tile to the next (K::handoff's last argument):
   // nothing here; GroupedMGatherSwiglu holds the gate tile of a pair.
@@ -418,10 +423,11 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   }
 
   const int nt = (p.n + K::kBlockN - 1) / K::kBlockN;
+  const int np = (nt + 1) / 2;  // in pairs: pairs of tiles per m-tile (an odd nt: the last one's second a ghost)
   const int kblocks = (p.k + K::kBlockK - 1) / K::kBlockK;
-  const int total = s_tiles[p.groups] * nt;
+  const int total = s_tiles[p.groups] * (K::kPairs ? 2 * np : nt);
   // The slots a CTA takes: cluster, cluster + clusters, ...; in pairs, 2 cluster and 2 cluster + 1, then
-  // the pair clusters further (total is even: nt is).
+  // the pair clusters further (total is even).
   static_assert(!K::kPairs || (K::kGather && K::kCluster == 1), "pairs: the gather variant, no cluster");
   const int first_slot = K::kPairs ? 2 * cluster : cluster;
   auto next_slot = [&](int P) { return !K::kPairs ? P + clusters : (P & 1) ? P - 1 + 2 * clusters : P + 1; };
@@ -450,8 +456,8 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       }
     } else if constexpr (K::kPairs) {
       if (sl.store) {
-        sl.c = tile_coord<K>(t >> 1, g_mine, nt / 2, p.band_div, s_end, s_tiles);
-        if (t & 1) sl.c.n0 += p.n / 2;
+        sl.c = tile_coord<K>(t >> 1, g_mine, np, p.band_div, s_end, s_tiles);
+        sl.c.n0 = K::pair_n0(sl.c.n0, t & 1, p.n);
       }
     } else {
       if (sl.store) sl.c = tile_coord<K>(t, g_mine, nt, p.band_div, s_end, s_tiles);
@@ -476,7 +482,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       for (int P = first_slot; P < slots; P = next_slot(P)) {
         const Slot sl = slot(P, g_mine, g_peer);
         if (!sl.store) break;
-        const int brow = sl.c.g * p.n + sl.c.n0;
+        const int brow = sl.c.g * p.n + K::load_n0(sl.c.n0, p.n);
         if constexpr (K::kFusedEpilogue) K::prefetch_tile(p, sl.c, tid);
         uint32_t src_off[8];  // byte offsets of this thread's rows in a (a_rows * lda < 2^32, checked)
         uint32_t live = 0;    // bit i: row i reads data
@@ -657,7 +663,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       } else {
         const uint8_t* sa0 = p.a_scale + static_cast<int64_t>(ar0) * p.as_s0;
         const uint8_t* sa1 = p.a_scale + static_cast<int64_t>(ar1) * p.as_s0;
-        const int ib0 = c.n0 / 128, ib1 = min(ib0 + 1, nb - 1);
+        const int ib0 = K::load_n0(c.n0, p.n) / 128, ib1 = min(ib0 + 1, nb - 1);
         const uint8_t* sb0 = p.b_scale + c.g * p.bs_s0 + static_cast<int64_t>(ib0) * 128 * p.bs_s1;
         const uint8_t* sb1 = p.b_scale + c.g * p.bs_s0 + static_cast<int64_t>(ib1) * 128 * p.bs_s1;
         const int jb = (128 - c.n0 % 128) / 8;  // 8-column chunks [0, jb) are in weight tile ib0

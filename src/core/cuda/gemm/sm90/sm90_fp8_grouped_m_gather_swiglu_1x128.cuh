@@ -1,11 +1,15 @@
 // sm_90a FP8 grouped GEMM on routed rows with the SwiGLU epilogue: the MoE layer's up projection
 // (GEMM1). The mainloop is the gather GEMM's (sm90_fp8_grouped_m_1x128_128x128.cuh, GroupedMGather at
-// BlockN 128): h = gather(x) . w13[e]^T (M, 2I), gate | up halves concatenated. A CTA takes its tiles in
-// pairs (kPairs): the gate tile (one group's rows, columns n0 .. n0 + 127) and then the up tile
-// (columns I + n0 ..), so that it holds both halves of one 128-column block of act(h) = swiglu(gate, up).
+// BlockN 128): h = gather(x) . w13[e]^T (+ b13[e]) (M, 2I). A CTA takes its tiles in pairs (kPairs) that
+// hold both halves of one 128-column block of act(h) = swiglu(gate, up):
+//   concatenated halves (gate | up, I % 128 == 0): the gate tile (one group's rows, columns n0 ..
+//     n0 + 127), then the up tile (columns I + n0 ..);
+//   interleaved halves (gate 2c, up 2c + 1: gpt-oss; 2I % 128 == 0): tiles 2 j and 2 j + 1, act columns
+//     128 j .. 128 j + 127. With I % 128 == 64 the last block has 64 columns: its pair's second tile is a
+//     ghost past 2I, which loads and computes the first tile again and is never stored.
 // Each pair becomes:
 //   h                     both tiles stored as bf16, as the gather GEMM stores them (the
-//                         pre-activation, kept for the backward);
+//                         pre-activation, kept for the backward; + b13 in fp32, rounded once);
 //   q_row / scale_row     act(h)'s rowwise 1x128 operand (GEMM2's A): the pair's 128 act columns are
 //                         one block;
 //   q_col / scale_col     act(h)'s columnwise 128x1 operand (the down projection's wgrad), transposed:
@@ -41,12 +45,22 @@ namespace cuda {
 namespace gemm {
 namespace sm90 {
 
-template <int Stages_>
+template <int Stages_, bool Interleaved_ = false>
 struct GroupedMGatherSwiglu : GroupedMGatherHandoff<Stages_> {
   using Base = typename GroupedMGatherHandoff<Stages_>::Gather;
   using GroupedMGatherHandoff<Stages_>::kHalfBytes;
   using GroupedMGatherHandoff<Stages_>::kAbs2;
   static constexpr bool kPairs = true;
+  static constexpr bool kInterleaved = Interleaved_;
+  // A pair's tiles (pair index times 128 in n0): concatenated, n0 and I + n0; interleaved, 2 n0 and
+  // 2 n0 + 128. A ghost second tile (interleaved, n0 >= 2I) loads its first tile's B and scales.
+  static __device__ __forceinline__ int pair_n0(int n0, int second, int n) {
+    return kInterleaved ? 2 * n0 + 128 * second : second ? n0 + n / 2 : n0;
+  }
+  static __device__ __forceinline__ int load_n0(int n0, int n) { return kInterleaved && n0 >= n ? n0 - 128 : n0; }
+  static __device__ __forceinline__ bool second_tile(int n0, int n) {
+    return kInterleaved ? ((n0 >> 7) & 1) != 0 : n0 >= n / 2;
+  }
   static constexpr int kProducerRegs = 40, kMathRegs = 176, kEpiRegs = 120;
   static_assert(kProducerRegs + 2 * kMathRegs + kEpiRegs <= 512, "four warpgroups share 64K registers");
   // The math side's gate tile of the current pair, bf16 pairs as handoff stores them: [2 j + r].
@@ -71,22 +85,40 @@ struct GroupedMGatherSwiglu : GroupedMGatherHandoff<Stages_> {
   // Nothing to prefetch: the epilogue reads only what the math warpgroups hand over.
   static __device__ __forceinline__ void prefetch_tile(const GroupedMParams&, const TileCoord&, int) {}
 
+  // b13[g] at columns col, col + 1 in fp32 (0 without a bias or past N: a ghost tile). Interleaved halves
+  // only (gpt-oss): the concatenated variant's math warps keep their registers (the host declines a
+  // bias there).
+  static __device__ __forceinline__ float2 bias_pair(const GroupedMParams& p, int g, int col) {
+    if (!kInterleaved || p.bias == nullptr || col >= p.n) return make_float2(0.f, 0.f);
+    const int64_t o = g * p.bias_s0 + static_cast<int64_t>(col) * p.bias_s1;
+    if (p.bias_bf16) {
+      const auto* bb = static_cast<const uint16_t*>(p.bias);
+      return make_float2(bf16_to_f32(bb[o]), bf16_to_f32(bb[o + p.bias_s1]));
+    }
+    const auto* bf = static_cast<const float*>(p.bias);
+    return make_float2(bf[o], bf[o + p.bias_s1]);
+  }
+
   // A math thread (mw, warp, lane) after its tile's mainloop, holding rows lr and lr + 8, columns
-  // 8 j + 2 (lane % 4) + {0, 1}: the tile as the gather GEMM stores it (+ 0, its bias-free output, so
-  // -0 is stored as +0; then bf16). The gate tile stays in hs; after the up tile, once the epilogue
-  // warpgroup has freed the buffers (phase ph), the gate tile goes into G and the up tile into S.
+  // 8 j + 2 (lane % 4) + {0, 1}: the tile as the gather GEMM stores it (+ b13 in fp32, or + 0, its
+  // bias-free output, so -0 is stored as +0; then bf16). The pair's first tile stays in hs; after the
+  // second, once the epilogue warpgroup has freed the buffers (phase ph), the first tile goes into G and
+  // the second into S.
   template <bool PLAIN>
   static __device__ __forceinline__ void handoff(const GroupedMParams& p, const TileCoord& c,
                                                  const float (&fin)[Base::kAcc], uint8_t* smem_epi, uint32_t ph,
                                                  int mw, int warp, int lane, int, int, HandoffState& hs) {
-    auto pair = [&](int j, int r) {
-      return qk::cvt_bf16x2(__fadd_rn(fin[4 * j + 2 * r], 0.f), __fadd_rn(fin[4 * j + 2 * r + 1], 0.f));
+    auto pair = [&](int j, int r, const float2& b) {
+      return qk::cvt_bf16x2(__fadd_rn(fin[4 * j + 2 * r], b.x), __fadd_rn(fin[4 * j + 2 * r + 1], b.y));
     };
-    if (c.n0 < p.n / 2) {
+    auto bias_of = [&](int j) { return bias_pair(p, c.g, c.n0 + 8 * j + 2 * (lane & 3)); };
+    if (!second_tile(c.n0, p.n)) {
 #pragma unroll
-      for (int j = 0; j < Base::kAcc / 4; ++j)
+      for (int j = 0; j < Base::kAcc / 4; ++j) {
+        const float2 b = bias_of(j);
 #pragma unroll
-        for (int r = 0; r < 2; ++r) hs.gate[2 * j + r] = pair(j, r);
+        for (int r = 0; r < 2; ++r) hs.gate[2 * j + r] = pair(j, r, b);
+      }
       return;
     }
     uint8_t* const S = smem_epi;
@@ -95,13 +127,15 @@ struct GroupedMGatherSwiglu : GroupedMGatherHandoff<Stages_> {
     const int lr = mw * 64 + warp * 16 + lane / 4, q = lane & 3;
     cutlass::arch::ClusterBarrier::wait(&bars[1], ph ^ 1u);
 #pragma unroll
-    for (int j = 0; j < Base::kAcc / 4; ++j)
+    for (int j = 0; j < Base::kAcc / 4; ++j) {
+      const float2 b = bias_of(j);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int off = handoff_offset(lr + 8 * r, j) + 4 * q;
         *reinterpret_cast<uint32_t*>(G + off) = hs.gate[2 * j + r];
-        *reinterpret_cast<uint32_t*>(S + off) = pair(j, r);
+        *reinterpret_cast<uint32_t*>(S + off) = pair(j, r, b);
       }
+    }
     cutlass::arch::ClusterBarrier::arrive(&bars[0]);
   }
 
@@ -135,47 +169,93 @@ struct GroupedMGatherSwiglu : GroupedMGatherHandoff<Stages_> {
     return make_uint4(o[0], o[1], o[2], o[3]);
   }
 
-  // The epilogue warpgroup's thread et (< 128) on one tile of a pair (hand-over phase ph, per pair).
+  // Interleaved halves: act of the 8 (gate, up) words of g8 (columns 2 c, 2 c + 1 of h in each 32-bit
+  // word: gate low, up high), rounded to bf16 (zero where !in), |act| maxima continued in m.
+  template <bool PLAIN, bool kModerate>
+  static __device__ __forceinline__ uint4 act_chunk_interleaved(const uint4& lo, const uint4& hi, bool in,
+                                                                const SwigluParams& act, uint32_t& m) {
+    const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    uint32_t o[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float v0 = swiglu_value<PLAIN, kModerate>(__uint_as_float(w[2 * i] << 16),
+                                                      __uint_as_float(w[2 * i] & 0xFFFF0000u), act);
+      const float v1 = swiglu_value<PLAIN, kModerate>(__uint_as_float(w[2 * i + 1] << 16),
+                                                      __uint_as_float(w[2 * i + 1] & 0xFFFF0000u), act);
+      o[i] = in ? qk::cvt_bf16x2(v0, v1) : 0u;
+      m = __vmaxu2(m, o[i] & kAbs2);
+    }
+    return make_uint4(o[0], o[1], o[2], o[3]);
+  }
+
+  // The epilogue warpgroup's thread et (< 128) on one tile of a pair (hand-over phase ph, per pair):
+  // nothing on the first tile; on the second, the pair's work. Buffers: G holds the first tile, S the
+  // second. Concatenated halves: act(h) replaces the up tile in S and act's transposed codes go through
+  // G; interleaved: act(h) replaces the first tile in G (act chunk j from h chunks 2 j, 2 j + 1 of G,
+  // then of S) and the codes go through S.
   template <bool PLAIN>
   static __device__ __forceinline__ void epilogue_tile(const GroupedMParams& p, const TileCoord& c, int et,
                                                        uint8_t* smem_epi, const int* s_end, const int* s_runs, int,
                                                        uint32_t ph) {
-    uint8_t* const S = smem_epi;               // the up tile, then act(h)
-    uint8_t* const G = smem_epi + kHalfBytes;  // the gate tile, then act's transposed codes
+    uint8_t* const S = smem_epi;               // the pair's second tile
+    uint8_t* const G = smem_epi + kHalfBytes;  // the pair's first tile
+    uint8_t* const A = kInterleaved ? G : S;   // act(h) after the row pass
+    uint8_t* const T = kInterleaved ? S : G;   // act's transposed codes
     uint64_t* bars = handoff_bars(smem_epi);
     const int I = p.n / 2;
     const int64_t C2 = p.n;
-    if (c.n0 < I) return;  // the gate tile: handed over with the up tile
-    uint16_t* const h = static_cast<uint16_t*>(p.out) + static_cast<int64_t>(c.row0) * C2 + c.n0;
+    if (!second_tile(c.n0, p.n)) return;  // the first tile: handed over with the second
+    const int n_first = kInterleaved ? c.n0 - 128 : c.n0 - I;
+    const int a0 = kInterleaved ? n_first / 2 : c.n0 - I;  // act's columns a0 .. a0 + va - 1
+    const int va = kInterleaved ? min(128, I - a0) : 128;   // 128, or 64 (interleaved, I % 128 == 64)
+    uint16_t* const h = static_cast<uint16_t*>(p.out) + static_cast<int64_t>(c.row0) * C2;
     cutlass::arch::ClusterBarrier::wait(&bars[0], ph);
-    store_rows(G, h - I, C2, c.rows, et);
-    store_rows(S, h, C2, c.rows, et);
-    asm volatile("bar.sync 3, 128;" ::: "memory");  // every row of S stored before act replaces it
-    const int a0 = c.n0 - I;  // act's columns a0 .. a0 + 127
+    store_rows(G, h + n_first, C2, c.rows, et);
+    if (c.n0 < p.n) store_rows(S, h + c.n0, C2, c.rows, et);  // not a ghost
+    asm volatile("bar.sync 3, 128;" ::: "memory");  // every row of G and S stored before act replaces one
     const auto mode = static_cast<mxmoe_scale_mode>(p.mode);
 
-    // ---- one thread per row r: act(h) into S, the row's scale and codes ----
+    // ---- one thread per row r: act(h) into A, the row's scale and codes ----
     const int r = et;
     const bool in = r < c.rows;
     const int64_t row = c.row0 + r;
     uint32_t m = 0;
 #pragma unroll 1
     for (int j0 = 0; j0 < 16; j0 += 4) {
-      // Four chunks at a time, one branch around them, so that their math interleaves.
-      uint4 g4[4], u4[4];
+      // Four act chunks at a time, one branch around them, so that their math interleaves. Interleaved:
+      // chunks j0 .. j0 + 3 read h chunks 2 j0 % 16 .. + 7 of G (j0 < 8) or S, all loaded before any
+      // act chunk is written (G's chunks j0 .. j0 + 3 were read by this batch or the one before).
+      uint4 g4[kInterleaved ? 8 : 4], u4[4];
       uint32_t gm = 0;
+      if constexpr (kInterleaved) {
+        const uint8_t* src = j0 < 8 ? G : S;
 #pragma unroll
-      for (int jj = 0; jj < 4; ++jj) {
-        const int off = handoff_offset(r, j0 + jj);
-        g4[jj] = *reinterpret_cast<const uint4*>(G + off);
-        u4[jj] = *reinterpret_cast<const uint4*>(S + off);
-        gm = __vmaxu2(gm, __vmaxu2(__vmaxu2(g4[jj].x, g4[jj].y), __vmaxu2(g4[jj].z, g4[jj].w)));
+        for (int jj = 0; jj < 8; ++jj) {
+          g4[jj] = *reinterpret_cast<const uint4*>(src + handoff_offset(r, (2 * j0 + jj) & 15));
+          // the gate halves (low 16 bits) for the moderate-sigmoid vote
+          gm = __vmaxu2(gm, __vmaxu2(__vmaxu2(g4[jj].x & 0xFFFFu, g4[jj].y & 0xFFFFu),
+                                     __vmaxu2(g4[jj].z & 0xFFFFu, g4[jj].w & 0xFFFFu)));
+        }
+      } else {
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+          const int off = handoff_offset(r, j0 + jj);
+          g4[jj] = *reinterpret_cast<const uint4*>(G + off);
+          u4[jj] = *reinterpret_cast<const uint4*>(S + off);
+          gm = __vmaxu2(gm, __vmaxu2(__vmaxu2(g4[jj].x, g4[jj].y), __vmaxu2(g4[jj].z, g4[jj].w)));
+        }
       }
       auto act4 = [&](auto plain, auto moderate) {
 #pragma unroll
-        for (int jj = 0; jj < 4; ++jj)
-          *reinterpret_cast<uint4*>(S + handoff_offset(r, j0 + jj)) =
-              act_chunk<decltype(plain)::value, decltype(moderate)::value>(g4[jj], u4[jj], in, p.act, m);
+        for (int jj = 0; jj < 4; ++jj) {
+          constexpr bool kP = decltype(plain)::value, kM = decltype(moderate)::value;
+          uint4 v;
+          if constexpr (kInterleaved)
+            v = act_chunk_interleaved<kP, kM>(g4[2 * jj], g4[2 * jj + 1], in && 8 * (j0 + jj) < va, p.act, m);
+          else
+            v = act_chunk<kP, kM>(g4[jj], u4[jj], in, p.act, m);
+          *reinterpret_cast<uint4*>(A + handoff_offset(r, j0 + jj)) = v;
+        }
       };
       if constexpr (PLAIN) {
         // The moderate sigmoid when no gate value of the warp's 4 chunks is below -87 (one vote per 32
@@ -191,15 +271,21 @@ struct GroupedMGatherSwiglu : GroupedMGatherHandoff<Stages_> {
     // The row's scale (|bf16| maxima as fp32 bits, NaN above all) and codes: 16-byte stores of 16 codes.
     const uint32_t sr = e8m0_from_amax_bits(max(m << 16, m & 0xFFFF0000u), mode);
     if (in) {
-      *reinterpret_cast<uint32_t*>(p.scale_row + row * (I / 32) + a0 / 32) = sr * 0x01010101u;
+      uint8_t* const srow = p.scale_row + row * (I / 32) + a0 / 32;
+      if (va == 128 && (I / 32) % 4 == 0) {
+        *reinterpret_cast<uint32_t*>(srow) = sr * 0x01010101u;
+      } else {
+        for (int b = 0; b < va / 32; ++b) srow[b] = static_cast<uint8_t>(sr);
+      }
       const float rc = qk::e8m0_recip(sr);
       uint8_t* dst = p.q_row + row * I + a0;
 #pragma unroll
       for (int jj = 0; jj < 8; ++jj) {
+        if (16 * jj >= va) break;
         uint32_t o[4];
 #pragma unroll
         for (int h2 = 0; h2 < 2; ++h2) {
-          const uint4 v = *reinterpret_cast<const uint4*>(S + handoff_offset(r, 2 * jj + h2));
+          const uint4 v = *reinterpret_cast<const uint4*>(A + handoff_offset(r, 2 * jj + h2));
           const uint32_t vw[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
           for (int w = 0; w < 4; w += 2) {
@@ -213,7 +299,7 @@ struct GroupedMGatherSwiglu : GroupedMGatherHandoff<Stages_> {
         *reinterpret_cast<uint4*>(dst + 16 * jj) = make_uint4(o[0], o[1], o[2], o[3]);
       }
     }
-    asm volatile("bar.sync 3, 128;" ::: "memory");  // every row's act in S; G read by every thread
+    asm volatile("bar.sync 3, 128;" ::: "memory");  // every row's act in A; T read by every thread
 
     // ---- one thread per column: its maximum over the tile's 128 rows (rows past the group hold
     // zeros), scale and transposed codes (column runs of the group's rows) ----
@@ -223,10 +309,10 @@ struct GroupedMGatherSwiglu : GroupedMGatherHandoff<Stages_> {
       uint32_t mc = 0;
 #pragma unroll 8
       for (int rr = 0; rr < 128; ++rr)
-        mc = __vmaxu2(mc, *reinterpret_cast<const uint32_t*>(S + handoff_offset(rr, jc) + wo) & kAbs2);
+        mc = __vmaxu2(mc, *reinterpret_cast<const uint32_t*>(A + handoff_offset(rr, jc) + wo) & kAbs2);
       const uint32_t sc = e8m0_from_amax_bits(hi ? mc & 0xFFFF0000u : mc << 16, mode);
       const float rc = qk::e8m0_recip(sc);
-      // Rows 16 u .. 16 u + 15 as one 16-byte chunk (byte b: row 16 u + b), staged in G at column cl's
+      // Rows 16 u .. 16 u + 15 as one 16-byte chunk (byte b: row 16 u + b), staged in T at column cl's
       // chunk u ^ (cl % 8), a quarter-warp's 8 columns on distinct banks.
 #pragma unroll 1
       for (int u = 0; u < 8; ++u) {
@@ -234,22 +320,24 @@ struct GroupedMGatherSwiglu : GroupedMGatherHandoff<Stages_> {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {  // rows 16 u + 2 i, + 1
           const int ra = 16 * u + 2 * i;
-          const uint32_t a = *reinterpret_cast<const uint32_t*>(S + handoff_offset(ra, jc) + wo);
-          const uint32_t b = *reinterpret_cast<const uint32_t*>(S + handoff_offset(ra + 1, jc) + wo);
-          const float va = __uint_as_float(hi ? a & 0xFFFF0000u : a << 16);
-          const float vb = __uint_as_float(hi ? b & 0xFFFF0000u : b << 16);
-          uint32_t two = qk::cvt_e4m3x2(__fmul_rn(va, rc), __fmul_rn(vb, rc));
+          const uint32_t a = *reinterpret_cast<const uint32_t*>(A + handoff_offset(ra, jc) + wo);
+          const uint32_t b = *reinterpret_cast<const uint32_t*>(A + handoff_offset(ra + 1, jc) + wo);
+          const float fa = __uint_as_float(hi ? a & 0xFFFF0000u : a << 16);
+          const float fb = __uint_as_float(hi ? b & 0xFFFF0000u : b << 16);
+          uint32_t two = qk::cvt_e4m3x2(__fmul_rn(fa, rc), __fmul_rn(fb, rc));
           two = sc == kE8M0Nan ? 0x7F7Fu : two;  // the NaN scale: NaN codes
           wd[i / 2] = (i & 1) ? wd[i / 2] | (two << 16) : two;
         }
-        *reinterpret_cast<uint4*>(G + cl * 128 + 16 * (u ^ (cl & 7))) = make_uint4(wd[0], wd[1], wd[2], wd[3]);
+        *reinterpret_cast<uint4*>(T + cl * 128 + 16 * (u ^ (cl & 7))) = make_uint4(wd[0], wd[1], wd[2], wd[3]);
       }
-      asm volatile("bar.sync 3, 128;" ::: "memory");  // every column's codes in G
-      store_column_runs<128>(G, p.q_col, p.m, c, et, [&](int cs) { return a0 + cs; });
+      asm volatile("bar.sync 3, 128;" ::: "memory");  // every column's codes in T
+      store_column_runs<128, kInterleaved>(T, p.q_col, p.m, c, et, [&](int cs) { return a0 + cs; }, va);
       // The column's scale: the block's byte in each of its 32-row runs.
-      const ScaleRuns sr = tile_scale_runs(p, c, s_end, s_runs);
-      for (int e = 0; e < sr.count; ++e)
-        p.scale_col[static_cast<int64_t>(a0 + cl) * p.n_r + sr.first + e] = static_cast<uint8_t>(sc);
+      if (cl < va) {
+        const ScaleRuns sr = tile_scale_runs(p, c, s_end, s_runs);
+        for (int e = 0; e < sr.count; ++e)
+          p.scale_col[static_cast<int64_t>(a0 + cl) * p.n_r + sr.first + e] = static_cast<uint8_t>(sc);
+      }
     }
     cutlass::arch::ClusterBarrier::arrive(&bars[1]);  // G and S read: the next pair may come
   }
@@ -266,9 +354,14 @@ struct GroupedMGatherSwiglu : GroupedMGatherHandoff<Stages_> {
       for (int64_t i = first; i < rows * C2 / 8; i += stride) hz[i] = make_uint4(0, 0, 0, 0);
       uint4* q = reinterpret_cast<uint4*>(p.q_row + end * I);  // I % 16 == 0
       for (int64_t i = first; i < rows * I / 16; i += stride) q[i] = make_uint4(0, 0, 0, 0);
-      const uint32_t z = e8m0_from_amax_bits(0u, static_cast<mxmoe_scale_mode>(p.mode)) * 0x01010101u;
-      uint32_t* s = reinterpret_cast<uint32_t*>(p.scale_row + end * (I / 32));  // I / 32 % 4 == 0
-      for (int64_t i = first; i < rows * I / 128; i += stride) s[i] = z;
+      const uint32_t z = e8m0_from_amax_bits(0u, static_cast<mxmoe_scale_mode>(p.mode));
+      if ((I / 32) % 4 == 0) {
+        uint32_t* s = reinterpret_cast<uint32_t*>(p.scale_row + end * (I / 32));
+        for (int64_t i = first; i < rows * I / 128; i += stride) s[i] = z * 0x01010101u;
+      } else {  // I % 128 == 64 (interleaved halves)
+        uint8_t* s = p.scale_row + end * (I / 32);
+        for (int64_t i = first; i < rows * (I / 32); i += stride) s[i] = static_cast<uint8_t>(z);
+      }
       for (int64_t i = first; p.q_col != nullptr && i < rows * I; i += stride) {
         const int64_t col = i / rows;
         p.q_col[col * M + end + (i - col * rows)] = 0;

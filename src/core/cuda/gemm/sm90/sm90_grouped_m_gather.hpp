@@ -106,11 +106,13 @@ bool sm90_grouped_m_gather_swiglu_bf16_takes(int64_t m, int64_t n, int64_t k, in
 bool sm90_grouped_m_gather_swiglu_bf16(const GroupedMGatherSwigluBf16Run& r);
 
 // The gather GEMM of the MoE layer's up projection with the SwiGLU epilogue
-// (sm90_fp8_grouped_m_gather_swiglu_1x128.cuh): out = h (M, N = 2I) bf16 = A[rows] . B[g]^T, gate | up
-// halves concatenated, stored as the gather GEMM stores it, and act(h) = swiglu(gate, up) (M, I) as the
-// tile128 operands: rowwise q / scale (M, I/32) and, when qt is set, columnwise per group qt (I, M) /
-// scale_t (I, n_r). bias, row_scale: unused (none).
+// (sm90_fp8_grouped_m_gather_swiglu_1x128.cuh): out = h (M, N = 2I) bf16 = A[rows] . B[g]^T (+ bias[g]),
+// gate | up halves concatenated or interleaved, stored as the gather GEMM stores it, and act(h) =
+// swiglu(gate, up) (M, I) as the tile128 operands: rowwise q / scale (M, I/32) and, when qt is set,
+// columnwise per group qt (I, M) / scale_t (I, n_r). row_scale: unused (none); bias: interleaved halves
+// only (gpt-oss's b13; with concatenated ones the launch declines it).
 struct GroupedMGatherSwigluRun : GroupedMGatherRun {
+  int layout = 0;  // kSwigluConcat or kSwigluInterleaved
   float alpha = 1.f, limit = 0.f, up_offset = 0.f;
   int mode = 0;  // mxmoe_scale_mode
   uint8_t* q = nullptr;
@@ -120,8 +122,8 @@ struct GroupedMGatherSwigluRun : GroupedMGatherRun {
   int64_t n_r = 0;
 };
 
-// Whether sm90_grouped_m_gather_swiglu takes a call of this shape (n = 2I, I a multiple of 128,
-// concatenated gate | up halves only). Launches nothing.
+// Whether sm90_grouped_m_gather_swiglu takes a call of this shape (n = 2I: concatenated halves, I a
+// multiple of 128; interleaved, I a multiple of 64). Launches nothing.
 bool sm90_grouped_m_gather_swiglu_takes(int64_t m, int64_t n, int64_t k, int64_t groups, int64_t a_rows,
                                         int64_t lda, int64_t fanout, int layout, int device);
 
