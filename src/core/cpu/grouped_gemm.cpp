@@ -480,7 +480,10 @@ void grouped_mm_bf16_gather_swiglu(const Bf16GatherSwigluArgs& x) {
         }
       for (int64_t c = 0; c < I; ++c) {
         const int64_t gc = inter ? 2 * c : c, uc = inter ? 2 * c + 1 : I + c;
-        act[r * I + c] = f32_to_bf16(swiglu_value(bf16_to_f32(h[r * 2 * I + gc]), bf16_to_f32(h[r * 2 * I + uc]), p));
+        // rows outside the groups: +0 (as h), not act(0, 0), which is -0 for a negative up_offset
+        act[r * I + c] = group_of[r] < 0
+                             ? uint16_t{0}
+                             : f32_to_bf16(swiglu_value(bf16_to_f32(h[r * 2 * I + gc]), bf16_to_f32(h[r * 2 * I + uc]), p));
       }
     }
   });

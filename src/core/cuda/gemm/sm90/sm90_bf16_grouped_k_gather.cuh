@@ -245,9 +245,11 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         const int chunk = j;  // column 8 j's 16-byte chunk in the 256-byte row
         uint8_t* bx = epi + chunk / 8 * 64 * K::kEpiBoxBytes;
         const int cx = 16 * (chunk % 8);
-        store2(reinterpret_cast<__nv_bfloat16*>(bx + (tr ^ cx)), fin[4 * j + 0], fin[4 * j + 1]);
-        store2(reinterpret_cast<__nv_bfloat16*>(bx + ((tr + 8 * K::kEpiBoxBytes) ^ cx)), fin[4 * j + 2],
-               fin[4 * j + 3]);
+        // + 0: a sum of -0 products is stored as +0, as the host's fp32 sums from +0 give it
+        store2(reinterpret_cast<__nv_bfloat16*>(bx + (tr ^ cx)), __fadd_rn(fin[4 * j + 0], 0.f),
+               __fadd_rn(fin[4 * j + 1], 0.f));
+        store2(reinterpret_cast<__nv_bfloat16*>(bx + ((tr + 8 * K::kEpiBoxBytes) ^ cx)), __fadd_rn(fin[4 * j + 2], 0.f),
+               __fadd_rn(fin[4 * j + 3], 0.f));
       }
       fence_async_shared();  // the staged boxes are read by TMA next
       asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");
