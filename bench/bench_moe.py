@@ -36,6 +36,8 @@ with grads for x, topk_weights, w13, w2 (and the biases where the model has them
   mxmoe_bf16_gather  (only when named) mxmoe_bf16 with its GEMMs reading the routed rows of x and dout
                      inside the GEMM (the bf16 gather kernels, not yet the default) instead of gathering
                      them first for torch._grouped_mm
+  mxmoe_tile128_gpt_oss_up  (only when named) mxmoe_tile128 with gpt-oss's fused up projection on the
+                     GPU (interleaved halves and b13 in GEMM1's epilogue; off until GPU-verified)
 Routing (outside the timed step, seeded): router logits = x @ R for a random bf16 R (H, E), softmax in
 fp32, top-k, renormalized (Qwen3's norm_topk_prob), weights in bf16; the load imbalance that gives is
 in each row (load_max_over_mean). Weights are bf16 N(0, 1/fan_in).
@@ -98,9 +100,13 @@ CACHED = {"mxmoe_tile128_cached"}
 # Measurement-only impls, run when named in --moe-impls (not in the default list).
 UNFUSED = "mxmoe_tile128_unfused"
 BF16_GATHER = "mxmoe_bf16_gather"  # the bf16 layer with the gather GEMM on (Sm90Backend.bf16_gather_gemm)
-EXTRA_IMPLS = [UNFUSED, BF16_GATHER]
+# tile128 with gpt-oss's fused up projection on the GPU (Tile128Phases.gpt_oss_fused_up_on_gpu: interleaved
+# halves, b13), which waits for its first GPU run.
+GPT_OSS_UP = "mxmoe_tile128_gpt_oss_up"
+EXTRA_IMPLS = [UNFUSED, BF16_GATHER, GPT_OSS_UP]
 RECIPES[UNFUSED] = "mxfp8_rceil_tile128"
 RECIPES[BF16_GATHER] = None
+RECIPES[GPT_OSS_UP] = "mxfp8_rceil_tile128"
 MODES = ["eager", "graph"]
 GPT_OSS_ALPHA, GPT_OSS_LIMIT = 1.702, 7.0  # transformers' GptOssExperts
 
@@ -469,11 +475,15 @@ class Case:
     def paths(self):
         """The layer's path choice for this impl's steps: UNFUSED turns the tile128 phases' epilogue
         fusions off while a step runs (forward and backward, also while a CUDA graph is captured),
-        BF16_GATHER the bf16 layer's gather GEMM on."""
+        BF16_GATHER the bf16 layer's gather GEMM on, GPT_OSS_UP gpt-oss's fused up projection on."""
         if self.impl == BF16_GATHER:
             from mxmoe.backends.sm90 import Sm90Backend
 
             return _patched(Sm90Backend, bf16_gather_gemm=True)
+        if self.impl == GPT_OSS_UP:
+            from mxmoe.backends.phases import Tile128Phases
+
+            return _patched(Tile128Phases, gpt_oss_fused_up_on_gpu=True)
         if self.impl != UNFUSED:
             return contextlib.nullcontext()
         from mxmoe.backends.phases import Tile128Phases
@@ -941,8 +951,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--moe-gpt-oss-layouts", default="interleaved,concatenated",
                    help="layouts probed, in order, with that activation")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (smoke test: no graph mode)")
-    p.add_argument("--out", default="bench/results/moe_layer.json",
-                   help="the JSON file (a folder: moe_layer.json in it)")
+    p.add_argument("--out", default=None,
+                   help="the JSON file (a folder: moe_layer.json in it); default bench/results/moe_layer.json "
+                        "on a GPU, none for the CPU smoke test (it must not replace the committed GPU rows)")
 
 
 def run(configs: str = "default", tokens: str = "", modes: str = "eager,graph", impls: str = ",".join(IMPLS),
@@ -1052,7 +1063,9 @@ def main(argv: Optional[List[str]] = None) -> int:
               "for a smoke test use --device cpu --moe-configs tiny --moe-reps 2")
         return 2
     doc = run(configs=a.moe_configs, tokens=a.moe_tokens, modes=a.moe_modes, impls=a.moe_impls, reps=a.moe_reps,
-              warmup=a.moe_warmup, profile=a.moe_profile, device=a.device, out=a.out, budget_s=a.moe_budget_s,
+              warmup=a.moe_warmup, profile=a.moe_profile, device=a.device,
+              out=a.out if a.out is not None else (None if a.device == "cpu" else "bench/results/moe_layer.json"),
+              budget_s=a.moe_budget_s,
               gpt_oss_activation=a.moe_gpt_oss_activation, gpt_oss_layouts=a.moe_gpt_oss_layouts,
               sonic_tuned=a.moe_sonic_tuned)
     ok = [r for r in doc["rows"] if r["fwd_bwd_us"] is not None]

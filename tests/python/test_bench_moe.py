@@ -311,3 +311,15 @@ def test_bench_bf16_gather_cpu_tiny():
     rows = module.main(["--device", "cpu", "--config", "tiny", "--tokens", "64", "--reps", "1", "--warmup", "0"])
     assert [r["op"] for r in rows] == ["up+swiglu", "up", "down dgrad", "dW13", "dW2"]
     assert all(r["rel_err"] < 1e-3 and r["ours_us"] > 0 for r in rows), rows
+
+
+def test_cpu_smoke_keeps_the_committed_rows(tmp_path, monkeypatch):
+    """The CPU smoke test's command line writes no rows unless --out names a file: its default is the
+    committed GPU results' path, which a smoke run must not replace. The extra impls run there too."""
+    _need_moe_experts()
+    bench_moe = _load()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    assert bench_moe.main(["--device", "cpu", "--moe-configs", "tiny", "--moe-reps", "1", "--moe-warmup", "0",
+                           "--moe-modes", "eager", "--moe-impls", "mxmoe_tile128,mxmoe_tile128_gpt_oss_up"]) == 0
+    assert not (tmp_path / "bench" / "results" / "moe_layer.json").exists()
