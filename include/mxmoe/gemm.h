@@ -222,7 +222,7 @@ MXMOE_API mxmoe_status mxmoe_grouped_mm_tile128_gather_swiglu(
  *   (no workspace; its fp32 sums in the tensor cores' order), UNSUPPORTED elsewhere.
  * mxmoe_grouped_mm_bf16_gather_available: 1 when that call (M routed rows, N, K, G groups, T rows of
  *   A, fanout, b_kn) runs on `device` (-1: the host, always), else 0. The kernel takes K a multiple of
- *   8 (K-major B) or of 64 (b_kn 1) and N a multiple of 8 (K-major B) or of 64 (b_kn 1).
+ *   8 (K-major B) or of 64 (b_kn 1, with G K < 2^31) and N a multiple of 8 (K-major B) or of 64 (b_kn 1).
  */
 MXMOE_API int32_t mxmoe_grouped_mm_bf16_gather_available(int64_t m, int64_t n, int64_t k, int64_t g, int64_t t,
                                                          int64_t fanout, int32_t b_kn, int32_t device);

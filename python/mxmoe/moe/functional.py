@@ -202,7 +202,7 @@ def _gather_mm_takes(t: Tensor, w: Tensor, k: int, w_kn: bool) -> bool:
     w (E, K, N) read as it lies needs K and N multiples of 64)."""
     T, K = t.shape
     E, N = w.shape[0], w.shape[2] if w_kn else w.shape[1]
-    if w_kn and (K % 64 != 0 or N % 64 != 0):
+    if w_kn and (K % 64 != 0 or N % 64 != 0 or E * K >= 2**31):  # B's row coordinate g K + k0: int32
         return False
     return K % 8 == 0 and N % 16 == 0 and 0 < E <= 2048 and E * N < 2**31 and T * K < 2**31 and T * k < 2**31
 

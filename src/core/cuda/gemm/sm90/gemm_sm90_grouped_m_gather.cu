@@ -122,6 +122,7 @@ bool sm90_grouped_m_gather_bf16_takes(int64_t m, int64_t n, int64_t k, int64_t g
   if (k % 8 != 0 || (b_kn && (k % 64 != 0 || n % 64 != 0)) || k >= (int64_t{1} << 30)) return false;
   if (!gather_shape_ok(m, n, 2 * k, groups, a_rows, 2 * k, fanout, device)) return false;
   if (b_kn && 2 * n * groups * k >= (int64_t{1} << 40)) return false;
+  if (b_kn && groups * k >= (int64_t{1} << 31)) return false;  // B's TMA row coordinate g K + k0 is an int
   return Bf16Kernel::smem_bytes(static_cast<int>(std::min<int64_t>(groups, 1 << 20))) <= 227 * 1024;
 }
 
