@@ -312,23 +312,7 @@ TEST(GatherSwiglu, GemmThenQuantize) {
   ASSERT_EQ(run_gather(d.o, false, false, h), MXMOE_OK) << mxmoe_last_error();
   EXPECT_EQ(d.h.bytes, h.bytes);
   Swiglu w = make_swiglu(31);
-  auto vh = h.view(), vq = w.q.view(), vs = w.sc.view(), vqt = w.qt.view(), vst = w.st.view(), vo = d.o.offs.view();
-  mxmoe_fused_source src{};
-  src.kind = MXMOE_SOURCE_SWIGLU;
-  src.a = &vh;
-  src.layout = 0;
-  src.alpha = 1.702f;
-  src.limit = 7.f;
-  src.up_offset = 1.f;
-  mxmoe_fused_side row{}, col{};
-  row.q = &vq;
-  row.scale = &vs;
-  col.qt = &vqt;
-  col.scale = &vst;
-  ASSERT_EQ(mxmoe_quantize_fused_source(&src, &vo, mxmoe_fused_config{128, 128, 0, MXMOE_SCALE_RCEIL}, &row, &col,
-                                        nullptr),
-            MXMOE_OK)
-      << mxmoe_last_error();
+  ASSERT_NO_FATAL_FAILURE(quantize_act(h, d.o.offs, 0, w));
   EXPECT_EQ(d.q.bytes, w.q.bytes);
   EXPECT_EQ(d.sc.bytes, w.sc.bytes);
   EXPECT_EQ(d.qt.bytes, w.qt.bytes);
@@ -404,7 +388,7 @@ TEST(GatherSwiglu, InterleavedWithBias) {
     ASSERT_EQ(run_gather(d.o, true, false, h), MXMOE_OK) << mxmoe_last_error();
     EXPECT_EQ(d.h.bytes, h.bytes) << "I " << I;
     Swiglu w = make_swiglu(35, I);
-    quantize_act(h, d.o.offs, 1, w);
+    ASSERT_NO_FATAL_FAILURE(quantize_act(h, d.o.offs, 1, w));
     EXPECT_EQ(d.q.bytes, w.q.bytes) << "I " << I;
     EXPECT_EQ(d.sc.bytes, w.sc.bytes) << "I " << I;
     EXPECT_EQ(d.qt.bytes, w.qt.bytes) << "I " << I;
