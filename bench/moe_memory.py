@@ -47,7 +47,8 @@ def main() -> None:
     p.add_argument("--config", default="qwen3-30b-a3b", choices=sorted(bench_moe.CONFIGS))
     p.add_argument("--tokens", type=int, default=16384)
     p.add_argument("--impl", default="mxmoe_tile128",
-                   choices=["mxmoe_bf16", "mxmoe_tile128", "mxmoe_exact", bench_moe.BF16_GATHER])
+                   choices=["mxmoe_bf16", "mxmoe_tile128", "mxmoe_exact", bench_moe.BF16_GATHER,
+                            bench_moe.BF16_GATHERED])
     p.add_argument("--top", type=int, default=12)
     p.add_argument("--without-weight-forms", action="store_true",
                    help="leave the weights' quantized forms out (bench --moe's peak_mib does: the previous step's "
@@ -55,8 +56,12 @@ def main() -> None:
     a = p.parse_args()
     import mxmoe
 
-    if a.impl == bench_moe.BF16_GATHER:  # the CPU's backend takes the gather GEMMs' path (their reference ops)
-        mxmoe.backends.get_backend(mxmoe.backends.resolve_backend("auto", torch.device("cpu"))).bf16_gather_gemm = True
+    # The CPU's backend takes the bf16 gather GEMMs' paths (their reference ops) Hopper's would take.
+    from mxmoe.backends.sm90 import Sm90Backend
+
+    pieces = {bench_moe.BF16_GATHER: mxmoe.backends.BF16_GATHER_PIECES, bench_moe.BF16_GATHERED: frozenset()}
+    mxmoe.backends.get_backend(mxmoe.backends.resolve_backend("auto", torch.device("cpu"))).bf16_gather_gemms = \
+        pieces.get(a.impl, Sm90Backend.bf16_gather_gemms)
     cfg = bench_moe.CONFIGS[a.config]
     T, H, I, E, k = a.tokens, cfg.hidden, cfg.intermediate, cfg.experts, cfg.top_k
     activation, layout = ("gpt_oss", "interleaved") if cfg.gpt_oss else ("swiglu", "concatenated")

@@ -845,10 +845,13 @@ TEST(CudaGemm, Bf16KGatherMatchesTheContract) {
 }
 
 // The bf16 dSwiGLU gather GEMM (mxmoe_grouped_mm_bf16_gather_dswiglu, the bf16 MoE layer's
-// down-projection dgrad): the host's bytes (the same arithmetic on the same bf16 dY': exact GEMM
-// operands, h random), with and without row weights, partial column tiles, empty groups, padding,
-// clamped and tail rows; Qwen3-30B-A3B's shape among them.
-TEST(CudaGemm, Bf16GatherDSwigluMatchesHost) {
+// down-projection dgrad) against its contract (mxtest::bf16_dswiglu_expected) on the device's own
+// pieces: dY' from the device gather GEMM (CudaGemm.Bf16GatherMatchesTheContract checks its bits) and the
+// SwiGLU gradient and value from the device's mxmoe_swiglu_backward / mxmoe_swiglu on fp32 operands (the
+// exact fp32 dg, du and y: host libm's expf may differ from CUDA's by an ulp, so the host's would not
+// do); with and without row weights, partial column tiles, empty groups, padding, clamped and tail rows,
+// gpt-oss' interleaved clamped SwiGLU; Qwen3-30B-A3B's shape among them.
+TEST(CudaGemm, Bf16GatherDSwigluMatchesTheContract) {
   SKIP_WITHOUT_CUDA();
   struct Case {
     int64_t t, k, i, fanout;
@@ -857,54 +860,83 @@ TEST(CudaGemm, Bf16GatherDSwigluMatchesHost) {
   const Case cases[] = {{200, 512, 320, 8, {300, 0, 129, 700, 471}}, {1024, 2048, 768, 8, {1000, 2000, 0, 3000, 2192}}};
   uint32_t seed = 80;
   for (const Case& c : cases) {
+    mxtest::Bf16Gather g = mxtest::bf16_gather_case(c.t, c.k, c.i, c.fanout, c.sizes, true, seed++);
+    const int64_t M = static_cast<int64_t>(g.gather.size()), G = static_cast<int64_t>(c.sizes.size()), I = c.i;
+    const int64_t ntw = (I + 127) / 128, end = g.ends.back();
+    DevBuf da(g.a), db(g.b), doffs(g.offs), dgi(g.index), ddy(Buffer({M, I}, MXMOE_DTYPE_BF16), false);
+    auto va = da.view(), vb = db.view(), vo = doffs.view(), vg = dgi.view(), vdy = ddy.view();
+    ASSERT_EQ(mxmoe_grouped_mm_bf16_gather(&va, &vg, c.fanout, &vb, 1, &vo, &vdy, nullptr), MXMOE_OK)
+        << mxmoe_last_error();
+    const Buffer dy = ddy.download();
     for (int variant = 0; variant < 3; ++variant) {
       const bool weighted = variant != 1, inter = variant == 2;  // the third: gpt-oss' interleaved, clamped SwiGLU
       const mxmoe::SwigluParams p = inter ? mxmoe::SwigluParams{1, 1.702f, 7.f, 1.f}
                                           : mxmoe::SwigluParams{0, 1.f, std::numeric_limits<float>::infinity(), 0.f};
-      mxtest::Bf16Gather g = mxtest::bf16_gather_case(c.t, c.k, c.i, c.fanout, c.sizes, true, seed++);
-      const int64_t M = static_cast<int64_t>(g.gather.size()), G = static_cast<int64_t>(c.sizes.size());
-      const int64_t ntw = (c.i + 127) / 128;
-      if (!mxmoe_grouped_mm_bf16_gather_dswiglu_available(M, c.i, c.k, G, c.t, c.fanout, p.layout, 0))
+      if (!mxmoe_grouped_mm_bf16_gather_dswiglu_available(M, I, c.k, G, c.t, c.fanout, p.layout, 0))
         GTEST_SKIP() << "the sm_90a bf16 dSwiGLU gather kernel is not available here";
-      Buffer h = mxtest::random_input({M, 2 * c.i}, MXMOE_DTYPE_BF16, seed++, 3.f);
+      Buffer h = mxtest::random_input({M, 2 * I}, MXMOE_DTYPE_BF16, seed++, 3.f);
       Buffer rs({c.t, c.fanout}, MXMOE_DTYPE_F32);
       std::mt19937 rng(seed++);
       std::uniform_real_distribution<float> u(0.f, 1.f);
       for (int64_t i = 0; i < rs.numel(); ++i) rs.set(i, u(rng));
-      Buffer host_dh({M, 2 * c.i}, MXMOE_DTYPE_BF16), host_tw({M, ntw}, MXMOE_DTYPE_F32);
+      auto w_of = [&](int64_t r) {
+        if (!weighted) return 1.f;
+        const int64_t i = std::min<int64_t>(g.gather[r], g.T * g.fanout - 1);
+        return i < 0 ? 0.f : rs.get(i);
+      };
+      // the device's fp32 SwiGLU value and gradient at every (row, column), for the weighted bf16 dY'
+      Buffer hf({M, 2 * I}, MXMOE_DTYPE_F32), dyw({M, I}, MXMOE_DTYPE_F32);
+      for (int64_t i = 0; i < hf.numel(); ++i) hf.set(i, h.get(i));
+      for (int64_t r = 0; r < end; ++r)
+        for (int64_t j = 0; j < I; ++j) {
+          volatile float dw = dy.get(r * I + j) * w_of(r);
+          dyw.set(r * I + j, mxtest::from_bf16(mxtest::to_bf16(dw)));
+        }
+      DevBuf dhf(hf), ddyw(dyw), dyf(Buffer({M, I}, MXMOE_DTYPE_F32), false), ddhf(Buffer({M, 2 * I}, MXMOE_DTYPE_F32), false);
       {
-        auto va = g.a.view(), vg = g.index.view(), vrs = rs.view(), vb = g.b.view(), vo = g.offs.view(),
-             vh = h.view(), vdh = host_dh.view(), vtw = host_tw.view();
-        ASSERT_EQ(mxmoe_grouped_mm_bf16_gather_dswiglu(&va, &vg, c.fanout, weighted ? &vrs : nullptr, &vb, &vo, &vh,
-                                                       p.layout, p.alpha, p.limit, p.up_offset, &vdh, &vtw, nullptr),
-                  MXMOE_OK)
+        auto vhf = dhf.view(), vdyw = ddyw.view(), vyf = dyf.view(), vdhf = ddhf.view();
+        ASSERT_EQ(mxmoe_swiglu(&vhf, p.layout, p.alpha, p.limit, p.up_offset, &vyf, nullptr), MXMOE_OK)
+            << mxmoe_last_error();
+        ASSERT_EQ(mxmoe_swiglu_backward(&vdyw, &vhf, p.layout, p.alpha, p.limit, p.up_offset, &vdhf, nullptr), MXMOE_OK)
             << mxmoe_last_error();
       }
-      DevBuf da(g.a), db(g.b), doffs(g.offs), dgi(g.index), drs(rs), dh_in(h);
-      DevBuf ddh(Buffer({M, 2 * c.i}, MXMOE_DTYPE_BF16), false), dtw(Buffer({M, ntw}, MXMOE_DTYPE_F32), false);
+      const Buffer yv = dyf.download(), dhv = ddhf.download();
+      auto act_grad = [&](int64_t r, int64_t col, float, float, float, float* dg, float* du, float* y) {
+        *dg = dhv.get(r * 2 * I + (inter ? 2 * col : col));
+        *du = dhv.get(r * 2 * I + (inter ? 2 * col + 1 : I + col));
+        *y = yv.get(r * I + col);
+      };
+      const auto [want_dh, want_tw] = mxtest::bf16_dswiglu_expected(g, dy, h, act_grad, w_of, inter);
+
+      DevBuf drs(rs), dh_in(h), ddh(Buffer({M, 2 * I}, MXMOE_DTYPE_BF16), false), dtw(Buffer({M, ntw}, MXMOE_DTYPE_F32), false);
       ddh.poison();
       dtw.poison();
-      auto va = da.view(), vb = db.view(), vo = doffs.view(), vg = dgi.view(), vrs = drs.view(), vh = dh_in.view(),
-           vdh = ddh.view(), vtw = dtw.view();
+      auto vrs = drs.view(), vh = dh_in.view(), vdh = ddh.view(), vtw = dtw.view();
       ASSERT_EQ(mxmoe_grouped_mm_bf16_gather_dswiglu(&va, &vg, c.fanout, weighted ? &vrs : nullptr, &vb, &vo, &vh,
                                                      p.layout, p.alpha, p.limit, p.up_offset, &vdh, &vtw, nullptr),
                 MXMOE_OK)
           << mxmoe_last_error();
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const Buffer got_dh = ddh.download(), got_tw = dtw.download();
-      int64_t diff_dh = 0, diff_tw = 0;
-      for (int64_t i = 0; i < got_dh.numel(); ++i) diff_dh += got_dh.data<uint16_t>()[i] != host_dh.data<uint16_t>()[i];
-      for (int64_t i = 0; i < got_tw.numel(); ++i) diff_tw += got_tw.data<uint32_t>()[i] != host_tw.data<uint32_t>()[i];
-      EXPECT_EQ(diff_dh, 0) << "dh, I=" << c.i << " variant=" << variant;
-      EXPECT_EQ(diff_tw, 0) << "tw_part, I=" << c.i << " variant=" << variant;
+      int64_t diff_dh = 0, diff_tw = 0, first_dh = -1, first_tw = -1;
+      for (int64_t i = 0; i < got_dh.numel(); ++i)
+        if (got_dh.data<uint16_t>()[i] != want_dh.data<uint16_t>()[i] && diff_dh++ == 0) first_dh = i;
+      for (int64_t i = 0; i < got_tw.numel(); ++i)
+        if (got_tw.data<uint32_t>()[i] != want_tw.data<uint32_t>()[i] && diff_tw++ == 0) first_tw = i;
+      EXPECT_EQ(diff_dh, 0) << "dh, I=" << I << " variant=" << variant << " first at row "
+                            << (first_dh < 0 ? -1 : first_dh / (2 * I)) << " col " << (first_dh < 0 ? -1 : first_dh % (2 * I));
+      EXPECT_EQ(diff_tw, 0) << "tw_part, I=" << I << " variant=" << variant << " first at row "
+                            << (first_tw < 0 ? -1 : first_tw / ntw) << " tile " << (first_tw < 0 ? -1 : first_tw % ntw)
+                            << ": got " << (first_tw < 0 ? 0.f : got_tw.get(first_tw)) << " want "
+                            << (first_tw < 0 ? 0.f : want_tw.get(first_tw));
     }
   }
 }
 
 // The bf16 SwiGLU gather GEMM (mxmoe_grouped_mm_bf16_gather_swiglu, the bf16 MoE layer's up projection):
-// h and act(h) the contract's bits on exact operands (h exact, so act is the host's SwiGLU of it), the
-// gate / up tile pairs, empty groups, padding, clamped and tail rows; Qwen3-30B-A3B's shape and gpt-oss's
-// clamped activation among them.
+// h the contract's bits on exact operands, act(h) the device mxmoe_swiglu's of that h (the unfused
+// layer's act); the gate / up tile pairs, empty groups, padding, clamped and tail rows; Qwen3-30B-A3B's
+// shape and gpt-oss's clamped activation among them.
 TEST(CudaGemm, Bf16GatherSwigluMatchesTheContract) {
   SKIP_WITHOUT_CUDA();
   const float inf = std::numeric_limits<float>::infinity();
@@ -948,12 +980,12 @@ TEST(CudaGemm, Bf16GatherSwigluMatchesTheContract) {
         want_h.set(r * 2 * c.i + j, sum);
       }
     }
-    Buffer want_act({M, c.i}, MXMOE_DTYPE_BF16);
-    for (int64_t r = 0; r < M; ++r)
-      for (int64_t j = 0; j < c.i; ++j) {
-        const int64_t gc = c.act.layout ? 2 * j : j, uc = c.act.layout ? 2 * j + 1 : c.i + j;
-        want_act.set(r * c.i + j, mxmoe::swiglu_value(want_h.get(r * 2 * c.i + gc), want_h.get(r * 2 * c.i + uc), c.act));
-      }
+    // act: the device's mxmoe_swiglu of the contract's h (host libm's expf may differ from CUDA's by an ulp)
+    DevBuf dwant_h(want_h), dwant_act(Buffer({M, c.i}, MXMOE_DTYPE_BF16), false);
+    auto vwh = dwant_h.view(), vwa = dwant_act.view();
+    ASSERT_EQ(mxmoe_swiglu(&vwh, c.act.layout, c.act.alpha, c.act.limit, c.act.up_offset, &vwa, nullptr), MXMOE_OK)
+        << mxmoe_last_error();
+    const Buffer want_act = dwant_act.download();
     int64_t diff_h = 0, diff_act = 0;
     for (int64_t i = 0; i < got_h.numel(); ++i) diff_h += got_h.data<uint16_t>()[i] != want_h.data<uint16_t>()[i];
     for (int64_t i = 0; i < got_act.numel(); ++i)

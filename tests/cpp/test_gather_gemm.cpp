@@ -500,7 +500,7 @@ TEST(Bf16GatherDSwiglu, HostMatchesTheContract) {
                                                    p.layout, p.alpha, p.limit, p.up_offset, &vdh, &vtw, nullptr),
               MXMOE_OK)
         << mxmoe_last_error();
-    auto act_grad = [&](float g, float uu, float d, float* dg, float* du, float* y) {
+    auto act_grad = [&](int64_t, int64_t, float g, float uu, float d, float* dg, float* du, float* y) {
       mxmoe::swiglu_grad_value(g, uu, d, p, dg, du, y);
     };
     auto w_of = [&](int64_t r) {
@@ -508,7 +508,7 @@ TEST(Bf16GatherDSwiglu, HostMatchesTheContract) {
       const int64_t i = std::min<int64_t>(c.gather[r], c.T * c.fanout - 1);
       return i < 0 ? 0.f : rs.get(i);
     };
-    const auto [want_dh, want_tw] = mxtest::bf16_dswiglu_expected(c, h, act_grad, w_of, inter);
+    const auto [want_dh, want_tw] = mxtest::bf16_dswiglu_expected(c, mxtest::bf16_gather_expected(c), h, act_grad, w_of, inter);
     EXPECT_EQ(dh.bytes, want_dh.bytes) << "variant " << variant;
     EXPECT_EQ(tw.bytes, want_tw.bytes) << "variant " << variant;
   }

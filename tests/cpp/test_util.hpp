@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -191,24 +192,35 @@ inline Bf16Gather bf16_gather_case(int64_t T, int64_t K, int64_t N, int64_t fano
   std::memcpy(c.index.bytes.data(), c.gather.data(), c.gather.size() * 4);
   return c;
 }
-// The contract written out in double: row r of group g is a[min(gather[r], T fanout - 1) / fanout] . b[g]
-// (zero for a padding row or a row past the last group), rounded to bf16 (exact here: see above).
+// The contract written out: row r of group g is a[min(gather[r], T fanout - 1) / fanout] . b[g] (zero for
+// a padding row or a row past the last group), rounded to bf16. The fp32 sums are exact for
+// bf16_gather_case's operands (multiples of 1/8 in [-2, 2]: every partial sum is a multiple of 1/64 below
+// 4 K <= 2^13 for K <= 2048, 19 bits), so their order does not matter and the loops may run as fast as
+// they like (the Qwen3-sized GPU cases take seconds, not a minute).
 inline Buffer bf16_gather_expected(const Bf16Gather& c) {
-  const int64_t M = static_cast<int64_t>(c.gather.size());
-  Buffer out({M, c.N}, MXMOE_DTYPE_BF16, 0);
+  const int64_t M = static_cast<int64_t>(c.gather.size()), G = static_cast<int64_t>(c.ends.size()), K = c.K, N = c.N;
+  if (K > 2048) throw std::invalid_argument("bf16_gather_expected: K <= 2048 keeps the fp32 sums exact");
+  Buffer out({M, N}, MXMOE_DTYPE_BF16, 0);
+  const uint16_t* A = c.a.data<uint16_t>();
+  const uint16_t* B = c.b.data<uint16_t>();
+  std::vector<float> bt(static_cast<size_t>(G * K * N)), acc(static_cast<size_t>(N));  // b as (G, K, N) floats
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t n = 0; n < N; ++n)
+        bt[(g * K + k) * N + n] = from_bf16(c.b_kn ? B[(g * K + k) * N + n] : B[(g * N + n) * K + k]);
   int64_t g = 0;
   for (int64_t r = 0; r < M; ++r) {
-    while (g < static_cast<int64_t>(c.ends.size()) && r >= c.ends[g]) ++g;
+    while (g < G && r >= c.ends[g]) ++g;
     const int64_t idx = std::min<int64_t>(c.gather[r], c.T * c.fanout - 1);
-    if (g == static_cast<int64_t>(c.ends.size()) || idx < 0) continue;
-    const int64_t row = idx / c.fanout;
-    for (int64_t n = 0; n < c.N; ++n) {
-      double acc = 0;
-      for (int64_t k = 0; k < c.K; ++k)
-        acc += static_cast<double>(c.a.get(row * c.K + k)) *
-               c.b.get(c.b_kn ? (g * c.K + k) * c.N + n : (g * c.N + n) * c.K + k);
-      out.set(r * c.N + n, static_cast<float>(acc));
+    if (g == G || idx < 0) continue;
+    const uint16_t* arow = A + idx / c.fanout * K;
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (int64_t k = 0; k < K; ++k) {
+      const float av = from_bf16(arow[k]);
+      const float* brow = bt.data() + (g * K + k) * N;
+      for (int64_t n = 0; n < N; ++n) acc[n] += av * brow[n];
     }
+    for (int64_t n = 0; n < N; ++n) out.data<uint16_t>()[r * N + n] = to_bf16(acc[n]);
   }
   return out;
 }
@@ -232,37 +244,45 @@ inline Bf16KGather bf16_kgather_case(int64_t T, int64_t M, int64_t N, int64_t fa
     for (int64_t i = 0; i < t->numel(); ++i) t->set(i, static_cast<float>(static_cast<int>(rng() % 33) - 16) / 8.f);
   return c;
 }
-// out[g] (M, N) = sum over group g's routed rows of a_r^T b_r, in double (exact here), rounded to bf16.
+// out[g] (M, N) = sum over group g's routed rows of a_r^T b_r, rounded to bf16. fp32 sums, exact here
+// (multiples of 1/64 below 4 R < 2^17 for the cases' group sizes R < 2^15), so in any order.
 inline Buffer bf16_kgather_expected(const Bf16KGather& c) {
   const int64_t G = static_cast<int64_t>(c.ends.size());
   Buffer out({G, c.M, c.N}, MXMOE_DTYPE_BF16, 0);
-  std::vector<double> acc(static_cast<size_t>(c.M * c.N));
+  std::vector<float> acc(static_cast<size_t>(c.M * c.N)), brow(static_cast<size_t>(c.N));
+  const uint16_t* A = c.a.data<uint16_t>();
+  const uint16_t* B = c.b.data<uint16_t>();
   int64_t start = 0;
   for (int64_t g = 0; g < G; ++g) {
-    std::fill(acc.begin(), acc.end(), 0.0);
+    if (c.ends[g] - start >= (int64_t{1} << 15)) throw std::invalid_argument("bf16_kgather_expected: group too long");
+    std::fill(acc.begin(), acc.end(), 0.f);
     for (int64_t r = start; r < c.ends[g]; ++r) {
       const int64_t idx = std::min<int64_t>(c.gather[r], c.T * c.fanout - 1);
       if (idx < 0) continue;
       const int64_t ra = c.gather_b ? r : idx / c.fanout, rb = c.gather_b ? idx / c.fanout : r;
-      for (int64_t m = 0; m < c.M; ++m)
-        for (int64_t n = 0; n < c.N; ++n)
-          acc[m * c.N + n] += static_cast<double>(c.a.get(ra * c.M + m)) * c.b.get(rb * c.N + n);
+      for (int64_t n = 0; n < c.N; ++n) brow[n] = from_bf16(B[rb * c.N + n]);
+      for (int64_t m = 0; m < c.M; ++m) {
+        const float av = from_bf16(A[ra * c.M + m]);
+        float* arow = acc.data() + m * c.N;
+        for (int64_t n = 0; n < c.N; ++n) arow[n] += av * brow[n];
+      }
     }
-    for (int64_t i = 0; i < c.M * c.N; ++i) out.set(g * c.M * c.N + i, static_cast<float>(acc[i]));
+    for (int64_t i = 0; i < c.M * c.N; ++i) out.data<uint16_t>()[g * c.M * c.N + i] = to_bf16(acc[i]);
     start = c.ends[g];
   }
   return out;
 }
 
 // The bf16 dSwiGLU gather GEMM's contract (mxmoe_grouped_mm_bf16_gather_dswiglu) written out from the
-// gather GEMM's bf16 dY' (bf16_gather_expected of a b_kn case): dh (M, 2I) and tw_part (M, ceil(I/128)),
-// with act_grad(g, u, dy, &dg, &du, &y) the SwiGLU gradient and value (the caller's, e.g.
-// mxmoe::swiglu_grad_value), row weights w_of(r), the documented partial order; interleaved: column c's
-// gate and up at 2c, 2c + 1 of h and dh (else c, I + c).
+// gather GEMM's bf16 dY' (M, I) (bf16_gather_expected of a b_kn case, or the device gather GEMM's
+// bytes): dh (M, 2I) and tw_part (M, ceil(I/128)), with act_grad(r, col, g, u, dy, &dg, &du, &y) the
+// SwiGLU gradient and value of row r, column col (the caller's: mxmoe::swiglu_grad_value on the host,
+// or values a device computed, since host and device expf may differ by an ulp), row weights w_of(r),
+// the documented partial order; interleaved: column c's gate and up at 2c, 2c + 1 of h and dh (else
+// c, I + c).
 template <class ActGrad, class WeightOf>
-inline std::pair<Buffer, Buffer> bf16_dswiglu_expected(const Bf16Gather& c, const Buffer& h, ActGrad act_grad,
-                                                       WeightOf w_of, bool interleaved = false) {
-  const Buffer dy = bf16_gather_expected(c);
+inline std::pair<Buffer, Buffer> bf16_dswiglu_expected(const Bf16Gather& c, const Buffer& dy, const Buffer& h,
+                                                       ActGrad act_grad, WeightOf w_of, bool interleaved = false) {
   const int64_t M = dy.shape[0], I = c.N, ntw = (I + 127) / 128, end = c.ends.empty() ? 0 : c.ends.back();
   Buffer dh({M, 2 * I}, MXMOE_DTYPE_BF16, 0), tw({M, ntw}, MXMOE_DTYPE_F32, 0);
   for (int64_t r = 0; r < end; ++r) {
@@ -278,7 +298,7 @@ inline std::pair<Buffer, Buffer> bf16_dswiglu_expected(const Bf16Gather& c, cons
             volatile float dw = d * w;
             float dg, du, y;
             const int64_t gc = interleaved ? 2 * col : col, uc = interleaved ? 2 * col + 1 : I + col;
-            act_grad(h.get(r * 2 * I + gc), h.get(r * 2 * I + uc), from_bf16(to_bf16(dw)), &dg, &du, &y);
+            act_grad(r, col, h.get(r * 2 * I + gc), h.get(r * 2 * I + uc), from_bf16(to_bf16(dw)), &dg, &du, &y);
             volatile float prod = d * y;
             s[q] = s[q] + prod;
             dh.set(r * 2 * I + gc, dg);

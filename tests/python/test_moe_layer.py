@@ -34,12 +34,12 @@ def _fused_ok(device):
     return torch.cuda.get_device_capability() == (9, 0) and mxmoe.build_info()["tile128_gemm"]
 
 
-def _bf16_gather_on(monkeypatch, device):
-    """The bf16 layer's gather GEMMs on for the device's backend (skips where they cannot run)."""
+def _bf16_gather_on(monkeypatch, device, pieces=mxmoe.backends.BF16_GATHER_PIECES):
+    """The bf16 layer's gather GEMMs `pieces` on for the device's backend (skips where they cannot run)."""
     if not _fused_ok(device):
         pytest.skip("needs Hopper and a build with the sm_90a kernels")
     backend = mxmoe.backends.get_backend(mxmoe.backends.resolve_backend("auto", torch.device(device)))
-    monkeypatch.setattr(backend, "bf16_gather_gemm", True)
+    monkeypatch.setattr(backend, "bf16_gather_gemms", frozenset(pieces))
 
 
 def _inputs(device, T=77, H=64, I=96, E=5, k=2, dtype=BF16, bias=False, seed=0, idx=None):
@@ -193,19 +193,23 @@ class _OpNames(TorchDispatchMode):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype,gpt_oss", [(BF16, False), (torch.float32, False), (BF16, True)])
-def test_bf16_gather_gemm_same_bits_as_gathered_rows(monkeypatch, device, dtype, gpt_oss):
-    """With its backend's bf16_gather_gemm (Sm90Backend's: not yet the default) every GEMM of the bf16
-    layer that reads routed rows of x or dout reads them inside the GEMM (moe_swiglu_mm_bf16: the up
-    projection with act(h) in its epilogue; moe_dswiglu_mm_bf16: the down-projection dgrad with dH in
-    its epilogue; moe_kgather_mm_bf16: dW13, dW2; the sm_90a kernels, on the CPU their references): no
-    gathered copy, no SwiGLU pass, no stored dY'. With
+@pytest.mark.parametrize("pieces", ["all", "sm90"])
+def test_bf16_gather_gemm_same_bits_as_gathered_rows(monkeypatch, device, dtype, gpt_oss, pieces):
+    """With its backend's bf16_gather_gemms, GEMMs of the bf16 layer that read routed rows of x or dout
+    read them inside the GEMM instead of from a gathered copy: all: every one (moe_swiglu_mm_bf16: the up
+    projection with act(h) in its epilogue; moe_dswiglu_mm_bf16: the down-projection dgrad with dH in its
+    epilogue; moe_kgather_mm_bf16: dW13, dW2); sm90: Sm90Backend's default (the plain up projection,
+    moe_gather_mm_bf16, and the dSwiGLU dgrad); the sm_90a kernels, on the CPU their references. With
     exact operands (multiples of 1/8: every fp32 sum of the forward and dgrad GEMMs exact, so their
     summation order cannot matter) the output and the grad of x are the bits of the same layer gathering
     the rows first for torch._grouped_mm; the weights' grads (sums of inexact products, and dW2 weighting
     act(h)'s rows instead of dout's) and the routing weights' (another summation order) agree to bf16
     rounding. gpt_oss: its clamped activation, interleaved halves and expert biases (b13 added in the up
     projection's epilogue as the unfused layer adds it: the same bits)."""
-    _bf16_gather_on(monkeypatch, device)
+    from mxmoe.backends.sm90 import Sm90Backend
+
+    _bf16_gather_on(monkeypatch, device, mxmoe.backends.BF16_GATHER_PIECES if pieces == "all"
+                    else Sm90Backend.bf16_gather_gemms)
     T, H, I, E, k = 300, 256, 128, 6, 4
     inp, _ = _inputs(device, T=T, H=H, I=I, E=E, k=k, seed=31, dtype=dtype, bias=gpt_oss)
     kw = dict(activation="gpt_oss", layout="interleaved") if gpt_oss else {}
@@ -219,10 +223,10 @@ def test_bf16_gather_gemm_same_bits_as_gathered_rows(monkeypatch, device, dtype,
         out, grads = _run(inp, dout, recipe=None, **kw)
     names = lambda op: sum(f"mxmoe.{op}." in n for n in seen.names)  # noqa: E731
     assert (names("moe_swiglu_mm_bf16"), names("moe_gather_mm_bf16"), names("moe_dswiglu_mm_bf16"),
-            names("moe_kgather_mm_bf16")) == (1, 0, 1, 2), \
+            names("moe_kgather_mm_bf16")) == ((1, 0, 1, 2) if pieces == "all" else (0, 1, 1, 0)), \
         "the up projection; the down-projection dgrad with dSwiGLU; dW13 and dW2"
     backend = mxmoe.backends.get_backend(mxmoe.backends.resolve_backend("auto", inp["x"].device))
-    monkeypatch.setattr(backend, "bf16_gather_gemm", False)
+    monkeypatch.setattr(backend, "bf16_gather_gemms", frozenset())
     with _OpNames() as seen:
         ref_out, ref_grads = _run(inp, dout, recipe=None, **kw)
     assert not any("_mm_bf16" in n for n in seen.names)

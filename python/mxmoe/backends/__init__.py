@@ -27,12 +27,15 @@ No host syncs: offs stays on the device. The pieces the backends share are in co
 from __future__ import annotations
 
 import functools
-from typing import Dict, Optional
+from typing import Dict, FrozenSet, Optional
 
 import torch
 
 from .. import ops
 from ..recipes import Recipe
+
+# The bf16 MoE layer's GEMMs that can read routed rows inside the GEMM (Backend.bf16_gather_gemms).
+BF16_GATHER_PIECES = frozenset({"up", "up_swiglu", "down_dgrad", "wgrad"})
 
 __all__ = ["Backend", "BACKENDS", "register_backend", "get_backend", "resolve_backend"]
 
@@ -62,9 +65,10 @@ class Backend:
 
     name = "base"
     auto_priority: Optional[int] = None
-    # Whether the bf16 MoE layer (recipe=None) reads its routed rows inside the GEMM on this backend's
-    # device (ops.moe_gather_mm_bf16); else it gathers them first and runs torch._grouped_mm.
-    bf16_gather_gemm = False
+    # Which GEMMs of the bf16 MoE layer (recipe=None) read their routed rows inside the GEMM on this
+    # backend's device (BF16_GATHER_PIECES; mxmoe.moe.functional.Bf16 says what each is); the others
+    # gather the rows first and run torch._grouped_mm.
+    bf16_gather_gemms: FrozenSet[str] = frozenset()
 
     def auto_on(self, device: torch.device) -> bool:
         return False

@@ -215,30 +215,31 @@ def _kgather_mm_takes(m: int, n: int, E: int, t: Tensor, k: int) -> bool:
 
 
 class Bf16(torch.autograd.Function):
-    """FusedMX's data flow in bf16: x and the pre-activation h are kept, nothing of T*k rows x H. With
-    gather_gemm (Backend.bf16_gather_gemm; on Hopper once verified there) every GEMM that reads routed
-    rows of x or dout reads them inside the GEMM: the up projection and the down projection's dgrad
-    (ops.moe_gather_mm_bf16; the up projection's epilogue adds b13 and computes act(h),
-    ops.moe_swiglu_mm_bf16, with interleaved or concatenated halves of 2I % 256 == 0; the dgrad's
-    epilogue computes dH and the routing weights' grad
-    instead of storing dY', ops.moe_dswiglu_mm_bf16), dW13 = dH^T dispatch(x) and dW2 =
-    dispatch(dout)^T (w act(h)) (ops.moe_kgather_mm_bf16); else they are gathered first for
-    torch._grouped_mm. act(h) is recomputed for dW2; the routing weights' grad comes from the
-    unweighted dgrad and h, as on the MX paths."""
+    """FusedMX's data flow in bf16: x and the pre-activation h are kept, nothing of T*k rows x H.
+    gather (Backend.bf16_gather_gemms, a tuple of BF16_GATHER_PIECES) names the GEMMs that read their
+    routed rows of x or dout inside the GEMM instead of from a gathered copy for torch._grouped_mm:
+      "up"         the up projection (ops.moe_gather_mm_bf16; b13 and SwiGLU then run as passes);
+      "up_swiglu"  the up projection with b13 and act(h) in its epilogue (ops.moe_swiglu_mm_bf16;
+                   interleaved halves, or concatenated ones with 2I % 256 == 0; else "up" if named);
+      "down_dgrad" the down projection's dgrad with dH and the routing weights' grad in its epilogue
+                   instead of storing dY' (ops.moe_dswiglu_mm_bf16);
+      "wgrad"      dW13 = dH^T dispatch(x) and dW2 = dispatch(dout)^T (w act(h)) (ops.moe_kgather_mm_bf16).
+    act(h) is recomputed for dW2; the routing weights' grad comes from the unweighted dgrad and h, as on
+    the MX paths."""
 
     @staticmethod
     def forward(ctx, x, topk_idx, topk_w, w13, w2, b13, b2, mode: int, act: Swiglu, layout: int, w_up=None,
-                score_before: bool = False, gather_gemm: bool = False):
+                score_before: bool = False, gather: tuple = ()):
         k, E = topk_idx.shape[1], w13.shape[0]
         offs, perm, inv = ops.moe_routing(topk_idx, E)
         w13b, w2b = _cast(w13 if w_up is None else weight_cache.joined((w13, w_up)), BF16), _cast(w2, BF16)
-        gather_up = gather_gemm and not score_before and _gather_mm_takes(x, w13b, k, False)
-        if gather_up and (layout == ops.SWIGLU_INTERLEAVED or w13b.shape[1] % 256 == 0):
+        gather_up = not score_before and _gather_mm_takes(x, w13b, k, False)
+        if gather_up and "up_swiglu" in gather and (layout == ops.SWIGLU_INTERLEAVED or w13b.shape[1] % 256 == 0):
             # h (+ b13) and act(h) from the GEMM's epilogue: no bias pass, no SwiGLU pass over h
             h, y = ops.moe_swiglu_mm_bf16(_cast(x, BF16), perm, k, w13b, b13, layout, act.alpha, act.limit,
                                           act.up_offset, offs)
         else:
-            if gather_up:
+            if gather_up and "up" in gather:
                 h = ops.moe_gather_mm_bf16(_cast(x, BF16), perm, k, w13b, False, offs)
             else:
                 # score_before: the rows scaled in fp32 and rounded once to bf16 (TorchTitan's order), then
@@ -252,14 +253,14 @@ class Bf16(torch.autograd.Function):
         out = ops.moe_combine(o, inv, None if score_before else topk_w, x.dtype)
         ctx.save_for_backward(h, x, w13b, w2b, offs, perm, inv, topk_w,
                               *((topk_idx, b2) if b2 is not None and not score_before else (None, None)))
-        ctx.cfg = (k, act, layout, x.dtype, w13.dtype, w2.dtype, _dtype(b13), _dtype(b2), score_before, gather_gemm)
+        ctx.cfg = (k, act, layout, x.dtype, w13.dtype, w2.dtype, _dtype(b13), _dtype(b2), score_before, gather)
         ctx.up_rows = None if w_up is None else w_up.shape[1]
         return out
 
     @staticmethod
     def backward(ctx, dout):
         h, x_saved, w13b, w2b, offs, perm, inv, topk_w, topk_idx, b2_w = ctx.saved_tensors
-        k, act, layout, x_dtype, w13_dtype, w2_dtype, b13, b2, score_before, gather_gemm = ctx.cfg
+        k, act, layout, x_dtype, w13_dtype, w2_dtype, b13, b2, score_before, gather = ctx.cfg
         need_x, _, need_tw, need_w13, need_w2, need_b13, need_b2 = ctx.needs_input_grad[:7]
         need_w13 = need_w13 or ctx.needs_input_grad[10]
         dout = dout.contiguous()
@@ -274,7 +275,7 @@ class Bf16(torch.autograd.Function):
             # The dgrad on the unweighted rows, dY' = gather(dout) @ w2; with the weights after the
             # experts they are applied where dY' is read next, dH = act'(h, w * dY'), and d w[t, j] =
             # <dout[t], o[n]> = <dY'[n], act(h[n])> (+ <dout[t], b2[e]>): o is not kept.
-            if gather_gemm and _gather_mm_takes(dout, w2b, k, True):
+            if "down_dgrad" in gather and _gather_mm_takes(dout, w2b, k, True):
                 # dY' is never stored: its GEMM's epilogue writes dH = act'(h, bf16(w * dY')) and the
                 # routing weights' per-128-column partials of <dY', act(h)>.
                 dh, tw_part = ops.moe_dswiglu_mm_bf16(_cast(dout, BF16), perm, k, w2b, h, None if score_before else rs,
@@ -305,7 +306,7 @@ class Bf16(torch.autograd.Function):
                 if need_x:
                     dx = ops.moe_combine(dxs, inv, rs if score_before else None, x_dtype)
                 del dxs
-            if need_w13 and gather_gemm and not score_before and _kgather_mm_takes(dh.shape[1], x_saved.shape[1],
+            if need_w13 and "wgrad" in gather and not score_before and _kgather_mm_takes(dh.shape[1], x_saved.shape[1],
                                                                                     w13b.shape[0], x_saved, k):
                 # dW13 = dH^T dispatch(x), the rows of x read inside the GEMM
                 dw13 = _cast(ops.moe_kgather_mm_bf16(dh, _cast(x_saved, BF16), perm, k, True, offs), w13_dtype)
@@ -317,7 +318,7 @@ class Bf16(torch.autograd.Function):
         d_y = None
         # dO = [w *] gather(dout): dW2 = dO^T act(h) (act(h) recomputed), db2 from dO. Last: the up
         # projection's operands are freed by then (the peak was there with dW2 alive).
-        kgather_w2 = need_w2 and gather_gemm and _kgather_mm_takes(w2b.shape[1], w2b.shape[2], w2b.shape[0], dout, k)
+        kgather_w2 = need_w2 and "wgrad" in gather and _kgather_mm_takes(w2b.shape[1], w2b.shape[2], w2b.shape[0], dout, k)
         if kgather_w2:
             # dW2 = dispatch(dout)^T ([w *] act(h)): the weights on act(h)'s rows, dout's rows read in the GEMM
             y = ops.swiglu(h, *act_args)

@@ -189,6 +189,7 @@ def moe_experts(
                         grouped_mm_backend, act, lay, score_before=score_before)
     args = (x.contiguous(), topk_idx.contiguous(), topk_weights.contiguous(), w13, w2, bias13, bias2)
     if r is None:
-        gather_gemm = backend != "composed" and get_backend(resolve_backend("auto", x.device)).bf16_gather_gemm
-        return Bf16.apply(*args, 0, act, lay, w_up, score_before, gather_gemm)
+        gather = () if backend == "composed" else tuple(sorted(get_backend(resolve_backend("auto", x.device))
+                                                               .bf16_gather_gemms))
+        return Bf16.apply(*args, 0, act, lay, w_up, score_before, gather)
     return FusedMX.apply(*args, r.mode, act, lay, phases, w_up, score_before)
