@@ -958,6 +958,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--moe-gpt-oss-layouts", default="interleaved,concatenated",
                    help="layouts probed, in order, with that activation")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (smoke test: no graph mode)")
+    p.add_argument("--moe-merge", nargs="+", metavar="JSON", default=None,
+                   help="merge the rows of runs split over device calls (same commit and device; the device's "
+                        "10-minute limit) into --out and print the table; runs nothing")
     p.add_argument("--out", default=None,
                    help="the JSON file (a folder: moe_layer.json in it); default bench/results/moe_layer.json "
                         "on a GPU, none for the CPU smoke test (it must not replace the committed GPU rows)")
@@ -1060,11 +1063,42 @@ def run(configs: str = "default", tokens: str = "", modes: str = "eager,graph", 
     return doc
 
 
+def merge(paths: List[str], out: Optional[str]) -> dict:
+    """One document from runs of the same commit on the same device (configs split over device calls):
+    their rows and breakdowns in order, the first run's environment, the settings' configs and impls
+    joined, wall_s summed. Different commits or devices are an error: their ratios would not compare."""
+    docs = []
+    for path in paths:
+        with open(path) as f:
+            docs.append(json.load(f))
+    for key in ("commit", "device"):
+        seen = sorted({str(d.get(key)) for d in docs})
+        if len(seen) > 1:
+            raise SystemExit(f"--moe-merge: the runs' {key} differ ({', '.join(seen)}); merge runs of one {key}")
+    doc = dict(docs[0])
+    doc["rows"] = [r for d in docs for r in d["rows"]]
+    doc["breakdown"] = [b for d in docs for b in d.get("breakdown", [])]
+    doc["settings"] = dict(docs[0]["settings"])
+    for key in ("configs", "impls"):
+        doc["settings"][key] = list(dict.fromkeys(v for d in docs for v in d["settings"][key]))
+    doc["wall_s"] = round(sum(d.get("wall_s", 0) for d in docs), 1)
+    doc["merged_from"] = [os.path.basename(p) for p in paths]
+    doc.pop("path", None)
+    if out:
+        with open(out, "w") as f:
+            json.dump(doc, f, indent=1)
+    print(table(doc["rows"]) if doc["rows"] else "no rows")
+    return doc
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="bench_moe.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     a = p.parse_args(argv)
+    if a.moe_merge:
+        merge(a.moe_merge, a.out)
+        return 0
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         print("bench_moe needs a CUDA device (BENCH.md: benchmarks run on the GPU machine); "
               "for a smoke test use --device cpu --moe-configs tiny --moe-reps 2")

@@ -323,3 +323,28 @@ def test_cpu_smoke_keeps_the_committed_rows(tmp_path, monkeypatch):
     assert bench_moe.main(["--device", "cpu", "--moe-configs", "tiny", "--moe-reps", "1", "--moe-warmup", "0",
                            "--moe-modes", "eager", "--moe-impls", "mxmoe_tile128,mxmoe_tile128_gpt_oss_up"]) == 0
     assert not (tmp_path / "bench" / "results" / "moe_layer.json").exists()
+
+
+def test_merge_joins_runs_of_one_commit(tmp_path, capsys):
+    """--moe-merge joins runs split over device calls (rows, breakdowns, configs and impls in order,
+    wall_s summed) and refuses runs of different commits, whose ratios do not compare."""
+    _need_moe_experts()
+    bench_moe = _load()
+    paths = []
+    for n, impls in enumerate(["mxmoe_bf16", "mxmoe_bf16_gathered,mxmoe_bf16_gather"]):
+        paths.append(str(tmp_path / f"run{n}.json"))
+        assert bench_moe.main(["--device", "cpu", "--moe-configs", "tiny", "--moe-reps", "1", "--moe-warmup", "0",
+                               "--moe-modes", "eager", "--moe-impls", impls, "--out", paths[-1]]) == 0
+    runs = [json.load(open(p)) for p in paths]
+    out = str(tmp_path / "merged.json")
+    assert bench_moe.main(["--moe-merge", *paths, "--out", out]) == 0
+    merged = json.load(open(out))
+    assert merged["rows"] == runs[0]["rows"] + runs[1]["rows"]
+    assert merged["settings"]["impls"] == ["transformers_bf16", "mxmoe_bf16", "mxmoe_bf16_gathered",
+                                           "mxmoe_bf16_gather"]
+    assert merged["wall_s"] == round(runs[0]["wall_s"] + runs[1]["wall_s"], 1)
+    assert {r["impl"] for r in merged["rows"]} >= {"mxmoe_bf16_gathered", "mxmoe_bf16_gather"}
+    runs[1]["commit"] = "0000000"
+    json.dump(runs[1], open(paths[1], "w"))
+    with pytest.raises(SystemExit, match="commit differ"):
+        bench_moe.main(["--moe-merge", *paths, "--out", out])
