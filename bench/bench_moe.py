@@ -38,8 +38,6 @@ with grads for x, topk_weights, w13, w2 (and the biases where the model has them
                      epilogue and the wgrads, which lose on Hopper and are off by default)
   mxmoe_bf16_gathered  (only when named) mxmoe_bf16 with none of them: every GEMM on gathered copies for
                      torch._grouped_mm; beside mxmoe_bf16 it shows what the default pieces buy
-  mxmoe_tile128_gpt_oss_up  (only when named) mxmoe_tile128 with gpt-oss's fused up projection on the
-                     GPU (interleaved halves and b13 in GEMM1's epilogue; off until GPU-verified)
 Routing (outside the timed step, seeded): router logits = x @ R for a random bf16 R (H, E), softmax in
 fp32, top-k, renormalized (Qwen3's norm_topk_prob), weights in bf16; the load imbalance that gives is
 in each row (load_max_over_mean). Weights are bf16 N(0, 1/fan_in).
@@ -103,14 +101,10 @@ CACHED = {"mxmoe_tile128_cached"}
 UNFUSED = "mxmoe_tile128_unfused"
 BF16_GATHER = "mxmoe_bf16_gather"  # the bf16 layer with every gather GEMM on (Sm90Backend.bf16_gather_gemms)
 BF16_GATHERED = "mxmoe_bf16_gathered"  # the bf16 layer with none: gathered copies for torch._grouped_mm
-# tile128 with gpt-oss's fused up projection on the GPU (Tile128Phases.gpt_oss_fused_up_on_gpu: interleaved
-# halves, b13), which waits for its first GPU run.
-GPT_OSS_UP = "mxmoe_tile128_gpt_oss_up"
-EXTRA_IMPLS = [UNFUSED, BF16_GATHER, BF16_GATHERED, GPT_OSS_UP]
+EXTRA_IMPLS = [UNFUSED, BF16_GATHER, BF16_GATHERED]
 RECIPES[UNFUSED] = "mxfp8_rceil_tile128"
 RECIPES[BF16_GATHER] = None
 RECIPES[BF16_GATHERED] = None
-RECIPES[GPT_OSS_UP] = "mxfp8_rceil_tile128"
 MODES = ["eager", "graph"]
 GPT_OSS_ALPHA, GPT_OSS_LIMIT = 1.702, 7.0  # transformers' GptOssExperts
 
@@ -479,18 +473,13 @@ class Case:
     def paths(self):
         """The layer's path choice for this impl's steps: UNFUSED turns the tile128 phases' epilogue
         fusions off while a step runs (forward and backward, also while a CUDA graph is captured),
-        BF16_GATHER / BF16_GATHERED all / none of the bf16 layer's gather GEMMs on, GPT_OSS_UP gpt-oss's
-        fused up projection on."""
+        BF16_GATHER / BF16_GATHERED all / none of the bf16 layer's gather GEMMs on."""
         if self.impl in (BF16_GATHER, BF16_GATHERED):
             from mxmoe.backends import BF16_GATHER_PIECES
             from mxmoe.backends.sm90 import Sm90Backend
 
             return _patched(Sm90Backend, bf16_gather_gemms=BF16_GATHER_PIECES if self.impl == BF16_GATHER
                             else frozenset())
-        if self.impl == GPT_OSS_UP:
-            from mxmoe.backends.phases import Tile128Phases
-
-            return _patched(Tile128Phases, gpt_oss_fused_up_on_gpu=True)
         if self.impl != UNFUSED:
             return contextlib.nullcontext()
         from mxmoe.backends.phases import Tile128Phases

@@ -208,8 +208,9 @@ def test_bf16_gather_gemm_same_bits_as_gathered_rows(monkeypatch, device, dtype,
     projection's epilogue as the unfused layer adds it: the same bits)."""
     from mxmoe.backends.sm90 import Sm90Backend
 
-    _bf16_gather_on(monkeypatch, device, mxmoe.backends.BF16_GATHER_PIECES if pieces == "all"
-                    else Sm90Backend.bf16_gather_gemms)
+    sm90 = Sm90Backend().bf16_gather_pieces(2048, 768)  # what Hopper takes at Qwen3-30B-A3B's shape
+    assert sm90 == {"up", "down_dgrad"} and not Sm90Backend().bf16_gather_pieces(7168, 2048)
+    _bf16_gather_on(monkeypatch, device, mxmoe.backends.BF16_GATHER_PIECES if pieces == "all" else sm90)
     T, H, I, E, k = 300, 256, 128, 6, 4
     inp, _ = _inputs(device, T=T, H=H, I=I, E=E, k=k, seed=31, dtype=dtype, bias=gpt_oss)
     kw = dict(activation="gpt_oss", layout="interleaved") if gpt_oss else {}
@@ -381,9 +382,6 @@ def test_tile128_swiglu_forward_same_bits_as_unfused(device, I, activation, layo
         pytest.skip("needs a Hopper GPU and the tile128 GEMMs")
     from mxmoe.backends.phases import Tile128Phases
 
-    if device == "cuda" and (layout == "interleaved" or bias):
-        # gpt-oss's kernel forms are off on the GPU until verified there: this run verifies them.
-        monkeypatch.setattr(Tile128Phases, "gpt_oss_fused_up_on_gpu", True)
     inp, dout = _inputs(device, T=150, H=256, I=I, E=6, k=3, seed=17, bias=bias)
     calls = []
     fused = Tile128Phases.fused_up_forward

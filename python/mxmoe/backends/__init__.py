@@ -67,11 +67,15 @@ class Backend:
     auto_priority: Optional[int] = None
     # Which GEMMs of the bf16 MoE layer (recipe=None) read their routed rows inside the GEMM on this
     # backend's device (BF16_GATHER_PIECES; mxmoe.moe.functional.Bf16 says what each is); the others
-    # gather the rows first and run torch._grouped_mm.
-    bf16_gather_gemms: FrozenSet[str] = frozenset()
+    # gather the rows first and run torch._grouped_mm. None: bf16_gather_pieces' shape heuristic.
+    bf16_gather_gemms: Optional[FrozenSet[str]] = frozenset()
 
     def auto_on(self, device: torch.device) -> bool:
         return False
+
+    def bf16_gather_pieces(self, hidden: int, intermediate: int) -> FrozenSet[str]:
+        """The bf16 layer's gather GEMMs for experts of this shape: bf16_gather_gemms when set."""
+        return self.bf16_gather_gemms or frozenset()
 
     def check_device(self, device: torch.device) -> None:
         return None

@@ -69,11 +69,6 @@ class Tile128Phases:
     def backward(src, bwd, a_q, a_s, offs, mode, need_da, need_dw, w_dtype):
         return ops.moe_tile128_backward(*src, *bwd, a_q, a_s, offs, mode, need_da, need_dw, BF16, w_dtype)
 
-    # gpt-oss's forms of the fused up projection (interleaved halves, the expert biases b13, I % 128 ==
-    # 64) on the GPU: the kernel's variant is tested on the host contract but not yet run on a GPU, so the
-    # layer keeps the unfused path there until a GPU run passes CudaGemmTile128.GatherSwiglu* (then True).
-    gpt_oss_fused_up_on_gpu = False
-
     @staticmethod
     def fused_up_takes(x: Tensor, w13_f, k: int, layout: int, has_b13: bool = False) -> bool:
         """Whether fused_up_forward runs this call: concatenated halves with I a multiple of 128, or
@@ -88,8 +83,6 @@ class Tile128Phases:
             return True  # the CPU composition takes every call
         if layout == 0 and has_b13:
             return False  # the kernel takes b13 with interleaved halves only
-        if layout != 0 and not Tile128Phases.gpt_oss_fused_up_on_gpu:
-            return False
         # int32 rows and indices, 32-bit byte offsets of x's rows, the group tables in shared memory.
         return H % 16 == 0 and 0 < E <= 2048 and E * two_i < 2**31 and T * H < 2**32 and T * k < 2**31
 

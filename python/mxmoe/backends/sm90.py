@@ -51,11 +51,18 @@ class Sm90Backend(Backend):
 
     name = "sm90"
     auto_priority = 10
-    # The bf16 layer's gather GEMMs that beat the path they replace (bench/bench_bf16_gather.py, Qwen3-30B-A3B
-    # at 16K tokens on the H100: the plain up projection 1.05x, the down-projection dgrad with dSwiGLU
-    # 1.22x). The up projection with SwiGLU in its epilogue (0.92x) and the K-grouped wgrads (0.66-0.76x)
-    # lose and stay off (docs/design/gemm-sm90.md).
-    bf16_gather_gemms = frozenset({"up", "down_dgrad"})
+    bf16_gather_gemms = None  # bf16_gather_pieces decides per shape
+
+    def bf16_gather_pieces(self, hidden: int, intermediate: int):
+        """The bf16 layer's gather GEMMs where they beat the path they replace, from bench_moe's
+        mxmoe_bf16 vs mxmoe_bf16_gathered (H100, 16K tokens, docs/design/gemm-sm90.md): at Qwen3-30B-A3B's
+        hidden 2048 the plain up projection and the dSwiGLU down-projection dgrad win (layer 1.05x at 16K
+        and 4K tokens); at hidden 2880-7168 (gpt-oss, Scout, Mixtral, DeepSeek-V3) the gather kernels
+        run at ~60% of cuBLAS's rate and the layer loses 1-13%. The SwiGLU epilogue and the K-grouped
+        wgrads lose everywhere measured."""
+        if self.bf16_gather_gemms is not None:
+            return self.bf16_gather_gemms
+        return frozenset({"up", "down_dgrad"}) if hidden <= 2048 else frozenset()
 
     def auto_on(self, device: torch.device) -> bool:
         return is_sm90(device)
