@@ -26,11 +26,13 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ (bench_meta)
+from bench_meta import commit_id  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))  # the source tree's mxmoe first (as bench_models.py)
@@ -96,13 +98,7 @@ def measure(name, ranks, device, reps, warmup):
 
 
 def _commit():
-    env = os.environ.get("MXMOE_COMMIT")
-    if env:
-        return env
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-    except Exception:
-        return "unknown"
+    return commit_id("unknown")
 
 
 def main(argv=None):

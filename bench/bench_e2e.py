@@ -22,11 +22,14 @@ import gc
 import json
 import os
 import statistics
-import subprocess
+import sys
 from dataclasses import asdict, dataclass
 from typing import Callable, List, Optional
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ (bench_meta)
+from bench_meta import commit_id  # noqa: E402
 
 SHAPES = {
     # name: list of (M, N, K, G, jagged)
@@ -141,12 +144,7 @@ def _peak_mib(fn: Callable[[], None]) -> float:
 
 
 def _env() -> dict:
-    commit = os.environ.get("MXMOE_COMMIT", "")  # set by the caller where the tree has no .git
-    if not commit:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        except OSError:
-            pass
+    commit = commit_id("")
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": commit,

@@ -33,6 +33,9 @@ import sys
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ (bench_meta)
+from bench_meta import commit_id  # noqa: E402
+
 RECIPE = "mxfp8_rceil_tile128"
 
 SHAPES = [  # name, M, N, K, G list, jagged (True: random sizes; "routed": a top-8 router's, each padded to 16)
@@ -510,13 +513,7 @@ def main():
                                  "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
     except OSError:
         clocks = "?"
-    commit = os.environ.get("MXMOE_COMMIT", "")
-    if not commit:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                    text=True).stdout.strip() or "?"
-        except OSError:
-            commit = "?"
+    commit = commit_id("?")
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     print(f"device {device} ({props.multi_processor_count} SMs), clocks sm,max,mem: {clocks}; torch {torch.__version__}; "
           f"commit {commit}; {date}")

@@ -52,6 +52,9 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ (bench_meta)
+from bench_meta import commit_id  # noqa: E402
+
 # name: (M, N, K, G)
 SHAPES: Dict[str, Tuple[int, int, int, int]] = {
     "fine_gate_up": (32768, 1536, 1024, 16),
@@ -89,13 +92,7 @@ def offsets(m: int, g: int, device) -> torch.Tensor:
 
 
 def env_info(device: torch.device) -> dict:
-    commit = os.environ.get("MXMOE_COMMIT", "")  # set by the caller where the tree has no .git
-    if not commit:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                    cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            pass
+    commit = commit_id("")
     clocks = ""
     if device.type == "cuda":
         try:

@@ -58,6 +58,8 @@ sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 
+from bench_meta import commit_id  # noqa: E402
+
 BASELINE = "bf16"
 DEFAULT_RECIPES = [BASELINE, "mxfp8_rceil_tile128", "mxfp8_rceil"]
 SPEED_TARGET, LOSS_TOL = 1.3, 0.01
@@ -180,7 +182,7 @@ def _save_partial(args, runs) -> None:
         speed = {"shape": args.shape_name, "model": args.shape, "seeds": args.seeds[:1],
                  "tokens_per_step": (args.batch_size or args.shape["batch_size"]) * args.shape["seq_len"],
                  "params_b": runs[0]["params"] / 1e9, "date": time.strftime("%Y-%m-%d"),
-                 "commit": os.environ.get("MXMOE_COMMIT", "?"), "torch": torch.__version__,
+                 "commit": commit_id("?"), "torch": torch.__version__,
                  "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
                  "data": SPEED_DATA} if getattr(args, "shape_name", None) and runs else {}
         with open(args.out + ".partial", "w") as f:
@@ -545,7 +547,7 @@ def main(argv=None) -> int:
         rep = run_speed(args)
         params = next((r["params"] for r in rep["runs"]), 0)
         rep.update({"shape": args.shape_name, "date": time.strftime("%Y-%m-%d"),
-                    "commit": os.environ.get("MXMOE_COMMIT", "?"),
+                    "commit": commit_id("?"),
                     "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
                     "torch": torch.__version__, "transformers": transformers.__version__, "model": args.shape,
                     "params_b": params / 1e9, "steps": args.steps, "timing_warmup": args.timing_warmup,
@@ -565,7 +567,7 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         rep = run(args)
         params = next((r["params"] for r in rep["runs"] if "params" in r), 0)
-        rep.update({"date": time.strftime("%Y-%m-%d"), "commit": os.environ.get("MXMOE_COMMIT", "?"),
+        rep.update({"date": time.strftime("%Y-%m-%d"), "commit": commit_id("?"),
                     "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
                     "torch": torch.__version__, "transformers": transformers.__version__, "model": args.shape,
                     "params_b": params / 1e9,

@@ -31,6 +31,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ (bench_meta)
+from bench_meta import commit_id  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 
@@ -38,13 +41,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "python"))
 def _meta(command: str) -> dict:
     import torch
 
-    commit = os.environ.get("MXMOE_COMMIT")
-    if not commit:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
-                                    text=True).stdout.strip() or "not recorded"
-        except OSError:
-            commit = "not recorded"
+    commit = commit_id()
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     return {"commit": commit, "date": time.strftime("%Y-%m-%d"), "gpu": gpu, "torch": torch.__version__,
             "command": command}

@@ -60,7 +60,8 @@ export PYTHONUNBUFFERED=1
 { nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader
   python3 -c 'import torch; print("torch", torch.__version__)'
   # The device's copy of the tree can carry the landed commit's git metadata: MXMOE_COMMIT names the tree.
-  echo "commit ${MXMOE_COMMIT:-unset} (git HEAD of this copy: $(git rev-parse --short HEAD 2>/dev/null))"; date -u; } \
+  echo "commit $(python3 bench/bench_meta.py) (MXMOE_COMMIT ${MXMOE_COMMIT:-unset}; +dirty: the tree is not its .git's HEAD)"
+  date -u; } \
   | tee "$OUT/device.txt"
 
 status=0

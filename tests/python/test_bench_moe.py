@@ -348,3 +348,32 @@ def test_merge_joins_runs_of_one_commit(tmp_path, capsys):
     json.dump(runs[1], open(paths[1], "w"))
     with pytest.raises(SystemExit, match="commit differ"):
         bench_moe.main(["--moe-merge", *paths, "--out", out])
+
+
+def test_commit_id_names_the_tree_that_ran(tmp_path, monkeypatch):
+    """bench_meta.commit_id: MXMOE_COMMIT first; else the source tree's HEAD, marked +dirty when tracked
+    files differ from it (a device copy carries another commit's .git under the tree being tested)."""
+    import importlib.util
+    import subprocess
+
+    spec = importlib.util.spec_from_file_location("bench_meta", BENCH_MOE.parent / "bench_meta.py")
+    meta = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(meta)
+    monkeypatch.setenv("MXMOE_COMMIT", "abc1234")
+    assert meta.commit_id() == "abc1234"
+    monkeypatch.delenv("MXMOE_COMMIT")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = lambda *a: subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a], cwd=repo,  # noqa: E731
+                                    check=True, capture_output=True, text=True).stdout.strip()
+    git("init", "-q")
+    (repo / "f.txt").write_text("a")
+    git("add", "f.txt")
+    git("commit", "-qm", "one")
+    head = git("rev-parse", "--short", "HEAD")
+    monkeypatch.setattr(meta, "HERE", str(repo))
+    assert meta.commit_id() == head
+    (repo / "f.txt").write_text("b")
+    assert meta.commit_id() == head + "+dirty"
+    monkeypatch.setattr(meta, "HERE", str(tmp_path))  # no repository there
+    assert meta.commit_id("none") == "none"
