@@ -482,12 +482,9 @@ def table(rep: dict) -> str:
 
 
 def _env(args) -> dict:
-    try:
-        from bench_host import env_info
+    from bench_host import env_info
 
-        return env_info()
-    except Exception as e:  # pragma: no cover - informational
-        return {"error": repr(e)}
+    return env_info(torch.device(args.device))
 
 
 def main(argv=None) -> int:

@@ -65,6 +65,7 @@ def test_speed_preset_three_recipes_eager_and_compiled(tmp_path):
     assert [(x["recipe"], x["mode"]) for x in rep["runs"]] == [(rc, m) for m in ("eager", "compiled") for rc in recipes]
     assert rep["shape"] == "qwen3-30b-a3b-tiny" and rep["model"]["head_dim"] == 32 and rep["model"]["vocab"] == 256
     assert rep["tokens_per_step"] == 2 * 32 and "no loss verdict" in rep["data"] and "--shape" in rep["command"]
+    assert rep["env"]["torch"] == rep["torch"] and "error" not in rep["env"], rep["env"]  # the host benchmark's env
     runs = {(x["recipe"], x["mode"]): x for x in rep["runs"]}
     for (rc, mode), x in runs.items():
         assert x["shape"] == rep["shape"] and x["tokens_per_step"] == 64 and x["tokens_per_s"] > 0 and x["step_ms"] > 0
