@@ -892,7 +892,8 @@ TEST(CudaGemm, Bf16GatherDSwigluMatchesTheContract) {
           volatile float dw = dy.get(r * I + j) * w_of(r);
           dyw.set(r * I + j, mxtest::from_bf16(mxtest::to_bf16(dw)));
         }
-      DevBuf dhf(hf), ddyw(dyw), dyf(Buffer({M, I}, MXMOE_DTYPE_F32), false), ddhf(Buffer({M, 2 * I}, MXMOE_DTYPE_F32), false);
+      DevBuf dhf(hf), ddyw(dyw), dyf(Buffer({M, I}, MXMOE_DTYPE_F32), false),
+          ddhf(Buffer({M, 2 * I}, MXMOE_DTYPE_F32), false);
       {
         auto vhf = dhf.view(), vdyw = ddyw.view(), vyf = dyf.view(), vdhf = ddhf.view();
         ASSERT_EQ(mxmoe_swiglu(&vhf, p.layout, p.alpha, p.limit, p.up_offset, &vyf, nullptr), MXMOE_OK)
@@ -908,7 +909,8 @@ TEST(CudaGemm, Bf16GatherDSwigluMatchesTheContract) {
       };
       const auto [want_dh, want_tw] = mxtest::bf16_dswiglu_expected(g, dy, h, act_grad, w_of, inter);
 
-      DevBuf drs(rs), dh_in(h), ddh(Buffer({M, 2 * I}, MXMOE_DTYPE_BF16), false), dtw(Buffer({M, ntw}, MXMOE_DTYPE_F32), false);
+      DevBuf drs(rs), dh_in(h), ddh(Buffer({M, 2 * I}, MXMOE_DTYPE_BF16), false),
+          dtw(Buffer({M, ntw}, MXMOE_DTYPE_F32), false);
       ddh.poison();
       dtw.poison();
       auto vrs = drs.view(), vh = dh_in.view(), vdh = ddh.view(), vtw = dtw.view();
@@ -924,7 +926,8 @@ TEST(CudaGemm, Bf16GatherDSwigluMatchesTheContract) {
       for (int64_t i = 0; i < got_tw.numel(); ++i)
         if (got_tw.data<uint32_t>()[i] != want_tw.data<uint32_t>()[i] && diff_tw++ == 0) first_tw = i;
       EXPECT_EQ(diff_dh, 0) << "dh, I=" << I << " variant=" << variant << " first at row "
-                            << (first_dh < 0 ? -1 : first_dh / (2 * I)) << " col " << (first_dh < 0 ? -1 : first_dh % (2 * I));
+                            << (first_dh < 0 ? -1 : first_dh / (2 * I)) << " col "
+                            << (first_dh < 0 ? -1 : first_dh % (2 * I));
       EXPECT_EQ(diff_tw, 0) << "tw_part, I=" << I << " variant=" << variant << " first at row "
                             << (first_tw < 0 ? -1 : first_tw / ntw) << " tile " << (first_tw < 0 ? -1 : first_tw % ntw)
                             << ": got " << (first_tw < 0 ? 0.f : got_tw.get(first_tw)) << " want "

@@ -508,7 +508,8 @@ TEST(Bf16GatherDSwiglu, HostMatchesTheContract) {
       const int64_t i = std::min<int64_t>(c.gather[r], c.T * c.fanout - 1);
       return i < 0 ? 0.f : rs.get(i);
     };
-    const auto [want_dh, want_tw] = mxtest::bf16_dswiglu_expected(c, mxtest::bf16_gather_expected(c), h, act_grad, w_of, inter);
+    const auto [want_dh, want_tw] =
+        mxtest::bf16_dswiglu_expected(c, mxtest::bf16_gather_expected(c), h, act_grad, w_of, inter);
     EXPECT_EQ(dh.bytes, want_dh.bytes) << "variant " << variant;
     EXPECT_EQ(tw.bytes, want_tw.bytes) << "variant " << variant;
   }

@@ -321,7 +321,8 @@ def test_cpu_smoke_keeps_the_committed_rows(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bench" / "results").mkdir(parents=True)
     assert bench_moe.main(["--device", "cpu", "--moe-configs", "tiny", "--moe-reps", "1", "--moe-warmup", "0",
-                           "--moe-modes", "eager", "--moe-impls", "mxmoe_tile128,mxmoe_tile128_unfused,mxmoe_bf16_gathered"]) == 0
+                           "--moe-modes", "eager", "--moe-impls",
+                           "mxmoe_tile128,mxmoe_tile128_unfused,mxmoe_bf16_gathered"]) == 0
     assert not (tmp_path / "bench" / "results" / "moe_layer.json").exists()
 
 

@@ -309,8 +309,8 @@ class Bf16(torch.autograd.Function):
                 if need_x:
                     dx = ops.moe_combine(dxs, inv, rs if score_before else None, x_dtype)
                 del dxs
-            if need_w13 and "wgrad" in gather and not score_before and _kgather_mm_takes(dh.shape[1], x_saved.shape[1],
-                                                                                    w13b.shape[0], x_saved, k):
+            if need_w13 and "wgrad" in gather and not score_before and _kgather_mm_takes(
+                    dh.shape[1], x_saved.shape[1], w13b.shape[0], x_saved, k):
                 # dW13 = dH^T dispatch(x), the rows of x read inside the GEMM
                 dw13 = _cast(ops.moe_kgather_mm_bf16(dh, _cast(x_saved, BF16), perm, k, True, offs), w13_dtype)
             elif need_w13:  # dispatch(x), as the forward built it
@@ -321,7 +321,8 @@ class Bf16(torch.autograd.Function):
         d_y = None
         # dO = [w *] gather(dout): dW2 = dO^T act(h) (act(h) recomputed), db2 from dO. Last: the up
         # projection's operands are freed by then (the peak was there with dW2 alive).
-        kgather_w2 = need_w2 and "wgrad" in gather and _kgather_mm_takes(w2b.shape[1], w2b.shape[2], w2b.shape[0], dout, k)
+        kgather_w2 = need_w2 and "wgrad" in gather and _kgather_mm_takes(w2b.shape[1], w2b.shape[2], w2b.shape[0],
+                                                                          dout, k)
         if kgather_w2:
             # dW2 = dispatch(dout)^T ([w *] act(h)): the weights on act(h)'s rows, dout's rows read in the GEMM
             y = ops.swiglu(h, *act_args)
