@@ -9,8 +9,14 @@
 # (nvidia_cutlass_dsl_libs_base is 74 MB, more than one call carries beside a build: 64 MiB a call.)
 # Parts may arrive in different calls: each is copied into /tmp/sonic-wheels, which survives between
 # calls while the machine stays warm (30 s after a call returns: chain the calls).
+# One call instead: `pack` installs the six wheels here into a tree laid out as the device's install
+# (pip --target for CPython 3.12, manylinux_2_28) and compresses it (xz -9e: the tree's stripped MLIR
+# libraries compress to ~55 MB against the wheels' 78 MB), .whl-sonic/one/sonic-tree.tar.xz plus its
+# SHA-256. Carried with a build packed without the test binary, it fits one call's 64 MiB; `install`
+# (and `auto`) extract it into /tmp/sonic when it is there.
 #
 #   bash scripts/sonic_wheels.sh prepare   # dev machine (network): download, split, lay out .whl-sonic/
+#   bash scripts/sonic_wheels.sh pack      # dev machine, after prepare: .whl-sonic/one/ (one call's carry)
 #   bash scripts/sonic_wheels.sh stage     # device: copy whatever .whl-sonic/ holds into /tmp/sonic-wheels
 #   bash scripts/sonic_wheels.sh install   # device: stage, then (all parts there) cat + pip --target /tmp/sonic
 #   bash scripts/sonic_wheels.sh status    # device: what is staged / installed
@@ -68,6 +74,23 @@ sonic_prepare() {  # dev machine with network; the device README's pip download 
   return $bad
 }
 
+SONIC_TREE=sonic-tree.tar.xz  # in $SONIC_WHEELS_SRC/one (sonic_pack)
+
+sonic_pack() {  # dev machine: the installed tree of all six wheels as one .tar.xz (needs .whl-sonic/1-3)
+  local tmp; tmp=$(mktemp -d) || return 1
+  SONIC_STAGE="$tmp/wheels" sonic_stage >/dev/null || { echo "sonic pack: run prepare first"; rm -rf "$tmp"; return 1; }
+  cat "$tmp/wheels/$SONIC_LIBS".part-* > "$tmp/wheels/$SONIC_LIBS" && rm "$tmp/wheels/$SONIC_LIBS".part-*
+  [[ "$(_sonic_sha "$tmp/wheels/$SONIC_LIBS")" == "$SONIC_LIBS_SHA" ]] || { echo "sonic pack: $SONIC_LIBS sha256"; return 1; }
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --only-binary=:all: --ignore-requires-python \
+    --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --target "$tmp/tree" \
+    "$tmp/wheels"/*.whl || { echo "sonic pack: pip install failed"; rm -rf "$tmp"; return 1; }
+  mkdir -p "$SONIC_WHEELS_SRC/one"
+  tar -C "$tmp/tree" -cf - . | xz -T0 -9e > "$SONIC_WHEELS_SRC/one/$SONIC_TREE" || return 1
+  (cd "$SONIC_WHEELS_SRC/one" && sha256sum "$SONIC_TREE" > "$SONIC_TREE.sha256")
+  rm -rf "$tmp"
+  ls -l "$SONIC_WHEELS_SRC/one"
+}
+
 sonic_stage() {  # copy (and check) whatever was carried into $SONIC_STAGE; report what is still missing
   mkdir -p "$SONIC_STAGE"
   local name sha sub f missing=() got=()
@@ -95,6 +118,16 @@ sonic_installed() { [[ -f "$SONIC_TARGET/.sonic-installed" && -d "$SONIC_TARGET/
 
 sonic_install() {
   if sonic_installed; then echo "sonic wheels: installed in $SONIC_TARGET"; return 0; fi
+  local tree="$SONIC_WHEELS_SRC/one/$SONIC_TREE"
+  if [[ -f "$tree" ]]; then  # sonic_pack's tree: one call's carry
+    if (cd "$SONIC_WHEELS_SRC/one" && sha256sum --quiet -c "$SONIC_TREE.sha256"); then
+      mkdir -p "$SONIC_TARGET" && tar -C "$SONIC_TARGET" -xJf "$tree" || { echo "sonic wheels: extract failed"; return 1; }
+      touch "$SONIC_TARGET/.sonic-installed"
+      echo "sonic wheels: installed in $SONIC_TARGET (from $SONIC_TREE)"
+      return 0
+    fi
+    echo "sonic wheels: $tree: sha256 mismatch (not used)"
+  fi
   sonic_stage || return 1
   local whl="$SONIC_STAGE/$SONIC_LIBS"
   if [[ "$(_sonic_sha "$whl")" != "$SONIC_LIBS_SHA" ]]; then
@@ -140,10 +173,11 @@ if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
   set -uo pipefail
   case "${1:-status}" in
     prepare) sonic_prepare ;;
+    pack) sonic_pack ;;
     stage) sonic_stage ;;
     install) sonic_install && sonic_status ;;
     status) sonic_status ;;
-    *) sed -n '2,25p' "$0"; exit 2 ;;
+    *) sed -n '2,32p' "$0"; exit 2 ;;
   esac
 else
   case "${1:-auto}" in

@@ -8,11 +8,13 @@
 # "--moe-configs qwen3-30b-a3b --moe-reps 20"); MXMOE_MOE_TIMEOUT (seconds, default 480: the device's
 # limit is 10 minutes a command; the benchmark itself stops starting new impls after --moe-budget-s 330).
 # SonicMoE (the sonic_bf16 rows, measured first in each config; BENCH.md's MoE-layer peer) runs where its
-# wheels were carried: `source scripts/sonic_wheels.sh auto` below stages the parts of .whl-sonic/ this
-# call carried into /tmp/sonic-wheels, installs them into /tmp/sonic once all are there (an earlier call
-# of the same warm machine may have staged the others) and puts /tmp/sonic and
-# /tmp/sonic/nvidia_cutlass_dsl/python_packages on PYTHONPATH; without them its rows say "sonic-moe not
-# importable". Its first call per config JIT-compiles (6-65 s, QuACK's default GEMM configs; cached in
+# wheels were carried: `source scripts/sonic_wheels.sh auto` below installs them into /tmp/sonic and puts
+# /tmp/sonic and /tmp/sonic/nvidia_cutlass_dsl/python_packages on PYTHONPATH; without them its rows say
+# "sonic-moe not importable". In one call: carry .whl-sonic/one (`bash scripts/sonic_wheels.sh pack`) and
+# the packed build's libraries alone (.carry/build/src: 62.7 MiB with the tree), run with
+# MXMOE_COMMIT=<the tree's commit> MXMOE_BUILD=$PWD/.carry/build. Else the wheel parts .whl-sonic/1-3
+# over calls of one warm machine: each call stages what it carried into /tmp/sonic-wheels, the last
+# installs. Its first call per config JIT-compiles (6-65 s, QuACK's default GEMM configs; cached in
 # /tmp while the machine stays warm), so split the configs over calls with MXMOE_MOE_ARGS.
 # SONIC_JIT_CACHE=DIR (opt-in, not yet tried on the device): CuTe DSL keeps SonicMoE's compiled kernels
 # in DIR (CUTE_DSL_CACHE_DIR, cutlass-dsl >= 4.3.2) and the step returns DIR as $OUT/sonic-jit-cache.tgz,
