@@ -138,6 +138,31 @@ def _same(a, b, what):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [BF16, torch.float32])
+def test_scale_rows_is_one_rounded_fp32_product(device, dtype):
+    """The routing weights on routed rows (functional._scale_rows, the gather kernel with an identity
+    index): rows[n] * rs.flat[perm[n]] computed in fp32 and rounded once to the rows' dtype (torch's
+    bf16 x fp32 product written to a bf16 tensor), 0 for padding rows (perm < 0), perm values past T*k
+    clamped; Inf and the zeros' signs kept."""
+    from mxmoe.moe.functional import _scale_rows
+
+    g = torch.Generator().manual_seed(5)
+    T, k, C = 37, 3, 48
+    rows = (torch.randn(T * k + 4, C, generator=g) * 3).to(dtype)
+    rows[2, 5], rows[3, 7], rows[4, 0] = float("inf"), -0.0, float("-inf")
+    rs = torch.rand(T, k, generator=g)
+    rs[1, 2] = -0.75
+    perm = torch.randperm(T * k, generator=g).to(torch.int32)
+    perm = torch.cat([perm, torch.tensor([-1, -5, T * k + 9, 4], dtype=torch.int32)])
+    got = _scale_rows(rows.to(device), perm.to(device), rs.to(device), k).cpu()
+    factor = torch.where(perm < 0, 0.0, rs.flatten()[perm.long().clamp(0, T * k - 1)]).view(-1, 1)
+    want = (rows.float() * factor).to(dtype)
+    assert got.dtype == dtype
+    assert torch.equal(got.view(torch.int16 if dtype == BF16 else torch.int32),
+                       want.view(torch.int16 if dtype == BF16 else torch.int32))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("recipe", [TILE, EXACT, "mxfp8_floor", "mxfp8_rceil_wgrad_with_hp"])
 def test_recipes_against_fp32(device, recipe):
     inp, dout = _inputs(device, bias=True)

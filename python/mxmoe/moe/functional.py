@@ -56,10 +56,13 @@ def _gather_src(x, perm, k, row_scale=None):
 
 
 def _scale_rows(rows: Tensor, perm: Tensor, rs: Tensor, k: int) -> Tensor:
-    """rows[n] * rs.flat[perm[n]] (0 for padding rows), one fp32 multiply rounded to rows' dtype: one
-    pass (bf16 x fp32 computes in fp32; out= rounds the product once), no fp32 copy of rows."""
+    """rows[n] * rs.flat[perm[n]] (0 for padding rows), one fp32 multiply rounded once to rows' dtype, in
+    one vectorized pass: the gather kernel over the rows themselves (identity index, k = 1) with each
+    row's factor as its row scale. (A broadcast bf16 x fp32 torch.mul, the same bits, took PyTorch's
+    unvectorized path: 834 us on gpt-oss-120b's 65536 x 2880 rows on the H100.)"""
     factor = ops.moe_gather(torch.ones(rs.shape[0], 1, dtype=F32, device=rs.device), perm, k, rs, F32)
-    return torch.mul(rows, factor, out=torch.empty_like(rows))
+    ident = torch.arange(rows.shape[0], dtype=torch.int32, device=rows.device)
+    return ops.moe_gather(rows, ident, 1, factor, rows.dtype)
 
 
 def _bias_weight_grad(dout: Tensor, topk_idx: Tensor, b2: Tensor) -> Tensor:
