@@ -61,8 +61,7 @@ def main() -> None:
 
     pieces = {bench_moe.BF16_GATHER: mxmoe.backends.BF16_GATHER_PIECES, bench_moe.BF16_GATHERED: frozenset()}
     mxmoe.backends.get_backend(mxmoe.backends.resolve_backend("auto", torch.device("cpu"))).bf16_gather_gemms = \
-        pieces.get(a.impl, Sm90Backend().bf16_gather_pieces(bench_moe.CONFIGS[a.config].hidden,
-                                                            bench_moe.CONFIGS[a.config].intermediate))
+        pieces.get(a.impl, Sm90Backend().bf16_gather_pieces(bench_moe.CONFIGS[a.config].hidden))
     cfg = bench_moe.CONFIGS[a.config]
     T, H, I, E, k = a.tokens, cfg.hidden, cfg.intermediate, cfg.experts, cfg.top_k
     activation, layout = ("gpt_oss", "interleaved") if cfg.gpt_oss else ("swiglu", "concatenated")

@@ -233,8 +233,8 @@ def test_bf16_gather_gemm_same_bits_as_gathered_rows(monkeypatch, device, dtype,
     projection's epilogue as the unfused layer adds it: the same bits)."""
     from mxmoe.backends.sm90 import Sm90Backend
 
-    sm90 = Sm90Backend().bf16_gather_pieces(2048, 768)  # what Hopper takes at Qwen3-30B-A3B's shape
-    assert sm90 == {"up", "down_dgrad"} and not Sm90Backend().bf16_gather_pieces(7168, 2048)
+    sm90 = Sm90Backend().bf16_gather_pieces(2048)  # what Hopper takes at Qwen3-30B-A3B's hidden size
+    assert sm90 == {"up", "down_dgrad"} and not Sm90Backend().bf16_gather_pieces(7168)
     _bf16_gather_on(monkeypatch, device, mxmoe.backends.BF16_GATHER_PIECES if pieces == "all" else sm90)
     T, H, I, E, k = 300, 256, 128, 6, 4
     inp, _ = _inputs(device, T=T, H=H, I=I, E=E, k=k, seed=31, dtype=dtype, bias=gpt_oss)

@@ -73,8 +73,8 @@ class Backend:
     def auto_on(self, device: torch.device) -> bool:
         return False
 
-    def bf16_gather_pieces(self, hidden: int, intermediate: int) -> FrozenSet[str]:
-        """The bf16 layer's gather GEMMs for experts of this shape: bf16_gather_gemms when set."""
+    def bf16_gather_pieces(self, hidden: int) -> FrozenSet[str]:
+        """The bf16 layer's gather GEMMs for experts on this hidden size: bf16_gather_gemms when set."""
         return self.bf16_gather_gemms or frozenset()
 
     def check_device(self, device: torch.device) -> None:

@@ -53,7 +53,7 @@ class Sm90Backend(Backend):
     auto_priority = 10
     bf16_gather_gemms = None  # bf16_gather_pieces decides per shape
 
-    def bf16_gather_pieces(self, hidden: int, intermediate: int):
+    def bf16_gather_pieces(self, hidden: int):
         """The bf16 layer's gather GEMMs where they beat the path they replace, from bench_moe's
         mxmoe_bf16 vs mxmoe_bf16_gathered (H100, 16K tokens, docs/design/gemm-sm90.md): at Qwen3-30B-A3B's
         hidden 2048 the plain up projection and the dSwiGLU down-projection dgrad win (layer 1.05x at 16K

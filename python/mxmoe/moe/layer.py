@@ -190,6 +190,6 @@ def moe_experts(
     args = (x.contiguous(), topk_idx.contiguous(), topk_weights.contiguous(), w13, w2, bias13, bias2)
     if r is None:
         gather = () if backend == "composed" else tuple(sorted(
-            get_backend(resolve_backend("auto", x.device)).bf16_gather_pieces(x.shape[1], w2.shape[-1])))
+            get_backend(resolve_backend("auto", x.device)).bf16_gather_pieces(x.shape[1])))
         return Bf16.apply(*args, 0, act, lay, w_up, score_before, gather)
     return FusedMX.apply(*args, r.mode, act, lay, phases, w_up, score_before)
