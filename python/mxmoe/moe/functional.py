@@ -202,11 +202,8 @@ def _gather_mm_takes(t: Tensor, w: Tensor, k: int, w_kn: bool) -> bool:
     """Whether ops.moe_gather_mm_bf16 runs rows of t (T, K) routed k ways times w on the GPU: the shape
     limits of mxmoe_grouped_mm_bf16_gather_available, decided in Python so torch.compile sees a plain
     branch (int32 rows and indices, 32-bit byte offsets of t's rows, the group table in shared memory;
-    w (E, K, N) read as it lies needs K and N multiples of 64). No tokens: the gathered path's empty ops
-    (the kernels' outputs would be empty tensors without data pointers)."""
+    w (E, K, N) read as it lies needs K and N multiples of 64). No tokens: the ops write nothing."""
     T, K = t.shape
-    if T == 0:
-        return False
     E, N = w.shape[0], w.shape[2] if w_kn else w.shape[1]
     if w_kn and (K % 64 != 0 or N % 64 != 0 or E * K >= 2**31):  # B's row coordinate g K + k0: int32
         return False

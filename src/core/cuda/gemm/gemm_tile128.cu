@@ -830,7 +830,7 @@ void grouped_mm_bf16_gather_swiglu(const Bf16GatherSwigluArgs& x) {
   DeviceGuard guard(x.g.a.device, what);
 #if defined(MXMOE_HAVE_CUTLASS)
   const auto stream = static_cast<cudaStream_t>(x.g.stream);
-  if (G == 0) {  // no group: every row is past the last one
+  if (G == 0 || M == 0) {  // no group: every row is past the last one; no rows: nothing to write
     if (M > 0) {
       cudaMemsetAsync(x.g.out.data, 0, static_cast<size_t>(M * N * 2), stream);
       cudaMemsetAsync(x.act.data, 0, static_cast<size_t>(M * N), stream);
@@ -876,7 +876,7 @@ void grouped_mm_bf16_gather_dswiglu(const Bf16GatherDSwigluArgs& x) {
   DeviceGuard guard(x.g.a.device, what);
 #if defined(MXMOE_HAVE_CUTLASS)
   const auto stream = static_cast<cudaStream_t>(x.g.stream);
-  if (G == 0) {  // no group: every row is past the last one
+  if (G == 0 || M == 0) {  // no group: every row is past the last one; no rows: nothing to write
     if (M > 0) {
       cudaMemsetAsync(x.dh.data, 0, static_cast<size_t>(M * 2 * I * 2), stream);
       cudaMemsetAsync(x.tw_part.data, 0, static_cast<size_t>(M * ((I + 127) / 128) * 4), stream);
@@ -922,6 +922,11 @@ void grouped_mm_bf16_kgather(const Bf16KGatherMMArgs& x) {
 #if defined(MXMOE_HAVE_CUTLASS)
   const auto stream = static_cast<cudaStream_t>(x.stream);
   if (G * M * N == 0) return;
+  if (R == 0) {  // no routed rows: every group's sum is empty
+    cudaMemsetAsync(x.out.data, 0, static_cast<size_t>(G * M * N * 2), stream);
+    check_launch(what);
+    return;
+  }
   gemm::GroupedKGatherRun r;
   r.rows = R;
   r.m = M;
