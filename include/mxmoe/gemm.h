@@ -92,12 +92,23 @@ MXMOE_API mxmoe_status mxmoe_check_offsets(const mxmoe_tensor* offs, int64_t m, 
  * Size queries: m, n, k, g as the call's shapes (forward/dgrad: A (m, k), out (m, n), g experts;
  * wgrad: m tokens, out (g, n, k)); device = the CUDA ordinal (-1: host, returns 0). They return -1
  * on error (message in mxmoe_last_error(); UNSUPPORTED cases included).
+ * mxmoe_grouped_mm_tile128_kgroups_workspace_size_for: the wgrad's workspace for these operands (the
+ *   call's arguments without workspace and stream, checked as the call checks them; offs' values are
+ *   not read): the bytes of the path they take, at most the shape-only size. The sm_90a K-grouped
+ *   kernel (16-byte aligned operands, the shapes its configuration takes) needs only its fp32 scales,
+ *   about 4 (N + K) (M / 128 + G) bytes; the staging copies are for the CUTLASS path.
  * Calls launch on `stream`, never synchronize the host and allocate nothing: CUDA-graph safe.
  */
 MXMOE_API int64_t mxmoe_grouped_mm_tile128_workspace_size(int64_t m, int64_t n, int64_t k, int64_t g,
                                                           int32_t device);
 MXMOE_API int64_t mxmoe_grouped_mm_tile128_kgroups_workspace_size(int64_t m, int64_t n, int64_t k,
                                                                   int64_t g, int32_t device);
+MXMOE_API int64_t mxmoe_grouped_mm_tile128_kgroups_workspace_size_for(const mxmoe_tensor* a,
+                                                                      const mxmoe_tensor* a_scale,
+                                                                      const mxmoe_tensor* b,
+                                                                      const mxmoe_tensor* b_scale,
+                                                                      const mxmoe_tensor* offs,
+                                                                      const mxmoe_tensor* out);
 
 MXMOE_API mxmoe_status mxmoe_grouped_mm_tile128(const mxmoe_tensor* a, const mxmoe_tensor* a_scale,
                                                 const mxmoe_tensor* b, const mxmoe_tensor* b_scale,

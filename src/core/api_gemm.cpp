@@ -277,6 +277,32 @@ int64_t mxmoe_grouped_mm_tile128_kgroups_workspace_size(int64_t m, int64_t n, in
   return workspace_size(CUDA_SIZE_FN(grouped_mm_tile128_kgroups_workspace_size), m, n, k, g, device);
 }
 
+int64_t mxmoe_grouped_mm_tile128_kgroups_workspace_size_for(const mxmoe_tensor* a_, const mxmoe_tensor* a_scale_,
+                                                            const mxmoe_tensor* b_, const mxmoe_tensor* b_scale_,
+                                                            const mxmoe_tensor* offs_, const mxmoe_tensor* out_) {
+  try {
+    clear_last_error();
+    // The call's own checks (mxmoe_grouped_mm_tile128_kgroups), then the path these operands take.
+    const GroupedMMKArgs args = api::check_grouped_mm_kgroups(a_, a_scale_, b_, b_scale_, offs_,
+                                                              const_cast<mxmoe_tensor*>(out_), nullptr);
+    if (args.a.device < 0) return 0;
+#if defined(MXMOE_WITH_CUDA)
+    const int64_t N = args.a.shape[0], M = args.a.shape[1], K = args.b.shape[0], G = args.offs.shape[0];
+    check_tma_operands(args, false);
+    if (K % 16 != 0) fail("b: expected K (dim 0) to be a multiple of 16 on CUDA, got ", K);
+    check_int32_dims({M, N, K, G, mxmoe_grouped_scale_capacity(M, G)}, "grouped_mm_tile128_kgroups");
+    return cuda::grouped_mm_tile128_kgroups_workspace_for(args);
+#else
+    fail_status(MXMOE_ERR_UNSUPPORTED, "a: a CUDA tensor, but this build has no CUDA kernels");
+#endif
+  } catch (const Error& e) {
+    set_last_error(e.what());
+  } catch (const std::exception& e) {
+    set_last_error(std::string("internal error: ") + e.what());
+  }
+  return -1;
+}
+
 mxmoe_status mxmoe_sm90_gemm_config(int32_t pass, int64_t m, int64_t n, int64_t k, int64_t g, mxmoe_dtype out_dtype,
                                     char* buf, size_t len) {
   MXMOE_API_BEGIN
@@ -335,7 +361,8 @@ mxmoe_status mxmoe_grouped_mm_tile128_kgroups(const mxmoe_tensor* a_, const mxmo
     if (K % 16 != 0) fail("b: expected K (dim 0) to be a multiple of 16 on CUDA, got ", K);
     check_int32_dims({M, N, K, G, mxmoe_grouped_scale_capacity(M, G)}, "grouped_mm_tile128_kgroups");
     void* ws = nullptr;
-    const int64_t need = cuda::grouped_mm_tile128_kgroups_workspace_size(M, N, K, G, args.a.device);
+    // At least what the path these operands take needs (the run checks it again for the path it takes).
+    const int64_t need = cuda::grouped_mm_tile128_kgroups_workspace_for(args);
     const int64_t ws_bytes = workspace_bytes(workspace_, args, need, &ws);
     cuda::grouped_mm_tile128_kgroups(args, ws, ws_bytes);
 #else

@@ -199,6 +199,9 @@ void clamp_offsets(const mxmoe_tensor& offs, int64_t m, const mxmoe_tensor& out,
 int64_t grouped_mm_tile128_workspace_size(int64_t m, int64_t n, int64_t k, int64_t g, int32_t device);
 int64_t grouped_mm_tile128_kgroups_workspace_size(int64_t m, int64_t n, int64_t k, int64_t g,
                                                   int32_t device);
+// The bytes grouped_mm_tile128_kgroups needs for these operands: the path they take (the own kernel's
+// prepared scales, or CUTLASS's staging as the shape-only size), at most that size.
+int64_t grouped_mm_tile128_kgroups_workspace_for(const GroupedMMKArgs& args);
 void grouped_mm_tile128(const GroupedMMArgs& args, void* workspace, int64_t workspace_bytes);
 void grouped_mm_tile128_kgroups(const GroupedMMKArgs& args, void* workspace, int64_t workspace_bytes);
 // The gather variant of the sm_90a kernel (no CUTLASS path): whether it takes a call of this shape on

@@ -192,11 +192,13 @@ void tile128_gather_mm_into(const Tensor& a, const Tensor& a_scale, const Tensor
 
 void tile128_mm_kgroups_into(const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale,
                              const Tensor& offs, Tensor& out, const Launch& L, const char* op) {
-  Tensor ws = tile128_workspace(mxmoe_grouped_mm_tile128_kgroups_workspace_size, dim_or0(a, 1), dim_or0(a, 0),
-                                dim_or0(b, 0), dim_or0(offs, 0), L.device, op);
   mxmoe_tensor av = view(a, "a", op), asv = view(a_scale, "a_scale", op), bv = view(b, "b", op),
-               bsv = view(b_scale, "b_scale", op), ov = view(offs, "offs", op), outv = view(out, "out", op),
-               wsv = view(ws, "workspace", op);
+               bsv = view(b_scale, "b_scale", op), ov = view(offs, "offs", op), outv = view(out, "out", op);
+  // Sized for the path these operands take: the own kernel's scales, not CUTLASS's staging copies.
+  const int64_t bytes = mxmoe_grouped_mm_tile128_kgroups_workspace_size_for(&av, &asv, &bv, &bsv, &ov, &outv);
+  if (bytes < 0) fail(op, MXMOE_ERR_UNSUPPORTED, mxmoe_last_error());
+  Tensor ws = empty({cdiv(bytes, 4)}, ScalarType::Int, L.device);
+  mxmoe_tensor wsv = view(ws, "workspace", op);
   check(mxmoe_grouped_mm_tile128_kgroups(&av, &asv, &bv, &bsv, &ov, &outv, &wsv, L.stream), op);
 }
 

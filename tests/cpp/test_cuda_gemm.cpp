@@ -341,6 +341,21 @@ void run_kg_case(const KgCase& c, uint32_t seed, bool* unsupported) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   Buffer got = dout.download();
   ASSERT_EQ(count_nonfinite(got), 0) << describe(c);
+  {
+    // The operand-based query: at most the shape-only size, and enough: the same path, the same bits.
+    const int64_t need_for = mxmoe_grouped_mm_tile128_kgroups_workspace_size_for(&va, &vas, &vb, &vbs, &vo, &vout);
+    ASSERT_GE(need_for, 0) << mxmoe_last_error();
+    EXPECT_LE(need_for, need) << describe(c);
+    DevBuf dout2(Buffer({G, c.n, c.k}, c.out), false);
+    dout2.poison();
+    Workspace ws2(std::max<int64_t>(need_for, 1));
+    auto vout2 = dout2.view(), vws2 = ws2.view();
+    vws2.shape[0] = need_for;  // exactly the queried bytes
+    ASSERT_EQ(mxmoe_grouped_mm_tile128_kgroups(&va, &vas, &vb, &vbs, &vo, &vout2, &vws2, nullptr), MXMOE_OK)
+        << mxmoe_last_error() << " " << describe(c);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_TRUE(dout2.download().bytes == got.bytes) << "workspace_size_for's size: " << describe(c);
+  }
   for (int64_t g = 0; g < G; ++g) {
     if (c.sizes[g] != 0) continue;
     for (int64_t i = 0; i < c.n * c.k; ++i) ASSERT_EQ(got.get(g * c.n * c.k + i), 0.0f) << "empty group " << g;

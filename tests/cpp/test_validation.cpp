@@ -455,6 +455,29 @@ TEST(Validation, GroupedMMTile128KGroups) {
   expect_all_rejected<KGemmFixT<true>>(kgemm_cases<KGemmFixT<true>>());
 }
 
+// The wgrad's workspace query for given operands checks them as the call does: host operands need no
+// workspace (0); each case the call rejects gives -1 with a message naming the same argument.
+TEST(Validation, GroupedMMTile128KGroupsWorkspaceFor) {
+  using F = KGemmFixT<true>;
+  auto query = [](F& f) {
+    return mxmoe_grouped_mm_tile128_kgroups_workspace_size_for(f.pa, f.pas, f.pb, f.pbs, f.poffs, f.pout);
+  };
+  {
+    F ok;
+    EXPECT_EQ(query(ok), 0) << mxmoe_last_error();
+  }
+  for (const auto& c : kgemm_cases<F>()) {
+    SCOPED_TRACE(c.what);
+    const std::string arg = mxmoe_has_cuda() && c.cuda_arg ? *c.cuda_arg : c.arg;
+    if (arg.empty()) continue;
+    F f;
+    c.mutate(f);
+    EXPECT_EQ(query(f), -1);
+    const std::string msg = mxmoe_last_error();
+    EXPECT_NE(msg.find(arg), std::string::npos) << msg;
+  }
+}
+
 TEST(Validation, CheckOffsets) {
   using F = CheckOffsetsFix;
   expect_all_rejected<F>({

@@ -1018,6 +1018,16 @@ void op_gemm_kgroups(FuzzedDataProvider& fdp, bool tile128) {
   void* stream = c.stream();
   if (!c.prepare()) return;
   c.verbose_dump();
+  if (tile128) {
+    // The workspace query for these operands reads the call's arguments (no workspace, no stream):
+    // a size, 0 for host operands, or -1 with a message; it writes nothing (the call's checks follow).
+    g_op = "mxmoe_grouped_mm_tile128_kgroups_workspace_size_for";
+    const int64_t need = mxmoe_grouped_mm_tile128_kgroups_workspace_size_for(
+        Call::ptr(a), Call::ptr(as), Call::ptr(b), Call::ptr(bs), Call::ptr(offs), Call::ptr(out));
+    FUZZ_CHECK(need >= -1, "workspace size below -1", std::to_string(need));
+    if (need == -1) FUZZ_CHECK(mxmoe_last_error()[0] != '\0', "workspace size -1 with an empty message", "");
+    g_op = "mxmoe_grouped_mm_tile128_kgroups";
+  }
   if (tile128)
     c.check(mxmoe_grouped_mm_tile128_kgroups(Call::ptr(a), Call::ptr(as), Call::ptr(b), Call::ptr(bs),
                                              Call::ptr(offs), Call::ptr(out), Call::ptr(*ws), stream));

@@ -609,17 +609,63 @@ void grouped_mm_tile128(const GroupedMMArgs& a, void* workspace, int64_t workspa
 #endif
 }
 
+#if defined(MXMOE_HAVE_CUTLASS)
+namespace {
+// The own K-grouped kernel's call from the validated arguments (no workspace yet).
+gemm::GroupedKRun own_kgroups_run(const GroupedMMKArgs& a, int sm_count) {
+  gemm::GroupedKRun r;
+  r.m = a.a.shape[1];
+  r.n = a.a.shape[0];
+  r.k = a.b.shape[0];
+  r.groups = static_cast<int>(a.offs.shape[0]);
+  r.a = static_cast<const uint8_t*>(a.a.data);
+  r.lda = a.a.strides[0];
+  r.a_scale = static_cast<const uint8_t*>(a.a_scale.data);
+  r.as_s0 = a.a_scale.strides[0];
+  r.b = static_cast<const uint8_t*>(a.b.data);
+  r.ldb = a.b.strides[0];
+  r.b_scale = static_cast<const uint8_t*>(a.b_scale.data);
+  r.bs_s0 = a.b_scale.strides[0];
+  r.offs = static_cast<const int32_t*>(a.offs.data);
+  r.offs_s = a.offs.strides[0];
+  r.out = a.out.data;
+  r.out_bf16 = a.out.dtype == MXMOE_DTYPE_BF16;
+  r.sm_count = sm_count;
+  r.device = a.a.device;
+  r.stream = static_cast<cudaStream_t>(a.stream);
+  return r;
+}
+}  // namespace
+#endif
+
+// The CUTLASS path reserves staging copies of both operands (about their size) for groups it cannot
+// read in place; the own kernel needs only its prepared scales. Sized for the path these operands
+// take, the workspace is the scales' bytes where the own kernel runs (the MoE layer's wgrads): at
+// Qwen3-30B-A3B 16K that is 16 MiB instead of 478 MiB at the layer's peak.
+int64_t grouped_mm_tile128_kgroups_workspace_for(const GroupedMMKArgs& a) {
+  const char* what = "grouped_mm_tile128_kgroups";
+  const int64_t N = a.a.shape[0], M = a.a.shape[1], K = a.b.shape[0];
+  const int G = static_cast<int>(a.offs.shape[0]);
+  const DeviceProps props = require_hopper(a.a.device, what);
+  DeviceGuard guard(a.a.device, what);
+#if defined(MXMOE_HAVE_CUTLASS)
+  const gemm::Sm90GemmConfig cfg =
+      gemm::select_sm90_config(gemm::Sm90Pass::kGroupedK, M, N, K, G, a.out.dtype == MXMOE_DTYPE_BF16);
+  if (cfg.impl == gemm::Sm90Impl::kOwn && G > 0 && N > 0 && K > 0 &&
+      gemm::sm90_grouped_k_takes(own_kgroups_run(a, props.sm_count), cfg))
+    return gemm::sm90_grouped_k_workspace_size(M, N, K, G);
+#endif
+  return kg_layout(nullptr, M, N, K, G, props.sm_count).bytes;
+}
+
 void grouped_mm_tile128_kgroups(const GroupedMMKArgs& a, void* workspace, int64_t workspace_bytes) {
   const char* what = "grouped_mm_tile128_kgroups";
   const int64_t N = a.a.shape[0], M = a.a.shape[1], K = a.b.shape[0];
   const int G = static_cast<int>(a.offs.shape[0]);
   const DeviceProps props = require_hopper(a.a.device, what);
   DeviceGuard guard(a.a.device, what);
-  const KgLayout l = kg_layout(workspace, M, N, K, G, props.sm_count);
-  check_workspace(workspace_bytes, l.bytes, what);
   auto stream = static_cast<cudaStream_t>(a.stream);
   const int elem = a.out.dtype == MXMOE_DTYPE_BF16 ? 2 : 4;
-  if (G == 0 || N == 0 || K == 0) return;
   const auto* A = static_cast<const uint8_t*>(a.a.data);
   const auto* B = static_cast<const uint8_t*>(a.b.data);
   // The launch's configuration (sm90/sm90_config.hpp): the own sm_90a K-grouped kernel (sm90/: one
@@ -627,30 +673,11 @@ void grouped_mm_tile128_kgroups(const GroupedMMKArgs& a, void* workspace, int64_
   gemm::Sm90GemmConfig cfg =
       gemm::select_sm90_config(gemm::Sm90Pass::kGroupedK, M, N, K, G, a.out.dtype == MXMOE_DTYPE_BF16);
 #if defined(MXMOE_HAVE_CUTLASS)
-  if (cfg.impl == gemm::Sm90Impl::kOwn) {
-    gemm::GroupedKRun r;
-    r.m = M;
-    r.n = N;
-    r.k = K;
-    r.groups = G;
-    r.a = A;
-    r.lda = a.a.strides[0];
-    r.a_scale = static_cast<const uint8_t*>(a.a_scale.data);
-    r.as_s0 = a.a_scale.strides[0];
-    r.b = B;
-    r.ldb = a.b.strides[0];
-    r.b_scale = static_cast<const uint8_t*>(a.b_scale.data);
-    r.bs_s0 = a.b_scale.strides[0];
-    r.offs = static_cast<const int32_t*>(a.offs.data);
-    r.offs_s = a.offs.strides[0];
-    r.out = a.out.data;
-    r.out_bf16 = a.out.dtype == MXMOE_DTYPE_BF16;
-    r.sm_count = props.sm_count;
-    r.device = a.a.device;
-    r.stream = stream;
-    Carver own(workspace);
+  if (cfg.impl == gemm::Sm90Impl::kOwn && G > 0 && N > 0 && K > 0) {
+    gemm::GroupedKRun r = own_kgroups_run(a, props.sm_count);
     r.workspace_bytes = gemm::sm90_grouped_k_workspace_size(M, N, K, G);
-    r.workspace = own.take<char>(r.workspace_bytes);
+    check_workspace(workspace_bytes, r.workspace_bytes, what);
+    r.workspace = workspace;
     if (gemm::sm90_grouped_k(r, cfg)) {
       gemm::note_config(cfg);
       return;
@@ -662,6 +689,10 @@ void grouped_mm_tile128_kgroups(const GroupedMMKArgs& a, void* workspace, int64_
     cfg.declined = true;
   }
 #endif
+  // CUTLASS (or no work): the workspace with the staging copies.
+  const KgLayout l = kg_layout(workspace, M, N, K, G, props.sm_count);
+  check_workspace(workspace_bytes, l.bytes, what);
+  if (G == 0 || N == 0 || K == 0) return;
   gemm::note_config(cfg);
   // Groups are read in place when TMA can address them: 16-byte aligned base and row stride, and a
   // first token at a multiple of 16. Otherwise their columns are staged (one extra read + write of

@@ -43,13 +43,16 @@ void fill_shared(P& p, const GroupedKRun& r, const Scratch& ws) {
   p.sf_b = ws.sf_b;
 }
 
+// check_only: whether the instantiation's shared memory fits (its group tables grow with G), nothing
+// launched.
 template <class K>
-bool launch(const GroupedKRun& r) {
+bool launch(const GroupedKRun& r, bool check_only) {
   void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const sm90::GroupedKParams) =
       sm90::grouped_k_kernel<K>;
   const int limit = sm90_prepare_smem(reinterpret_cast<const void*>(kernel), r.device);
   const size_t smem = K::smem_bytes(r.groups);
   if (smem > static_cast<size_t>(limit)) return false;
+  if (check_only) return true;
   const CUtensorMap ma = kmajor_map(r.a, r.m, r.n, r.lda, K::kBlockM);
   const CUtensorMap mb = kmajor_map(r.b, r.m, r.k, r.ldb, K::kBlockN / 2);  // B boxes in two halves
   // The output as (G N, K) rows: a warpgroup's 64 rows of a tile are stored by TMA when all are < N.
@@ -100,17 +103,17 @@ static_assert(sm90::GroupedK<1, float>::kScaleFloats == kGroupedKScaleFloats,
 
 // The instantiation of config c (sm90_config.hpp): cluster and producer.
 template <class Out>
-bool dispatch(const GroupedKRun& r, const Sm90GemmConfig& c) {
+bool dispatch(const GroupedKRun& r, const Sm90GemmConfig& c, bool check_only) {
   constexpr int S = grouped_k_stages(static_cast<int>(sizeof(Out)));
   const bool pairs = c.cluster == 2;
   if (c.warp_producer)
-    return pairs ? launch<sm90::GroupedK<S, Out, 2, true>>(r) : launch<sm90::GroupedK<S, Out, 1, true>>(r);
-  return pairs ? launch<sm90::GroupedK<S, Out, 2>>(r) : launch<sm90::GroupedK<S, Out, 1>>(r);
+    return pairs ? launch<sm90::GroupedK<S, Out, 2, true>>(r, check_only)
+                 : launch<sm90::GroupedK<S, Out, 1, true>>(r, check_only);
+  return pairs ? launch<sm90::GroupedK<S, Out, 2>>(r, check_only) : launch<sm90::GroupedK<S, Out, 1>>(r, check_only);
 }
 
-}  // namespace
-
-bool sm90_grouped_k(const GroupedKRun& r, const Sm90GemmConfig& c) {
+// What the kernel takes apart from its workspace.
+bool operands_ok(const GroupedKRun& r, const Sm90GemmConfig& c) {
   // TMA: 16-byte aligned bases and row strides; int32 shapes and tile counts; 16-byte output chunks.
   if (r.m <= 0 || r.n <= 0 || r.k <= 0 || r.groups <= 0 || r.k % 8 != 0) return false;
   if (reinterpret_cast<uintptr_t>(r.a) % 16 != 0 || reinterpret_cast<uintptr_t>(r.b) % 16 != 0) return false;
@@ -119,11 +122,21 @@ bool sm90_grouped_k(const GroupedKRun& r, const Sm90GemmConfig& c) {
   if (r.m >= (int64_t{1} << 31) || r.n >= (int64_t{1} << 31) || r.k >= (int64_t{1} << 31)) return false;
   if (r.groups * ((r.n + 127) / 128 * ((r.k + 127) / 128) + 1) >= (int64_t{1} << 31)) return false;
   if (r.groups * r.n >= (int64_t{1} << 31)) return false;  // the output's TMA row coordinate
-  // The prepared scales: a workspace of the size query's bytes, 16-byte aligned (bulk copies); grid.y = G.
-  if (r.groups > 65535 || reinterpret_cast<uintptr_t>(r.workspace) % 16 != 0 ||
+  if (r.groups > 65535) return false;  // the scale preparation's grid.y
+  return r.out_bf16 ? dispatch<__nv_bfloat16>(r, c, true) : dispatch<float>(r, c, true);
+}
+
+}  // namespace
+
+bool sm90_grouped_k_takes(const GroupedKRun& r, const Sm90GemmConfig& c) { return operands_ok(r, c); }
+
+bool sm90_grouped_k(const GroupedKRun& r, const Sm90GemmConfig& c) {
+  if (!operands_ok(r, c)) return false;
+  // The prepared scales: a workspace of the size query's bytes, 16-byte aligned (bulk copies).
+  if (reinterpret_cast<uintptr_t>(r.workspace) % 16 != 0 ||
       r.workspace_bytes < sm90_grouped_k_workspace_size(r.m, r.n, r.k, r.groups))
     return false;
-  return r.out_bf16 ? dispatch<__nv_bfloat16>(r, c) : dispatch<float>(r, c);
+  return r.out_bf16 ? dispatch<__nv_bfloat16>(r, c, false) : dispatch<float>(r, c, false);
 }
 
 int64_t sm90_grouped_k_workspace_size(int64_t m, int64_t n, int64_t k, int64_t groups) {

@@ -45,6 +45,10 @@ struct GroupedKRun {
 // 8, too many groups for the shared tables, a workspace too small); the caller then runs CUTLASS.
 bool sm90_grouped_k(const GroupedKRun& r, const Sm90GemmConfig& c);
 
+// Whether sm90_grouped_k takes r under config c, given a large enough workspace (r.workspace is not
+// read): the same checks, nothing launched. The workspace size query for given operands uses it.
+bool sm90_grouped_k_takes(const GroupedKRun& r, const Sm90GemmConfig& c);
+
 // The scratch the own kernel needs: each k-block's scales as fp32, in the order the producer loads
 // them (sm90::GroupedKScales).
 int64_t sm90_grouped_k_workspace_size(int64_t m, int64_t n, int64_t k, int64_t groups);
