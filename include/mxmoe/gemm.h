@@ -94,9 +94,16 @@ MXMOE_API mxmoe_status mxmoe_check_offsets(const mxmoe_tensor* offs, int64_t m, 
  * on error (message in mxmoe_last_error(); UNSUPPORTED cases included).
  * mxmoe_grouped_mm_tile128_kgroups_workspace_size_for: the wgrad's workspace for these operands (the
  *   call's arguments without workspace and stream, checked as the call checks them; offs' values are
- *   not read): the bytes of the path they take, at most the shape-only size. The sm_90a K-grouped
- *   kernel (16-byte aligned operands, the shapes its configuration takes) needs only its fp32 scales,
- *   about 4 (N + K) (M / 128 + G) bytes; the staging copies are for the CUTLASS path.
+ *   not read) and in_place (0: mxmoe_grouped_mm_tile128_kgroups, 1: its _in_place form): the bytes of
+ *   the path they take, at most the shape-only size. The sm_90a K-grouped kernel (16-byte aligned
+ *   operands, the shapes its configuration takes) needs only its fp32 scales, about
+ *   4 (N + K) (M / 128 + G) bytes; the staging copies are for the CUTLASS path, and in place it has none.
+ * mxmoe_grouped_mm_tile128_kgroups_in_place: the wgrad for a caller whose every group starts at a
+ *   multiple of 16 tokens (the MoE layer's routing, padded per expert): nothing is staged, so its
+ *   workspace holds no copies of the operands. M must be a multiple of 16 and a, b 16-byte aligned
+ *   (else INVALID_ARGUMENT). offs stays on the device, so a group that starts elsewhere is found
+ *   there: where CUTLASS runs, its output out[g] is written as NaN, never a wrong finite value (the
+ *   sm_90a K-grouped kernel reads such groups correctly). On the host, the same as the staged call.
  * Calls launch on `stream`, never synchronize the host and allocate nothing: CUDA-graph safe.
  */
 MXMOE_API int64_t mxmoe_grouped_mm_tile128_workspace_size(int64_t m, int64_t n, int64_t k, int64_t g,
@@ -108,7 +115,8 @@ MXMOE_API int64_t mxmoe_grouped_mm_tile128_kgroups_workspace_size_for(const mxmo
                                                                       const mxmoe_tensor* b,
                                                                       const mxmoe_tensor* b_scale,
                                                                       const mxmoe_tensor* offs,
-                                                                      const mxmoe_tensor* out);
+                                                                      const mxmoe_tensor* out,
+                                                                      int32_t in_place);
 
 MXMOE_API mxmoe_status mxmoe_grouped_mm_tile128(const mxmoe_tensor* a, const mxmoe_tensor* a_scale,
                                                 const mxmoe_tensor* b, const mxmoe_tensor* b_scale,
@@ -122,6 +130,12 @@ MXMOE_API mxmoe_status mxmoe_grouped_mm_tile128_kgroups(const mxmoe_tensor* a,
                                                         const mxmoe_tensor* b_scale,
                                                         const mxmoe_tensor* offs, mxmoe_tensor* out,
                                                         const mxmoe_tensor* workspace, void* stream);
+MXMOE_API mxmoe_status mxmoe_grouped_mm_tile128_kgroups_in_place(const mxmoe_tensor* a,
+                                                                 const mxmoe_tensor* a_scale,
+                                                                 const mxmoe_tensor* b,
+                                                                 const mxmoe_tensor* b_scale,
+                                                                 const mxmoe_tensor* offs, mxmoe_tensor* out,
+                                                                 const mxmoe_tensor* workspace, void* stream);
 
 /* The configuration a tile128 call of this shape gets on Hopper (kernel, tile, stages, producer,
  * cluster, scheduler; the environment's overrides applied), as the one-line text that

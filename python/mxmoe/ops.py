@@ -44,6 +44,9 @@ Ops (schemas in src/ops/library.cpp):
   moe_tile128_swiglu_forward / moe_tile128_dswiglu_backward
       the tile128 layer's up projection with SwiGLU in its epilogue (then GEMM2), and its
       down-projection dgrad with dSwiGLU in its epilogue (then the up projection's dgrad / wgrad)
+      (moe_tile128_backward and moe_tile128_dswiglu_backward take the layer's aligned routing,
+      phases.align_routing: their wgrads read every token group in place; on a GPU, where CUTLASS runs
+      the wgrad, a group starting off a multiple of 16 rows gets NaN weight grads)
   moe_routing(topk_idx, num_experts) -> (offs (E,), perm (T*k,), inv (T, k)) int32: stable expert order
       of the router's choices (ids outside [0, E) dropped to the end); no host sync
   moe_gather(x, perm, k, row_scale?, out_dtype) -> x[perm // k] (* row_scale.flat[perm]) (T*k, H)

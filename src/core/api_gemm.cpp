@@ -40,6 +40,16 @@ template <typename Args>
   }
 }
 
+// The tile128 wgrad's device operands: a, b are staged when they cannot be read in place, except in
+// the in-place form, which needs them readable as they lie (16-byte aligned, whole 16-token runs).
+[[maybe_unused]] void check_kgroups_operands(const GroupedMMKArgs& x, bool in_place) {
+  check_tma_operands(x, in_place);
+  const int64_t M = x.a.shape[1], K = x.b.shape[0];
+  if (K % 16 != 0) fail("b: expected K (dim 0) to be a multiple of 16 on CUDA, got ", K);
+  if (in_place && M % 16 != 0)
+    fail("a: in place: expected the token count (dim 1) to be a multiple of 16 on CUDA, got ", M);
+}
+
 [[maybe_unused]] void check_int32_dims(std::initializer_list<int64_t> dims, const char* what) {
   for (int64_t d : dims)
     if (d > std::numeric_limits<int32_t>::max())
@@ -279,19 +289,20 @@ int64_t mxmoe_grouped_mm_tile128_kgroups_workspace_size(int64_t m, int64_t n, in
 
 int64_t mxmoe_grouped_mm_tile128_kgroups_workspace_size_for(const mxmoe_tensor* a_, const mxmoe_tensor* a_scale_,
                                                             const mxmoe_tensor* b_, const mxmoe_tensor* b_scale_,
-                                                            const mxmoe_tensor* offs_, const mxmoe_tensor* out_) {
+                                                            const mxmoe_tensor* offs_, const mxmoe_tensor* out_,
+                                                            int32_t in_place) {
   try {
     clear_last_error();
+    if (in_place != 0 && in_place != 1) fail("in_place: expected 0 or 1, got ", in_place);
     // The call's own checks (mxmoe_grouped_mm_tile128_kgroups), then the path these operands take.
     const GroupedMMKArgs args = api::check_grouped_mm_kgroups(a_, a_scale_, b_, b_scale_, offs_,
                                                               const_cast<mxmoe_tensor*>(out_), nullptr);
     if (args.a.device < 0) return 0;
 #if defined(MXMOE_WITH_CUDA)
     const int64_t N = args.a.shape[0], M = args.a.shape[1], K = args.b.shape[0], G = args.offs.shape[0];
-    check_tma_operands(args, false);
-    if (K % 16 != 0) fail("b: expected K (dim 0) to be a multiple of 16 on CUDA, got ", K);
+    check_kgroups_operands(args, in_place == 1);
     check_int32_dims({M, N, K, G, mxmoe_grouped_scale_capacity(M, G)}, "grouped_mm_tile128_kgroups");
-    return cuda::grouped_mm_tile128_kgroups_workspace_for(args);
+    return cuda::grouped_mm_tile128_kgroups_workspace_for(args, in_place == 1);
 #else
     fail_status(MXMOE_ERR_UNSUPPORTED, "a: a CUDA tensor, but this build has no CUDA kernels");
 #endif
@@ -348,29 +359,46 @@ mxmoe_status mxmoe_grouped_mm_tile128(const mxmoe_tensor* a_, const mxmoe_tensor
   MXMOE_API_END
 }
 
+namespace {
+// mxmoe_grouped_mm_tile128_kgroups and its in-place form.
+void tile128_kgroups(const mxmoe_tensor* a_, const mxmoe_tensor* a_scale_, const mxmoe_tensor* b_,
+                     const mxmoe_tensor* b_scale_, const mxmoe_tensor* offs_, mxmoe_tensor* out_,
+                     const mxmoe_tensor* workspace_, void* stream, bool in_place) {
+  const GroupedMMKArgs args = api::check_grouped_mm_kgroups(a_, a_scale_, b_, b_scale_, offs_, out_, stream);
+  if (args.a.device >= 0) {
+#if defined(MXMOE_WITH_CUDA)
+    const int64_t N = args.a.shape[0], M = args.a.shape[1], K = args.b.shape[0], G = args.offs.shape[0];
+    check_kgroups_operands(args, in_place);
+    check_int32_dims({M, N, K, G, mxmoe_grouped_scale_capacity(M, G)}, "grouped_mm_tile128_kgroups");
+    void* ws = nullptr;
+    // At least what the path these operands take needs (the run checks it again for the path it takes).
+    const int64_t need = cuda::grouped_mm_tile128_kgroups_workspace_for(args, in_place);
+    const int64_t ws_bytes = workspace_bytes(workspace_, args, need, &ws);
+    cuda::grouped_mm_tile128_kgroups(args, ws, ws_bytes, in_place);
+#else
+    (void)workspace_, (void)in_place;
+#endif
+  } else {
+    cpu::grouped_mm_kgroups(args);  // the host reads every group in place
+  }
+}
+}  // namespace
+
 mxmoe_status mxmoe_grouped_mm_tile128_kgroups(const mxmoe_tensor* a_, const mxmoe_tensor* a_scale_,
                                               const mxmoe_tensor* b_, const mxmoe_tensor* b_scale_,
                                               const mxmoe_tensor* offs_, mxmoe_tensor* out_,
                                               const mxmoe_tensor* workspace_, void* stream) {
   MXMOE_API_BEGIN
-  const GroupedMMKArgs args = api::check_grouped_mm_kgroups(a_, a_scale_, b_, b_scale_, offs_, out_, stream);
-  if (args.a.device >= 0) {
-#if defined(MXMOE_WITH_CUDA)
-    const int64_t N = args.a.shape[0], M = args.a.shape[1], K = args.b.shape[0], G = args.offs.shape[0];
-    check_tma_operands(args, false);  // groups are staged when A/B cannot be read in place
-    if (K % 16 != 0) fail("b: expected K (dim 0) to be a multiple of 16 on CUDA, got ", K);
-    check_int32_dims({M, N, K, G, mxmoe_grouped_scale_capacity(M, G)}, "grouped_mm_tile128_kgroups");
-    void* ws = nullptr;
-    // At least what the path these operands take needs (the run checks it again for the path it takes).
-    const int64_t need = cuda::grouped_mm_tile128_kgroups_workspace_for(args);
-    const int64_t ws_bytes = workspace_bytes(workspace_, args, need, &ws);
-    cuda::grouped_mm_tile128_kgroups(args, ws, ws_bytes);
-#else
-    (void)workspace_;
-#endif
-  } else {
-    cpu::grouped_mm_kgroups(args);
-  }
+  tile128_kgroups(a_, a_scale_, b_, b_scale_, offs_, out_, workspace_, stream, false);
+  MXMOE_API_END
+}
+
+mxmoe_status mxmoe_grouped_mm_tile128_kgroups_in_place(const mxmoe_tensor* a_, const mxmoe_tensor* a_scale_,
+                                                       const mxmoe_tensor* b_, const mxmoe_tensor* b_scale_,
+                                                       const mxmoe_tensor* offs_, mxmoe_tensor* out_,
+                                                       const mxmoe_tensor* workspace_, void* stream) {
+  MXMOE_API_BEGIN
+  tile128_kgroups(a_, a_scale_, b_, b_scale_, offs_, out_, workspace_, stream, true);
   MXMOE_API_END
 }
 

@@ -200,10 +200,14 @@ int64_t grouped_mm_tile128_workspace_size(int64_t m, int64_t n, int64_t k, int64
 int64_t grouped_mm_tile128_kgroups_workspace_size(int64_t m, int64_t n, int64_t k, int64_t g,
                                                   int32_t device);
 // The bytes grouped_mm_tile128_kgroups needs for these operands: the path they take (the own kernel's
-// prepared scales, or CUTLASS's staging as the shape-only size), at most that size.
-int64_t grouped_mm_tile128_kgroups_workspace_for(const GroupedMMKArgs& args);
+// prepared scales, or CUTLASS's staging as the shape-only size; in_place: without staging), at most
+// that size.
+int64_t grouped_mm_tile128_kgroups_workspace_for(const GroupedMMKArgs& args, bool in_place);
 void grouped_mm_tile128(const GroupedMMArgs& args, void* workspace, int64_t workspace_bytes);
-void grouped_mm_tile128_kgroups(const GroupedMMKArgs& args, void* workspace, int64_t workspace_bytes);
+// in_place: never stage; a group off a 16-token boundary gets a NaN output (the caller vouches that
+// every group starts at a multiple of 16: the MoE layer's aligned routing).
+void grouped_mm_tile128_kgroups(const GroupedMMKArgs& args, void* workspace, int64_t workspace_bytes,
+                                bool in_place = false);
 // The gather variant of the sm_90a kernel (no CUTLASS path): whether it takes a call of this shape on
 // `device`, and the call (UNSUPPORTED where it does not take it).
 bool grouped_mm_tile128_gather_available(int64_t m, int64_t n, int64_t k, int64_t g, int64_t a_rows,

@@ -191,15 +191,18 @@ void tile128_gather_mm_into(const Tensor& a, const Tensor& a_scale, const Tensor
 }
 
 void tile128_mm_kgroups_into(const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale,
-                             const Tensor& offs, Tensor& out, const Launch& L, const char* op) {
+                             const Tensor& offs, Tensor& out, const Launch& L, const char* op, bool in_place) {
   mxmoe_tensor av = view(a, "a", op), asv = view(a_scale, "a_scale", op), bv = view(b, "b", op),
                bsv = view(b_scale, "b_scale", op), ov = view(offs, "offs", op), outv = view(out, "out", op);
   // Sized for the path these operands take: the own kernel's scales, not CUTLASS's staging copies.
-  const int64_t bytes = mxmoe_grouped_mm_tile128_kgroups_workspace_size_for(&av, &asv, &bv, &bsv, &ov, &outv);
+  const int64_t bytes =
+      mxmoe_grouped_mm_tile128_kgroups_workspace_size_for(&av, &asv, &bv, &bsv, &ov, &outv, in_place ? 1 : 0);
   if (bytes < 0) fail(op, MXMOE_ERR_UNSUPPORTED, mxmoe_last_error());
   Tensor ws = empty({cdiv(bytes, 4)}, ScalarType::Int, L.device);
   mxmoe_tensor wsv = view(ws, "workspace", op);
-  check(mxmoe_grouped_mm_tile128_kgroups(&av, &asv, &bv, &bsv, &ov, &outv, &wsv, L.stream), op);
+  check(in_place ? mxmoe_grouped_mm_tile128_kgroups_in_place(&av, &asv, &bv, &bsv, &ov, &outv, &wsv, L.stream)
+                 : mxmoe_grouped_mm_tile128_kgroups(&av, &asv, &bv, &bsv, &ov, &outv, &wsv, L.stream),
+        op);
 }
 
 Tensor grouped_mm_tile128(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor offs, OptTensor bias,

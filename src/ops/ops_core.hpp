@@ -152,8 +152,10 @@ void tile128_mm_into(const Tensor& a, const Tensor& a_scale, const Tensor& b, co
 void tile128_gather_mm_into(const Tensor& a, const Tensor& a_scale, const Tensor& perm, int64_t k,
                             const OptTensor& row_scale, const Tensor& b, const Tensor& b_scale, const Tensor& offs,
                             const OptTensor& bias, Tensor& out, const Launch& L, const char* op);
+// in_place: the MoE layer's phases, whose token groups start at multiples of 16 (align_routing): no
+// staging copies in the workspace (mxmoe_grouped_mm_tile128_kgroups_in_place).
 void tile128_mm_kgroups_into(const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale,
-                             const Tensor& offs, Tensor& out, const Launch& L, const char* op);
+                             const Tensor& offs, Tensor& out, const Launch& L, const char* op, bool in_place = false);
 Tensor clamp_offsets_into(const Tensor& offs, int64_t m, const Launch& L, const char* op);
 Tensor aten_grouped_mm(const Tensor& a, const Tensor& b, const Tensor& offs);
 

@@ -221,10 +221,12 @@ std::tuple<Tensor, Tensor, Tensor> tile128_forward(const char* op, const Input& 
   return {out, a_col.out(1), a_col.out(2)};
 }
 
+// in_place: offs is the MoE layer's aligned routing (every group at a multiple of 16 tokens): the
+// wgrad's workspace holds no staging copies.
 std::tuple<Tensor, Tensor> tile128_backward(const char* op, const Input& dy, const Tensor& w_qt,
                                             const Tensor& w_scale, const OptTensor& a_qt, const OptTensor& a_scale,
                                             const Tensor& offs, int64_t mode, bool need_da, bool need_dw,
-                                            ScalarType a_dtype, ScalarType w_dtype) {
+                                            ScalarType a_dtype, ScalarType w_dtype, bool in_place) {
   if (need_dw && (!a_qt || !a_scale))
     fail(op, MXMOE_ERR_INVALID_ARGUMENT, "a_qt, a_scale: required when need_dw (A's wgrad operand from the forward)");
   Launch L(dy.a);
@@ -239,7 +241,7 @@ std::tuple<Tensor, Tensor> tile128_backward(const char* op, const Input& dy, con
                            da, L, op);
     Tensor dw = need_dw ? empty({offs.size(0), dy.cols(), a_qt->dim() >= 1 ? a_qt->size(0) : 0}, w_dtype, L.device)
                         : none_output(w_dtype, L.device);
-    if (need_dw) tile128_mm_kgroups_into(dy_col.t[1], dy_col.scale(), *a_qt, *a_scale, offs, dw, L, op);
+    if (need_dw) tile128_mm_kgroups_into(dy_col.t[1], dy_col.scale(), *a_qt, *a_scale, offs, dw, L, op, in_place);
     return {da, dw};
   }
   // One read of dY: the dgrad operand (1x128 along N) and the wgrad operand (128x1 along M per group).
@@ -251,7 +253,7 @@ std::tuple<Tensor, Tensor> tile128_backward(const char* op, const Input& dy, con
   Tensor dw = need_dw ? empty({offs.size(0), dy.cols(), a_qt->dim() >= 1 ? a_qt->size(0) : 0}, w_dtype, L.device)
                       : none_output(w_dtype, L.device);
   if (need_da) tile128_mm_into(dy_row.q(), dy_row.scale(), w_qt, w_scale, offs, std::nullopt, da, L, op);
-  if (need_dw) tile128_mm_kgroups_into(dy_col.t[1], dy_col.scale(), *a_qt, *a_scale, offs, dw, L, op);
+  if (need_dw) tile128_mm_kgroups_into(dy_col.t[1], dy_col.scale(), *a_qt, *a_scale, offs, dw, L, op, in_place);
   return {da, dw};
 }
 
@@ -302,7 +304,8 @@ std::tuple<Tensor, Tensor, Tensor> tile128_dswiglu_backward(const char* op, cons
       const Side x_none(xs, offs, true, 0, ScalarType::BFloat16, L.device, op);
       const Side x_col(xs, offs, false, kQT | kScale, ScalarType::BFloat16, L.device, op);
       run_fused(op, xs, offs, 128, 128, false, mode, x_none, x_col, L);
-      tile128_mm_kgroups_into(dh_qt, dh_st, x_col.t[1], x_col.scale(), offs, dw13, L, op);
+      // offs: the layer's aligned routing (align_routing), read in place.
+      tile128_mm_kgroups_into(dh_qt, dh_st, x_col.t[1], x_col.scale(), offs, dw13, L, op, true);
     }
   }  // dH's columnwise form and x's operand are freed here
   Tensor dxs = need_dxs ? empty({M, w13_qt.size(1)}, a_dtype, L.device) : none_output(a_dtype, L.device);
@@ -466,7 +469,7 @@ std::tuple<Tensor, Tensor> sm90_tile128_backward(Tensor dy, Tensor w_qt, Tensor 
   const char* op = "sm90_tile128_backward";
   require_dims(dy, "dy", 2, 3, op);
   return tile128_backward(op, Input(dy), w_qt, w_scale, a_qt, a_scale, offs, mode, need_da, need_dw, a_dtype,
-                          w_dtype);
+                          w_dtype, false);
 }
 
 std::tuple<Tensor, Tensor, Tensor> moe_tile128_forward(MXMOE_SOURCE_ARGS, Tensor w_q, Tensor w_scale, Tensor offs,
@@ -481,7 +484,7 @@ std::tuple<Tensor, Tensor> moe_tile128_backward(MXMOE_SOURCE_ARGS, Tensor w_qt, 
                                                 bool need_dw, ScalarType a_dtype, ScalarType w_dtype) {
   const char* op = "moe_tile128_backward";
   return tile128_backward(op, MXMOE_SOURCE(op), w_qt, w_scale, a_qt, a_scale, offs, mode, need_da, need_dw, a_dtype,
-                          w_dtype);
+                          w_dtype, true);  // the layer's aligned routing
 }
 
 // ---- exact recipes on Hopper: fused MX round trip + bf16 torch._grouped_mm -------------------------

@@ -343,7 +343,8 @@ void run_kg_case(const KgCase& c, uint32_t seed, bool* unsupported) {
   ASSERT_EQ(count_nonfinite(got), 0) << describe(c);
   {
     // The operand-based query: at most the shape-only size, and enough: the same path, the same bits.
-    const int64_t need_for = mxmoe_grouped_mm_tile128_kgroups_workspace_size_for(&va, &vas, &vb, &vbs, &vo, &vout);
+    const int64_t need_for =
+        mxmoe_grouped_mm_tile128_kgroups_workspace_size_for(&va, &vas, &vb, &vbs, &vo, &vout, 0);
     ASSERT_GE(need_for, 0) << mxmoe_last_error();
     EXPECT_LE(need_for, need) << describe(c);
     DevBuf dout2(Buffer({G, c.n, c.k}, c.out), false);
@@ -355,6 +356,47 @@ void run_kg_case(const KgCase& c, uint32_t seed, bool* unsupported) {
         << mxmoe_last_error() << " " << describe(c);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     EXPECT_TRUE(dout2.download().bytes == got.bytes) << "workspace_size_for's size: " << describe(c);
+  }
+  {
+    // In place (no staging copies): M % 16 != 0 is refused; else groups at multiples of 16 tokens give
+    // the staged call's bits, and one starting elsewhere the same bits where the own kernel runs and
+    // NaN where CUTLASS runs (it cannot read that group where it lies).
+    const int64_t need_ip =
+        mxmoe_grouped_mm_tile128_kgroups_workspace_size_for(&va, &vas, &vb, &vbs, &vo, &vout, 1);
+    if (M % 16 != 0) {
+      EXPECT_EQ(need_ip, -1) << describe(c);
+      EXPECT_NE(std::string(mxmoe_last_error()).find("multiple of 16"), std::string::npos) << mxmoe_last_error();
+    } else {
+      ASSERT_GE(need_ip, 0) << mxmoe_last_error();
+      DevBuf dout3(Buffer({G, c.n, c.k}, c.out), false);
+      dout3.poison();
+      Workspace ws3(std::max<int64_t>(need_ip, 1));
+      auto vout3 = dout3.view(), vws3 = ws3.view();
+      vws3.shape[0] = need_ip;
+      ASSERT_EQ(mxmoe_grouped_mm_tile128_kgroups_in_place(&va, &vas, &vb, &vbs, &vo, &vout3, &vws3, nullptr),
+                MXMOE_OK)
+          << mxmoe_last_error() << " " << describe(c);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      char cfg[MXMOE_CONFIG_TEXT_MAX];
+      ASSERT_EQ(mxmoe_sm90_gemm_config(MXMOE_GEMM_GROUPED_K, M, c.n, c.k, G, c.out, cfg, sizeof cfg), MXMOE_OK);
+      const bool own = std::string(cfg).find("impl=own") != std::string::npos;
+      const Buffer got3 = dout3.download();
+      const int64_t per = c.n * c.k, esz = c.out == MXMOE_DTYPE_BF16 ? 2 : 4;
+      int64_t start = 0;
+      for (int64_t g = 0; g < G; ++g) {
+        const bool unreadable = !own && c.sizes[g] > 0 && start % 16 != 0;
+        if (unreadable) {
+          for (int64_t i = 0; i < per; ++i)
+            ASSERT_TRUE(std::isnan(got3.get(g * per + i))) << "group " << g << " in place: " << describe(c);
+        } else {
+          EXPECT_EQ(std::memcmp(got3.bytes.data() + g * per * esz, got.bytes.data() + g * per * esz,
+                                static_cast<size_t>(per * esz)),
+                    0)
+              << "group " << g << " in place (" << cfg << "): " << describe(c);
+        }
+        start += c.sizes[g];
+      }
+    }
   }
   for (int64_t g = 0; g < G; ++g) {
     if (c.sizes[g] != 0) continue;

@@ -459,23 +459,40 @@ TEST(Validation, GroupedMMTile128KGroups) {
 // workspace (0); each case the call rejects gives -1 with a message naming the same argument.
 TEST(Validation, GroupedMMTile128KGroupsWorkspaceFor) {
   using F = KGemmFixT<true>;
-  auto query = [](F& f) {
-    return mxmoe_grouped_mm_tile128_kgroups_workspace_size_for(f.pa, f.pas, f.pb, f.pbs, f.poffs, f.pout);
-  };
-  {
-    F ok;
-    EXPECT_EQ(query(ok), 0) << mxmoe_last_error();
+  for (int32_t in_place : {0, 1}) {
+    SCOPED_TRACE(in_place);
+    auto query = [in_place](F& f) {
+      return mxmoe_grouped_mm_tile128_kgroups_workspace_size_for(f.pa, f.pas, f.pb, f.pbs, f.poffs, f.pout,
+                                                                 in_place);
+    };
+    {
+      F ok;
+      EXPECT_EQ(query(ok), 0) << mxmoe_last_error();
+    }
+    for (const auto& c : kgemm_cases<F>()) {
+      SCOPED_TRACE(c.what);
+      const std::string arg = mxmoe_has_cuda() && c.cuda_arg ? *c.cuda_arg : c.arg;
+      if (arg.empty()) continue;
+      F f;
+      c.mutate(f);
+      EXPECT_EQ(query(f), -1);
+      const std::string msg = mxmoe_last_error();
+      EXPECT_TRUE(starts_with_arg(msg, arg)) << "message should name '" << arg << "': " << msg;
+    }
   }
-  for (const auto& c : kgemm_cases<F>()) {
-    SCOPED_TRACE(c.what);
-    const std::string arg = mxmoe_has_cuda() && c.cuda_arg ? *c.cuda_arg : c.arg;
-    if (arg.empty()) continue;
-    F f;
-    c.mutate(f);
-    EXPECT_EQ(query(f), -1);
-    const std::string msg = mxmoe_last_error();
-    EXPECT_NE(msg.find(arg), std::string::npos) << msg;
+  F f;
+  EXPECT_EQ(mxmoe_grouped_mm_tile128_kgroups_workspace_size_for(f.pa, f.pas, f.pb, f.pbs, f.poffs, f.pout, 2), -1);
+  EXPECT_TRUE(starts_with_arg(mxmoe_last_error(), "in_place")) << mxmoe_last_error();
+}
+
+// The in-place wgrad checks its arguments as the staged one does (on the host it is the same call).
+struct KGemmInPlaceFix : KGemmFixT<true> {
+  mxmoe_status call() {
+    return mxmoe_grouped_mm_tile128_kgroups_in_place(pa, pas, pb, pbs, poffs, pout, nullptr, nullptr);
   }
+};
+TEST(Validation, GroupedMMTile128KGroupsInPlace) {
+  expect_all_rejected<KGemmInPlaceFix>(kgemm_cases<KGemmInPlaceFix>());
 }
 
 TEST(Validation, CheckOffsets) {

@@ -1011,9 +1011,11 @@ void op_gemm_kgroups(FuzzedDataProvider& fdp, bool tile128) {
   Arg& offs = c.add_offs("offs", G, M);
   Arg& out = c.add("out", Role::kOut, float_dtype(c), {G, N, K}, false);
   Arg* ws = nullptr;
+  bool in_place = false;
   if (tile128) {
     ws = &c.add("workspace", Role::kScratch, MXMOE_DTYPE_E8M0, {static_cast<int64_t>(c.pick(0, 4096))}, false,
                 c.coin());
+    in_place = c.coin();
   }
   void* stream = c.stream();
   if (!c.prepare()) return;
@@ -1022,13 +1024,18 @@ void op_gemm_kgroups(FuzzedDataProvider& fdp, bool tile128) {
     // The workspace query for these operands reads the call's arguments (no workspace, no stream):
     // a size, 0 for host operands, or -1 with a message; it writes nothing (the call's checks follow).
     g_op = "mxmoe_grouped_mm_tile128_kgroups_workspace_size_for";
+    const int32_t ip = in_place ? 1 : c.coin() ? 0 : static_cast<int32_t>(c.pick(0, 4)) - 1;
     const int64_t need = mxmoe_grouped_mm_tile128_kgroups_workspace_size_for(
-        Call::ptr(a), Call::ptr(as), Call::ptr(b), Call::ptr(bs), Call::ptr(offs), Call::ptr(out));
+        Call::ptr(a), Call::ptr(as), Call::ptr(b), Call::ptr(bs), Call::ptr(offs), Call::ptr(out), ip);
     FUZZ_CHECK(need >= -1, "workspace size below -1", std::to_string(need));
     if (need == -1) FUZZ_CHECK(mxmoe_last_error()[0] != '\0', "workspace size -1 with an empty message", "");
-    g_op = "mxmoe_grouped_mm_tile128_kgroups";
+    if (ip != 0 && ip != 1) FUZZ_CHECK(need == -1, "workspace size for in_place not 0 or 1", std::to_string(ip));
+    g_op = in_place ? "mxmoe_grouped_mm_tile128_kgroups_in_place" : "mxmoe_grouped_mm_tile128_kgroups";
   }
-  if (tile128)
+  if (in_place)
+    c.check(mxmoe_grouped_mm_tile128_kgroups_in_place(Call::ptr(a), Call::ptr(as), Call::ptr(b), Call::ptr(bs),
+                                                      Call::ptr(offs), Call::ptr(out), Call::ptr(*ws), stream));
+  else if (tile128)
     c.check(mxmoe_grouped_mm_tile128_kgroups(Call::ptr(a), Call::ptr(as), Call::ptr(b), Call::ptr(bs),
                                              Call::ptr(offs), Call::ptr(out), Call::ptr(*ws), stream));
   else

@@ -57,6 +57,7 @@ void kg_info_desc_f32(const KgPlan& p, const int32_t* offs, int64_t offs_s, int 
 namespace {
 
 using tile128::GroupInfo;
+using tile128::kGroupUnreadable;
 using tile128::kTile;
 
 constexpr int64_t kAlign = 256;
@@ -305,15 +306,19 @@ __device__ void kg_stage(const GroupInfo* info, const uint8_t* a, int64_t lda, i
   }
 }
 
-// Wgrad: empty groups' outputs out[g] (N, K) are zero; N * K * elem_bytes is a multiple of 16.
+// Wgrad: empty groups' outputs out[g] (N, K) are zero, unreadable ones' (an in-place call's group off a
+// 16-token boundary) NaN; N * K * elem_bytes is a multiple of 16.
 __device__ void kg_zero_empty(const GroupInfo* info, int groups, int64_t nk, int elem_bytes, void* out, int64_t blk,
                               int64_t nblk) {
   const int64_t per16 = nk * elem_bytes / 16;
+  const uint32_t nan = elem_bytes == 2 ? 0x7FC07FC0u : 0x7FC00000u;
   for (int g = 0; g < groups; ++g) {
-    if (info[g].len != 0) continue;
+    const GroupInfo gi = info[g];
+    if (gi.len != 0 && gi.stage_col != kGroupUnreadable) continue;
+    const uint32_t v = gi.len == 0 ? 0u : nan;
     uint4* o = reinterpret_cast<uint4*>(static_cast<char*>(out) + g * nk * elem_bytes);
     for (int64_t i = blk * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < per16; i += nblk * blockDim.x)
-      o[i] = make_uint4(0, 0, 0, 0);
+      o[i] = make_uint4(v, v, v, v);
   }
 }
 
@@ -396,11 +401,12 @@ struct KgLayout {
   int64_t bytes;
 };
 
-KgLayout kg_layout(void* ws, int64_t m, int64_t n, int64_t k, int64_t g, int sm_count) {
+// in_place: no staging buffers (mxmoe_grouped_mm_tile128_kgroups_in_place).
+KgLayout kg_layout(void* ws, int64_t m, int64_t n, int64_t k, int64_t g, int sm_count, bool in_place = false) {
   Carver c(ws);
   KgLayout l{};
   const int64_t cap = cdiv(m, kTile) + g;
-  l.lds = staging_ld(m, g);
+  l.lds = in_place ? 0 : staging_ld(m, g);
   l.info = c.take<GroupInfo>(g);
   l.sfa = c.take<float>(n * cap);
   l.sfb = c.take<float>(k * cap);
@@ -642,7 +648,7 @@ gemm::GroupedKRun own_kgroups_run(const GroupedMMKArgs& a, int sm_count) {
 // read in place; the own kernel needs only its prepared scales. Sized for the path these operands
 // take, the workspace is the scales' bytes where the own kernel runs (the MoE layer's wgrads): at
 // Qwen3-30B-A3B 16K that is 16 MiB instead of 478 MiB at the layer's peak.
-int64_t grouped_mm_tile128_kgroups_workspace_for(const GroupedMMKArgs& a) {
+int64_t grouped_mm_tile128_kgroups_workspace_for(const GroupedMMKArgs& a, bool in_place) {
   const char* what = "grouped_mm_tile128_kgroups";
   const int64_t N = a.a.shape[0], M = a.a.shape[1], K = a.b.shape[0];
   const int G = static_cast<int>(a.offs.shape[0]);
@@ -655,10 +661,10 @@ int64_t grouped_mm_tile128_kgroups_workspace_for(const GroupedMMKArgs& a) {
       gemm::sm90_grouped_k_takes(own_kgroups_run(a, props.sm_count), cfg))
     return gemm::sm90_grouped_k_workspace_size(M, N, K, G);
 #endif
-  return kg_layout(nullptr, M, N, K, G, props.sm_count).bytes;
+  return kg_layout(nullptr, M, N, K, G, props.sm_count, in_place).bytes;
 }
 
-void grouped_mm_tile128_kgroups(const GroupedMMKArgs& a, void* workspace, int64_t workspace_bytes) {
+void grouped_mm_tile128_kgroups(const GroupedMMKArgs& a, void* workspace, int64_t workspace_bytes, bool in_place) {
   const char* what = "grouped_mm_tile128_kgroups";
   const int64_t N = a.a.shape[0], M = a.a.shape[1], K = a.b.shape[0];
   const int G = static_cast<int>(a.offs.shape[0]);
@@ -689,15 +695,19 @@ void grouped_mm_tile128_kgroups(const GroupedMMKArgs& a, void* workspace, int64_
     cfg.declined = true;
   }
 #endif
-  // CUTLASS (or no work): the workspace with the staging copies.
-  const KgLayout l = kg_layout(workspace, M, N, K, G, props.sm_count);
+  // CUTLASS (or no work): the workspace with the staging copies, or without them in place.
+  const KgLayout l = kg_layout(workspace, M, N, K, G, props.sm_count, in_place);
   check_workspace(workspace_bytes, l.bytes, what);
   if (G == 0 || N == 0 || K == 0) return;
   gemm::note_config(cfg);
   // Groups are read in place when TMA can address them: 16-byte aligned base and row stride, and a
   // first token at a multiple of 16. Otherwise their columns are staged (one extra read + write of
-  // those columns of both operands).
+  // those columns of both operands); in place, such a group's output is NaN (kGroupUnreadable).
   const bool stage_all = M % 16 != 0 || reinterpret_cast<uintptr_t>(A) % 16 != 0 || reinterpret_cast<uintptr_t>(B) % 16 != 0;
+  if (in_place && stage_all)
+    fail(what, ": in place: expected M (tokens) a multiple of 16 and 16-byte aligned a and b, got M = ", M,
+         ", a % 16 = ", reinterpret_cast<uintptr_t>(A) % 16, ", b % 16 = ", reinterpret_cast<uintptr_t>(B) % 16,
+         " (mxmoe_grouped_mm_tile128_kgroups stages them)");
   const int64_t cap = cdiv(M, kTile) + G;
   // The scale job's slots were gridDim.y of a separate kernel (<= 65535). The fused 1D grid below
   // would take more; the limit is kept so the set of accepted inputs does not change.
@@ -723,7 +733,7 @@ void grouped_mm_tile128_kgroups(const GroupedMMKArgs& a, void* workspace, int64_
   p.stream = stream;
   // 1. GroupInfo + CUTLASS descriptors (one block).
 #if defined(MXMOE_HAVE_CUTLASS)
-  const int stage_mode = stage_all ? 2 : 1;
+  const int stage_mode = in_place ? 3 : stage_all ? 2 : 1;
   if (a.out.dtype == MXMOE_DTYPE_BF16)
     tile128::kg_info_desc_bf16(p, static_cast<const int32_t*>(a.offs.data), a.offs.strides[0], stage_mode);
   else
@@ -756,7 +766,7 @@ void grouped_mm_tile128_kgroups(const GroupedMMKArgs& a, void* workspace, int64_
   f.out = a.out.data;
   f.scale_x = cdiv(std::max(N, K), kThreads);
   f.scale_y = cap;
-  f.stage_y = M > 0 ? cdiv(std::max(N, K), 8) : 0;
+  f.stage_y = M > 0 && !in_place ? cdiv(std::max(N, K), 8) : 0;
   f.zero_blocks = 2 * props.sm_count;
   const int64_t blocks = f.scale_x * f.scale_y * 2 + static_cast<int64_t>(G) * f.stage_y * 2 + f.zero_blocks;
   if (blocks > INT32_MAX)

@@ -22,9 +22,14 @@ struct GroupInfo {
   int64_t len;      // tokens in the group (0 for empty)
   int64_t kb_off;   // sum_{h<g} ceil(len_h / 128): first 128-block of the group (K-grouped scales)
   int64_t blk_off;  // sum_{h<g} ceil(len_h / 32): first 32-run in the grouped compact scale layout
-  int64_t stage_col;  // K-grouped: column of the group in the staging buffer, -1 = read in place
+  int64_t stage_col;  // K-grouped: column of the group in the staging buffer, -1 = read in place,
+                      // kGroupUnreadable: not readable in place and no staging (in-place calls)
   int64_t pad;
 };
+
+// A K-grouped call without staging (mxmoe_grouped_mm_tile128_kgroups_in_place) whose group starts off a
+// multiple of 16 tokens: the group gets no tiles and its output is written as NaN.
+constexpr int64_t kGroupUnreadable = -2;
 
 // Forward / dgrad: out (M, N) = A (M, K) . B[g] (N, K)^T over row groups (+ bias[g]).
 // sfa: fp32 scales of A, per group g packed M-major at sfa + start_g * kb: [kb][len_g] (a 1x128

@@ -197,7 +197,8 @@ constexpr int kInfoThreads = 256;  // the block size of the info kernels (the sh
 // GroupInfo to emit(g, gi) (the per-group descriptor writer), so the descriptors never re-read
 // info from global memory.
 // stage_mode: 0 never stage (M-grouped); 1 stage groups whose start is not a multiple of 16;
-// 2 stage every non-empty group.
+// 2 stage every non-empty group; 3 never stage, and mark such groups kGroupUnreadable (K-grouped in
+// place: no staging buffer).
 template <class Emit>
 __device__ void group_info_block(const int32_t* offs, int64_t offs_s, int groups, int64_t m, int stage_mode,
                                  GroupInfo* info, const Emit& emit) {
@@ -220,8 +221,10 @@ __device__ void group_info_block(const int32_t* offs, int64_t offs_s, int groups
         gi.len = e - prev;
         gi.kb_off = kb;
         gi.blk_off = blk;
-        const bool stage = gi.len > 0 && (stage_mode == 2 || (stage_mode == 1 && gi.start % 16 != 0));
-        gi.stage_col = stage ? ((gi.start + 15) / 16 * 16 + 16 * static_cast<int64_t>(base + i)) : -1;
+        const bool off16 = gi.len > 0 && gi.start % 16 != 0;
+        const bool stage = gi.len > 0 && (stage_mode == 2 || (stage_mode == 1 && off16));
+        gi.stage_col = stage ? ((gi.start + 15) / 16 * 16 + 16 * static_cast<int64_t>(base + i))
+                             : (stage_mode == 3 && off16 ? kGroupUnreadable : -1);
         s_info[i] = gi;
         kb += (gi.len + kTile - 1) / kTile;
         blk += (gi.len + kBlock - 1) / kBlock;
@@ -277,8 +280,10 @@ struct KgDescEmit {
     using EA = typename Cfg::ElementA;
     using EB = typename Cfg::ElementB;
     using ED = typename Cfg::ElementD;
-    const int m = gi.len > 0 ? static_cast<int>(p.n) : 0, n = static_cast<int>(p.k);
-    const int k = static_cast<int>(gi.len);
+    // Empty and unreadable groups: no tiles (the prologue writes their outputs).
+    const bool tiles = gi.len > 0 && gi.stage_col != kGroupUnreadable;
+    const int m = tiles ? static_cast<int>(p.n) : 0, n = static_cast<int>(p.k);
+    const int k = tiles ? static_cast<int>(gi.len) : 0;
     d.problem[g] = typename Cfg::Shape3(m, n, k);
     const bool staged = gi.stage_col >= 0;
     const uint8_t* a = staged ? p.a_stage + gi.stage_col : p.a + gi.start;
