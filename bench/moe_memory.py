@@ -82,7 +82,7 @@ def gpu_peak(cfg, tokens: int, impl: str, top: int) -> None:
     peak_alloc = torch.cuda.max_memory_allocated(dev) - base
     # Replay the step's events: blocks it allocated (live), blocks from before it that it freed (old).
     live, old_freed, cur, best, at = {}, 0, 0, -1, None
-    for ev in snap["device_traces"][dev.index if dev.index is not None else torch.cuda.current_device()]:
+    for ev in snap["device_traces"][torch.cuda.current_device()]:
         if ev["action"] == "alloc":
             live[ev["addr"]] = ev
             cur += ev["size"]

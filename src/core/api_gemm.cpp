@@ -78,20 +78,14 @@ using SizeFn = int64_t (*)(int64_t, int64_t, int64_t, int64_t, int32_t);
 // The workspace-size entry points: 0 on the host, the CUDA kernels' size on a device, -1 with the
 // message on bad input (C API convention for functions that return a value).
 int64_t workspace_size(SizeFn cuda_size, int64_t m, int64_t n, int64_t k, int64_t g, int32_t device) {
-  try {
-    clear_last_error();
+  return api_value([&]() -> int64_t {
     if (m < 0 || n < 0 || k < 0 || g < 0)
       fail("workspace size: expected non-negative shapes, got m=", m, " n=", n, " k=", k, " g=", g);
     if (device < -1) fail("device: expected -1 (host) or a CUDA ordinal >= 0, got ", device);
     if (device < 0) return 0;
     check_backend(device, "device");  // no CUDA in this build: UNSUPPORTED, cuda_size is null
     return cuda_size(m, n, k, g, device);
-  } catch (const Error& e) {
-    set_last_error(e.what());
-  } catch (const std::exception& e) {
-    set_last_error(std::string("internal error: ") + e.what());
-  }
-  return -1;
+  });
 }
 
 #if defined(MXMOE_WITH_CUDA)
@@ -291,8 +285,7 @@ int64_t mxmoe_grouped_mm_tile128_kgroups_workspace_size_for(const mxmoe_tensor* 
                                                             const mxmoe_tensor* b_, const mxmoe_tensor* b_scale_,
                                                             const mxmoe_tensor* offs_, const mxmoe_tensor* out_,
                                                             int32_t in_place) {
-  try {
-    clear_last_error();
+  return api_value([&]() -> int64_t {
     if (in_place != 0 && in_place != 1) fail("in_place: expected 0 or 1, got ", in_place);
     // The call's own checks (mxmoe_grouped_mm_tile128_kgroups), then the path these operands take.
     const GroupedMMKArgs args = api::check_grouped_mm_kgroups(a_, a_scale_, b_, b_scale_, offs_,
@@ -306,12 +299,7 @@ int64_t mxmoe_grouped_mm_tile128_kgroups_workspace_size_for(const mxmoe_tensor* 
 #else
     fail_status(MXMOE_ERR_UNSUPPORTED, "a: a CUDA tensor, but this build has no CUDA kernels");
 #endif
-  } catch (const Error& e) {
-    set_last_error(e.what());
-  } catch (const std::exception& e) {
-    set_last_error(std::string("internal error: ") + e.what());
-  }
-  return -1;
+  });
 }
 
 mxmoe_status mxmoe_sm90_gemm_config(int32_t pass, int64_t m, int64_t n, int64_t k, int64_t g, mxmoe_dtype out_dtype,

@@ -120,22 +120,18 @@ using namespace mxmoe;
 extern "C" {
 
 int64_t mxmoe_moe_routing_workspace_size(int64_t n, int64_t num_experts, int32_t device) {
-  try {
-    clear_last_error();
+  return api_value([&]() -> int64_t {
     if (n < 0 || n > kMaxIndex) fail("n: expected 0 <= n < 2^31 (T*k entries), got ", n);
     check_experts(num_experts);
     if (device < -1) fail("device: expected -1 (host) or a CUDA ordinal >= 0, got ", device);
     if (device < 0) return 0;
-    check_backend(device, "device");
+    check_backend(device, "device");  // no CUDA in this build: UNSUPPORTED
 #if defined(MXMOE_WITH_CUDA)
     return cuda::moe_routing_workspace_size(n, num_experts, device);
+#else
+    return -1;  // not reached: check_backend threw
 #endif
-  } catch (const Error& e) {
-    set_last_error(e.what());
-  } catch (const std::exception& e) {
-    set_last_error(std::string("internal error: ") + e.what());
-  }
-  return -1;
+  });
 }
 
 mxmoe_status mxmoe_moe_routing(const mxmoe_tensor* topk_idx_, int64_t num_experts, mxmoe_tensor* offs_,

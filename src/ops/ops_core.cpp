@@ -159,10 +159,9 @@ Tensor grouped_mm_mx_kgroups(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale,
 }
 
 namespace {
-using SizeFn = int64_t (*)(int64_t, int64_t, int64_t, int64_t, int32_t);
-// Scratch for the GEMM's device-built descriptors; its size depends only on shapes (no host sync).
-Tensor tile128_workspace(SizeFn fn, int64_t m, int64_t n, int64_t k, int64_t g, int32_t device, const char* op) {
-  const int64_t bytes = fn(m, n, k, g, device);
+// A GEMM's device scratch of a size query's answer (-1: the query's message); sizes never depend on
+// offs' values (no host sync).
+Tensor tile128_workspace(int64_t bytes, int32_t device, const char* op) {
   if (bytes < 0) fail(op, MXMOE_ERR_UNSUPPORTED, mxmoe_last_error());
   return empty({cdiv(bytes, 4)}, ScalarType::Int, device);
 }
@@ -170,8 +169,9 @@ Tensor tile128_workspace(SizeFn fn, int64_t m, int64_t n, int64_t k, int64_t g, 
 
 void tile128_mm_into(const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale,
                      const Tensor& offs, const OptTensor& bias, Tensor& out, const Launch& L, const char* op) {
-  Tensor ws = tile128_workspace(mxmoe_grouped_mm_tile128_workspace_size, dim_or0(a, 0), dim_or0(b, 1), dim_or0(a, 1),
-                                dim_or0(b, 0), L.device, op);
+  Tensor ws = tile128_workspace(mxmoe_grouped_mm_tile128_workspace_size(dim_or0(a, 0), dim_or0(b, 1), dim_or0(a, 1),
+                                                                        dim_or0(b, 0), L.device),
+                                L.device, op);
   mxmoe_tensor av = view(a, "a", op), asv = view(a_scale, "a_scale", op), bv = view(b, "b", op),
                bsv = view(b_scale, "b_scale", op), ov = view(offs, "offs", op), outv = view(out, "out", op),
                wsv = view(ws, "workspace", op);
@@ -195,10 +195,9 @@ void tile128_mm_kgroups_into(const Tensor& a, const Tensor& a_scale, const Tenso
   mxmoe_tensor av = view(a, "a", op), asv = view(a_scale, "a_scale", op), bv = view(b, "b", op),
                bsv = view(b_scale, "b_scale", op), ov = view(offs, "offs", op), outv = view(out, "out", op);
   // Sized for the path these operands take: the own kernel's scales, not CUTLASS's staging copies.
-  const int64_t bytes =
-      mxmoe_grouped_mm_tile128_kgroups_workspace_size_for(&av, &asv, &bv, &bsv, &ov, &outv, in_place ? 1 : 0);
-  if (bytes < 0) fail(op, MXMOE_ERR_UNSUPPORTED, mxmoe_last_error());
-  Tensor ws = empty({cdiv(bytes, 4)}, ScalarType::Int, L.device);
+  Tensor ws = tile128_workspace(
+      mxmoe_grouped_mm_tile128_kgroups_workspace_size_for(&av, &asv, &bv, &bsv, &ov, &outv, in_place ? 1 : 0),
+      L.device, op);
   mxmoe_tensor wsv = view(ws, "workspace", op);
   check(in_place ? mxmoe_grouped_mm_tile128_kgroups_in_place(&av, &asv, &bv, &bsv, &ov, &outv, &wsv, L.stream)
                  : mxmoe_grouped_mm_tile128_kgroups(&av, &asv, &bv, &bsv, &ov, &outv, &wsv, L.stream),

@@ -3,6 +3,7 @@
 // nothing escapes as an exception or an abort.
 #pragma once
 
+#include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -46,6 +47,23 @@ template <typename... Parts>
   do {                                      \
     if (!(cond)) ::mxmoe::fail(__VA_ARGS__); \
   } while (0)
+
+// The C API's value-returning entry points (workspace sizes): f's value, or -1 with the message in
+// mxmoe_last_error() (MXMOE_API_BEGIN/END's counterpart for functions that return a value).
+template <typename F>
+int64_t api_value(F&& f) noexcept {
+  try {
+    clear_last_error();
+    return f();
+  } catch (const Error& e) {
+    set_last_error(e.what());
+  } catch (const std::exception& e) {
+    set_last_error(std::string("internal error: ") + e.what());
+  } catch (...) {
+    set_last_error("internal error: unknown exception");
+  }
+  return -1;
+}
 
 }  // namespace mxmoe
 
