@@ -491,6 +491,19 @@ void source_cases(Runner& R, int64_t M, int64_t H, int64_t I, int G) {
   }
 }
 
+// The weight cache's request (fused_w_128x128 below) at the MoE configs' expert weights (BENCH.md):
+// the weights' pass of every tile128 step when weights are written every step.
+void model_weight_case(Runner& R, const char* model, int64_t G, int64_t N, int64_t K) {
+  R.run({"fused_w_128x128", std::string(model) + " " + shp({G, N, K}),
+         {in_bf16({G, N, K}), out({G, N, K}), out({G, K, N}), out({G, N, K / 32}, MXMOE_DTYPE_E8M0),
+          out({G, K, N / 32}, MXMOE_DTYPE_E8M0)},
+         [=](std::vector<mxmoe_tensor>& t, cudaStream_t st) {
+           mxmoe_fused_side row{&t[1], nullptr, &t[3], nullptr, nullptr, nullptr};
+           mxmoe_fused_side col{nullptr, &t[2], &t[4], nullptr, nullptr, nullptr};
+           MK(mxmoe_quantize_fused(&t[0], nullptr, {128, 128, 1, MXMOE_SCALE_RCEIL}, &row, &col, st));
+         }});
+}
+
 void weight_cases(Runner& R, int64_t G, int64_t N, int64_t K) {
   const std::string s = "W " + shp({G, N, K});
   const mxmoe_scale_mode mode = MXMOE_SCALE_RCEIL;
@@ -613,6 +626,13 @@ int main(int argc, char** argv) {
     weight_cases(R, 64, 1536, 1024);  // Qwen3-style fine-grained experts: gate_up (2I x H)
     weight_cases(R, 64, 1024, 768);   // down (H x I)
   }
+  // The MoE configs' weights (gate_up 2I x H, down H x I per expert).
+  model_weight_case(R, "qwen3-w13", 128, 1536, 2048);
+  model_weight_case(R, "qwen3-w2", 128, 2048, 768);
+  model_weight_case(R, "scout-w13", 16, 16384, 5120);
+  model_weight_case(R, "scout-w2", 16, 5120, 8192);
+  model_weight_case(R, "gptoss-w13", 128, 5760, 2880);
+  model_weight_case(R, "gptoss-w2", 128, 2880, 2880);
 
   double worst = 1e9;
   std::string worst_name;

@@ -53,6 +53,14 @@ MXMOE_QUANT_WARP=2 timeout 200 "$B/bench/quantize_bench" --quick --json "$OUT/qu
 echo "--- A/B: tile128 passes on the general kernels (MXMOE_QUANT_TILE128=0)"
 MXMOE_QUANT_TILE128=0 timeout 200 "$B/bench/quantize_bench" --filter x128 --json "$OUT/quantize-tile128-off.json" 2>&1 \
   | grep -E "128x1|128x128" | tee "$OUT/ab-tile128.txt"
+# Same-run A/B of the weights' TMA kernel (docs/design/quantize.md): the 128x128 requests on the
+# tile128 pass kernel.
+echo "--- A/B: the weights' 128x128 pass on the tile128 pass kernel (MXMOE_QUANT_TMA=0)"
+MXMOE_QUANT_TMA=0 timeout 200 "$B/bench/quantize_bench" --filter 128x128 --json "$OUT/quantize-tma-off.json" 2>&1 \
+  | grep -E "128x128" | tee "$OUT/ab-tma.txt"
+MXMOE_QUANT_TMA=0 timeout 200 "$T" --gtest_filter='CudaQuantize.FusedTile128Weights' \
+  >"$OUT/gtest-quantize-tma-off.log" 2>&1 || status=1
+grep -E '^\[  (PASSED|FAILED) ' "$OUT/gtest-quantize-tma-off.log" | head -3
 echo "--- gtest with MXMOE_QUANT_TILE128=0 (the general kernels on the same requests)"
 MXMOE_QUANT_TILE128=0 timeout 200 "$T" --gtest_filter='CudaQuantize.FusedTile128Pass:CudaQuantize.Tiles128' \
   >"$OUT/gtest-quantize-tile128-off.log" 2>&1 || status=1

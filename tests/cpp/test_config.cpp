@@ -74,6 +74,7 @@ TEST(EnvParse, UnsetOrEmptyGivesTheDefaults) {
     EXPECT_FALSE(s.tile128_raster_n);
     EXPECT_EQ(s.tile128_swizzle, 1);
     EXPECT_TRUE(s.quant_tile128);
+    EXPECT_TRUE(s.quant_tma);
     EXPECT_EQ(s.quant_stream, 1);
     EXPECT_EQ(s.quant_order, 1);
     EXPECT_EQ(s.quant_warp, 1);
@@ -91,7 +92,7 @@ TEST(EnvParse, ValidValues) {
                                 {"MXMOE_GEMM_PRODUCER", "warp"},   {"MXMOE_GEMM_EXTRA_STAGE", "0"},
                                 {"MXMOE_GEMM_CLUSTER", "2"},       {"MXMOE_TILE128_RASTER", "n"},
                                 {"MXMOE_TILE128_SWIZZLE", "8"},    {"MXMOE_QUANT_TILE128", "0"},
-                                {"MXMOE_QUANT_STREAM", "2"},       {"MXMOE_QUANT_ORDER", "0"},
+                                {"MXMOE_QUANT_STREAM", "2"},       {"MXMOE_QUANT_TMA", "0"},       {"MXMOE_QUANT_ORDER", "0"},
                                 {"MXMOE_QUANT_WARP", "4"},         {"MXMOE_QUANT_WARP_PIPE", "0"},
                                 {"MXMOE_QUANT_SLAB", "0"},         {"MXMOE_QUANT_STAGES", "3"},
                                 {"MXMOE_DEQUANT_WARP", "0"}});
@@ -105,6 +106,7 @@ TEST(EnvParse, ValidValues) {
   EXPECT_TRUE(s.tile128_raster_n);
   EXPECT_EQ(s.tile128_swizzle, 8);
   EXPECT_FALSE(s.quant_tile128);
+  EXPECT_FALSE(s.quant_tma);
   EXPECT_EQ(s.quant_stream, 2);
   EXPECT_EQ(s.quant_order, 0);
   EXPECT_EQ(s.quant_warp, 4);
@@ -516,6 +518,47 @@ TEST(QuantizeRoute, TilesAndComputedInputs) {
   EXPECT_EQ(route(r).kernel, QuantKernel::kTile128);
   r.row_block = 32;  // computed inputs never take the streaming kernel
   EXPECT_EQ(route(r).kernel, QuantKernel::kTile);
+}
+
+// The weights' 128x128 request: the TMA kernel where its strides and pointers allow TMA (rows of x, q
+// and qt at 16-byte multiples, codes 16-byte aligned), no groups; MXMOE_QUANT_TMA=0 turns it off.
+TEST(QuantizeRoute, WeightsTma) {
+  auto r = request(1536, 2048);
+  r.B = 128;
+  r.tile = r.row_on = r.col_on = true;
+  r.row.q = r.row.scale = r.col.qt = r.col.scale = true;  // the weight cache's request
+  auto t = route(r);
+  EXPECT_EQ(t.kernel, QuantKernel::kTile128);
+  EXPECT_TRUE(t.tma);
+  EXPECT_EQ(t.to_string(r), "quantize x=bf16 B=128 R=1536 C=2048 g=0 src=tensor row=128x128:q,scale "
+                            "col=128x128:qt,scale -> kernel=tile128 tma");
+  Settings off;
+  off.quant_tma = false;
+  EXPECT_FALSE(route(r, off).tma);
+  EXPECT_EQ(route(r, off).kernel, QuantKernel::kTile128);
+  r.R = 1544;  // qt rows of R bytes: not a 16-byte multiple
+  EXPECT_FALSE(route(r).tma);
+  r.col.qt = false;  // no transposed codes: R does not matter
+  EXPECT_TRUE(route(r).tma);
+  r.C = 2056;  // q rows of C bytes
+  EXPECT_FALSE(route(r).tma);
+  r.C = 2048;
+  r.row.q_align = 8;
+  EXPECT_FALSE(route(r).tma);
+  r.row.q_align = 16;
+  r.col.qt = true;
+  r.R = 1536;
+  r.col.qt_align = 4;
+  EXPECT_FALSE(route(r).tma);
+  r.col.qt_align = 16;
+  r.grouped = r.table = true;  // token groups: the pass kernel
+  r.groups = 8;
+  EXPECT_FALSE(route(r).tma);
+  r.grouped = false;
+  r.tile = false;  // activations
+  r.row_block = r.col_block = 128;
+  r.col.q = false;
+  EXPECT_FALSE(route(r).tma);
 }
 
 TEST(QuantizeRoute, ToString) {

@@ -754,6 +754,42 @@ TEST(CudaQuantize, FusedTile128PassManyTiles) {
   }
 }
 
+// The weights' request (128x128 tiles, no groups, bf16 x itself) on Hopper runs by TMA
+// (cuda/quantize/sm90_bf16_quantize_128x128.cu): 3D and 2D, partial row and column tiles (R = 736,
+// 224, 200; C = 2880, 160), enough tiles for several turns of each CTA's slot ring and of its tile
+// order's row bands, each output alone or with others, specials, every mode; and the requests it
+// leaves to the general kernel (qt wanted with R % 16 != 0, misaligned outputs).
+TEST(CudaQuantize, FusedTile128Weights) {
+  REQUIRE_GPU();
+  uint32_t seed = 9950;
+  const auto want = codes_side;
+  SideWant off;
+  const SideWant row_qs = want(true, false, true), row_q = want(true, false, false), row_s = want(false, false, true),
+                 row_all = want(true, true, true);
+  const SideWant col_qts = want(false, true, true), col_qt = want(false, true, false), col_s = want(false, false, true);
+  const std::vector<std::pair<SideWant, SideWant>> sides = {{row_qs, col_qts}, {row_all, col_s}, {row_qs, off},
+                                                            {off, col_qts},    {row_q, col_qt},  {row_s, col_s}};
+  for (mxmoe_scale_mode mode : kAllModes)
+    for (const auto& rc : sides) {
+      const mxmoe_fused_config cfg{128, 128, 1, mode};
+      check_fused({4, 736, 2880}, MXMOE_DTYPE_BF16, cfg, nullptr, rc.first, rc.second, seed++);
+      check_fused({2, 224, 160}, MXMOE_DTYPE_BF16, cfg, nullptr, rc.first, rc.second, seed++, true);
+      check_fused({384, 256}, MXMOE_DTYPE_BF16, cfg, nullptr, rc.first, rc.second, seed++);
+    }
+  for (mxmoe_scale_mode mode : kAllModes) {
+    // R = 200: the rowwise side only (the columnwise scales need R % 32 == 0); with qt, R % 16 != 0
+    // leaves it to the general kernel.
+    const mxmoe_fused_config cfg{128, 128, 1, mode};
+    check_fused({2, 200, 160}, MXMOE_DTYPE_BF16, cfg, nullptr, row_qs, off, seed++);
+    check_fused({2, 200, 160}, MXMOE_DTYPE_BF16, cfg, nullptr, row_all, off, seed++);
+  }
+  const mxmoe_fused_config cfg{128, 128, 1, MXMOE_SCALE_RCEIL};
+  check_fused({32, 768, 1024}, MXMOE_DTYPE_BF16, cfg, nullptr, row_qs, col_qts, seed++, true);
+  check_fused({9, 1536, 640}, MXMOE_DTYPE_BF16, cfg, nullptr, row_qs, col_qt, seed++);
+  check_fused({4, 736, 2880}, MXMOE_DTYPE_BF16, cfg, nullptr, row_qs, col_qts, seed++, false, 1);
+  check_fused({3, 2432, 256}, MXMOE_DTYPE_BF16, cfg, nullptr, row_qs, col_qts, seed++);  // 19 row tiles: 3 bands
+}
+
 TEST(CudaQuantize, CheckOffsets) {
   REQUIRE_GPU();
   auto run = [](const std::vector<int32_t>& v, int64_t m) {
@@ -827,6 +863,9 @@ TEST(CudaQuantize, SmallSanitizer) {
   check_fused({300, 96}, MXMOE_DTYPE_BF16, {128, 128, 0, MXMOE_SCALE_FLOOR}, &g, rq, cq, 18);
   check_fused({8192, 1024}, MXMOE_DTYPE_BF16, {128, 128, 0, MXMOE_SCALE_RCEIL}, &g8, rq, cq, 19);
   check_fused({3, 256, 640}, MXMOE_DTYPE_BF16, {128, 128, 1, MXMOE_SCALE_RCEIL}, nullptr, rq, cq, 20);
+  // The weights' TMA kernel: partial row and column tiles (clipped stores), several tiles per CTA.
+  check_fused({2, 224, 160}, MXMOE_DTYPE_BF16, {128, 128, 1, MXMOE_SCALE_RCEIL}, nullptr, rq, cq, 21);
+  check_fused({12, 736, 2880}, MXMOE_DTYPE_BF16, {128, 128, 1, MXMOE_SCALE_RCEIL}, nullptr, rq, cq, 22);
 }
 
 // mxmoe_quantize_fused_if / mxmoe_capture_id (the weight cache under CUDA graphs): recorded under a

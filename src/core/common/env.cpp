@@ -101,6 +101,7 @@ Settings parse(const Lookup& get) {
   var("MXMOE_TILE128_RASTER", [&](const char* n, const char* v) { s.tile128_raster_n = parse_choice(n, v, {"m", "n"}, 0) == 1; });
   var("MXMOE_TILE128_SWIZZLE", [&](const char* n, const char* v) { s.tile128_swizzle = parse_int(n, v, {1, 2, 4, 8}, 1); });
   var("MXMOE_QUANT_TILE128", [&](const char* n, const char* v) { s.quant_tile128 = parse_int(n, v, {0, 1}, 1) == 1; });
+  var("MXMOE_QUANT_TMA", [&](const char* n, const char* v) { s.quant_tma = parse_int(n, v, {0, 1}, 1) == 1; });
   var("MXMOE_QUANT_STREAM", [&](const char* n, const char* v) { s.quant_stream = parse_int(n, v, {0, 1, 2}, 1); });
   var("MXMOE_QUANT_ORDER", [&](const char* n, const char* v) { s.quant_order = parse_int(n, v, {0, 1}, 1); });
   var("MXMOE_QUANT_WARP", [&](const char* n, const char* v) { s.quant_warp = parse_int(n, v, {0, 1, 2, 3, 4}, 1); });

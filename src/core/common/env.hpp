@@ -34,6 +34,7 @@ struct Settings {
   bool tile128_raster_n = false;    // MXMOE_TILE128_RASTER: m (false), n
   int tile128_swizzle = 1;          // MXMOE_TILE128_SWIZZLE: 1, 2, 4, 8
   bool quant_tile128 = true;        // MXMOE_QUANT_TILE128
+  bool quant_tma = true;            // MXMOE_QUANT_TMA
   int quant_stream = 1;             // MXMOE_QUANT_STREAM: 0 off, 1, 2 without pipelining
   int quant_order = 1;              // MXMOE_QUANT_ORDER: 0, 1
   int quant_warp = 1;               // MXMOE_QUANT_WARP: 0 never, 1 default route, 2-4 every eligible request

@@ -27,6 +27,17 @@ int sm_count(int device) {
   return n;
 }
 
+int cc_major(int device) {
+  static std::map<int, int> majors;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto it = majors.find(device);
+  if (it != majors.end()) return it->second;
+  int v = 0;
+  check(cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute(cc major)");
+  majors[device] = v;
+  return v;
+}
+
 int occupancy(const void* kernel, int device, int threads, int smem) {
   static std::map<std::tuple<const void*, int, int, int>, int> blocks_cache;
   static std::map<std::pair<const void*, int>, int> opt_in;  // the largest opt-in set per kernel/device

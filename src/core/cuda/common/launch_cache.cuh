@@ -12,6 +12,9 @@ namespace cuda {
 // Multiprocessors of `device` (cached).
 int sm_count(int device);
 
+// Compute capability major of `device` (cached).
+int cc_major(int device);
+
 // Resident blocks per SM of `kernel` at (threads, dynamic smem) on `device`, which must be the current
 // device. Raises the kernel's dynamic shared-memory opt-in to `smem` first when needed. The opt-in is
 // a per-kernel maximum, only ever raised: lowering it for a smaller launch would make a later, larger

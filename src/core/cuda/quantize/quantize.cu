@@ -35,8 +35,9 @@ void fill_side(SideP& s, const OptTensor& q, const OptTensor& qt, const OptTenso
 }
 
 // The tile128 recipe's pass of a request it takes (quantize_route.cpp, tile128_takes): rowwise 1x128
-// codes and/or columnwise 128x1 transposed codes, or the 128x128 tile quantization.
-void run_tile128_pass(const Params& p, int device, cudaStream_t stream) {
+// codes and/or columnwise 128x1 transposed codes, or the 128x128 tile quantization (tma: the weights'
+// TMA kernel where the device is Hopper).
+void run_tile128_pass(const Params& p, bool tma, int device, cudaStream_t stream) {
   const SideP &r = p.row, &c = p.col;
   Tile128Pass a;
   if (p.tile) {
@@ -61,6 +62,7 @@ void run_tile128_pass(const Params& p, int device, cudaStream_t stream) {
   a.tile = p.tile;
   a.n_r = p.n_r;
   a.src = p.src;
+  a.tma = tma;
   launch_tile128_pass(a, device, stream);
 }
 
@@ -82,6 +84,7 @@ RouteSide route_side(const SideP& s) {
   r.dq_f32 = s.dq_f32;
   r.dqt_f32 = s.dqt_f32;
   r.q_align = alignment(s.q);
+  r.qt_align = alignment(s.qt);
   r.dq_align = alignment(s.dq);
   return r;
 }
@@ -138,7 +141,7 @@ void launch(Params& p, const mxmoe_tensor& x, const OptTensor& offs, void* strea
       return;
     }
     case QuantKernel::kTile128:
-      run_tile128_pass(p, x.device, s);
+      run_tile128_pass(p, route.tma, x.device, s);
       return;
     case QuantKernel::kWarp:
       launch_warp(p, route.warp_pipe ? 0 : route.warp_budget, x.device, s);

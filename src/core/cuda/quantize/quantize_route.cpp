@@ -29,6 +29,17 @@ bool tile128_takes(const QuantizeRequest& r, const env::Settings& s) {
   return true;
 }
 
+// The weights' 128x128 request (no groups) where TMA can move it: rows of x, q (C bytes) and qt (R
+// bytes) at 16-byte strides, codes 16-byte aligned (sm90_bf16_quantize_128x128.cu; on Hopper only,
+// checked at launch). MXMOE_QUANT_TMA=0 keeps it on the tile128 pass kernel.
+bool weights_tma_takes(const QuantizeRequest& r, const env::Settings& s) {
+  if (!s.quant_tma || !r.tile || r.grouped || r.C % 16 != 0) return false;
+  const bool q = r.row_on && r.row.q, qt = (r.row_on && r.row.qt) || (r.col_on && r.col.qt);
+  if (q && r.row.q_align < 16) return false;
+  if (qt && (r.R % 16 != 0 || (r.row_on && r.row.qt ? r.row.qt_align : r.col.qt_align) < 16)) return false;
+  return true;
+}
+
 // Rowwise only, outputs in x's orientation, aligned: the streaming kernel (MXMOE_QUANT_STREAM=0: off).
 bool rows_take(const QuantizeRequest& r, const env::Settings& s) {
   const RouteSide& rs = r.row;
@@ -79,6 +90,7 @@ QuantizeRoute select_quantize_route(const QuantizeRequest& r, const env::Setting
     route.rows_pipelined = s.quant_stream != 2;
   } else if (tile128_takes(r, s)) {
     route.kernel = QuantKernel::kTile128;
+    route.tma = weights_tma_takes(r, s);
   } else if (warp_takes(r, s)) {
     route.kernel = QuantKernel::kWarp;
     // The cp.async ring by default (MXMOE_QUANT_WARP_PIPE=0: direct loads). Register budget: 2 CTAs
@@ -119,7 +131,7 @@ std::string QuantizeRoute::to_string(const QuantizeRequest& r) const {
       os << "rows pipelined=" << rows_pipelined;
       break;
     case QuantKernel::kTile128:
-      os << "tile128";
+      os << "tile128" << (tma ? " tma" : "");
       break;
     case QuantKernel::kWarp:
       os << "warp pipe=" << warp_pipe << " budget=" << warp_budget;

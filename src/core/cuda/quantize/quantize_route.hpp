@@ -18,7 +18,7 @@ namespace quant {
 struct RouteSide {
   bool q = false, qt = false, scale = false, blocked = false, dq = false, dqt = false;
   bool dq_f32 = false, dqt_f32 = false;
-  int q_align = 16, dq_align = 16;
+  int q_align = 16, qt_align = 16, dq_align = 16;
 };
 
 struct QuantizeRequest {
@@ -51,6 +51,7 @@ struct QuantizeRoute {
   int warp_budget = 2;         // kWarp without the ring: CTAs per SM of the register budget (2, 3, 4)
   int stages = 0;              // kTile: 0 direct register loads, 2 or 3 cp.async stages (3 -> 2 where it does not fit)
   int order = 1;               // kTile: 0 row-major tiles, 1 8x8 super-tiles
+  bool tma = false;            // kTile128, 128x128 weights: the TMA kernel on Hopper (else the pass kernel)
 
   // "quantize x=... -> kernel=..." (one line; MXMOE_PRINT_CONFIGS prints it).
   std::string to_string(const QuantizeRequest& r) const;

@@ -702,6 +702,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas(SRC)) tile128_pass_kernel(c
 }  // namespace
 
 void launch_tile128_pass(const Tile128Pass& a, int device, cudaStream_t stream) {
+  if (a.tma && launch_tile128_weights_sm90(a, device, stream)) return;
   KParams K;
   K.a = a;
   K.grouped = a.offs != nullptr;

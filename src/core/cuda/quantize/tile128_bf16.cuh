@@ -36,7 +36,13 @@ struct Tile128Pass {
   bool col_codes = false;  // columnwise 128x1 wanted (not tile): qt / scale_r
   // A computed input (src.kind 0: x itself), as quant::Params (quantize/kernels.cuh).
   qk::SourceP src{};
+  bool tma = false;  // the route chose the weights' TMA kernel (quantize_route.cpp, weights_tma_takes)
 };
+
+// The weights' request (tile, no token groups, x itself) on Hopper by TMA
+// (sm90_bf16_quantize_128x128.cu): false, launching nothing, where it does not take the request
+// (another architecture, or strides and pointers TMA cannot use).
+bool launch_tile128_weights_sm90(const Tile128Pass& a, int device, cudaStream_t stream);
 
 // Runs the pass on `stream` (device = x's device, already current). The caller has checked that the
 // request is one this kernel takes (see quantize.cu's launch()).
