@@ -140,14 +140,17 @@ def test_gather_source_padded_routing(device, blocking):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("scaled", [False, True])
-@pytest.mark.parametrize("many_tiles", [False, True])
-def test_gather_source_cuda_equals_cpu(scaled, many_tiles):
+@pytest.mark.parametrize("shape", ["small", "partial_columns", "many_tiles"])
+def test_gather_source_cuda_equals_cpu(scaled, shape):
     """many_tiles: enough tiles that every CTA of the GPU pass takes many (64K routed rows x 8 column
     tiles), so its steady-state loop runs (copies issued two tiles ahead into three buffers), which the
-    small shape never reaches past a CTA's first tiles; with the layer's padded routing (-1 rows)."""
+    small shape never reaches past a CTA's first tiles; with the layer's padded routing (-1 rows).
+    partial_columns: H = 416, the last column tile a quarter wide (its rows' copies are 64 bytes)."""
     from mxmoe.backends.phases import align_routing
 
-    T, k, E, H = (8192, 8, 64, 1024) if many_tiles else (129, 2, 7, 384)
+    many_tiles = shape == "many_tiles"
+    shapes = {"small": (129, 2, 7, 384), "partial_columns": (300, 3, 9, 416), "many_tiles": (8192, 8, 64, 1024)}
+    T, k, E, H = shapes[shape]
     offs, perm, inv = _routing(T, k, E, "cpu", seed=5 if many_tiles else 4)
     if many_tiles:
         offs, perm, inv = align_routing(offs, perm, inv, 16)
