@@ -31,7 +31,8 @@ import bench_moe  # noqa: E402
 
 
 class LiveOutputs(TorchDispatchMode):
-    """The op outputs alive after each op; the largest total seen and its contents."""
+    """The op outputs alive after each op, at their storages' current sizes (a storage the layer released
+    early, h at its last read, counts 0 from then); the largest total seen and its contents."""
 
     def __init__(self, skip, skip_ops=()):
         super().__init__()
@@ -43,11 +44,12 @@ class LiveOutputs(TorchDispatchMode):
             if isinstance(t, torch.Tensor):
                 st = t.untyped_storage()
                 if id(st) not in self.skip and id(st) not in self.live and not any(o in str(func) for o in self.skip_ops):
-                    self.live[id(st)] = (st.nbytes(), str(func), tuple(t.shape), t.dtype)
+                    self.live[id(st)] = (weakref.ref(st), str(func), tuple(t.shape), t.dtype)
                     weakref.finalize(st, self.live.pop, id(st), None)
-        total = sum(v[0] for v in self.live.values())
+        now = [(r().nbytes(), f, s, d) for r, f, s, d in self.live.values() if r() is not None]
+        total = sum(v[0] for v in now)
         if total > self.peak:
-            self.peak, self.at, self.contents = total, str(func), sorted(self.live.values(), key=lambda v: -v[0])
+            self.peak, self.at, self.contents = total, str(func), sorted(now, key=lambda v: -v[0])
         return out
 
 

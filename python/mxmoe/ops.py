@@ -41,10 +41,11 @@ Ops (schemas in src/ops/library.cpp):
       layer's dispatch gather, SwiGLU, SwiGLU backward), never materialized
   moe_tile128_forward / moe_tile128_backward / moe_exact_forward / moe_exact_backward
       the sm90 phases with A (or dY) a computed input (mxmoe/moe/, backends/phases.py)
-  moe_tile128_swiglu_forward / moe_tile128_dswiglu_backward
-      the tile128 layer's up projection with SwiGLU in its epilogue (then GEMM2), and its
-      down-projection dgrad with dSwiGLU in its epilogue (then the up projection's dgrad / wgrad)
-      (moe_tile128_backward and moe_tile128_dswiglu_backward take the layer's aligned routing,
+  moe_tile128_swiglu_forward / moe_tile128_dswiglu_dgrad / moe_tile128_up_wgrad
+      the tile128 layer's up projection with SwiGLU in its epilogue (then GEMM2), its
+      down-projection dgrad with dSwiGLU in its epilogue (dH's two FP8 forms and the routing
+      weights' partials), and the up projection's wgrad on dH's columnwise form and dispatch(x)
+      (moe_tile128_backward and moe_tile128_up_wgrad take the layer's aligned routing,
       phases.align_routing: their wgrads read every token group in place; on a GPU, where CUTLASS runs
       the wgrad, a group starting off a multiple of 16 rows gets NaN weight grads)
   moe_routing(topk_idx, num_experts) -> (offs (E,), perm (T*k,), inv (T, k)) int32: stable expert order
@@ -104,7 +105,7 @@ __all__ = [
     "grouped_mm_mx_kgroups", "check_offsets", "clamp_offsets", "quantize_fused", "grouped_mm_tile128",
     "grouped_mm_tile128_kgroups", "zero_rows_past_groups", "sm90_tile128_weight", "sm90_tile128_forward", "sm90_exact_weight", "sm90_tile128_backward",
     "sm90_exact_forward", "sm90_exact_backward", "quantize_fused_source", "moe_tile128_forward",
-    "moe_tile128_backward", "moe_tile128_dswiglu_backward", "moe_tile128_swiglu_forward", "moe_exact_forward", "moe_exact_backward", "grouped_scale_capacity", "blocked_size", "quantize_fused_sides",
+    "moe_tile128_backward", "moe_tile128_dswiglu_dgrad", "moe_tile128_up_wgrad", "moe_tile128_swiglu_forward", "moe_exact_forward", "moe_exact_backward", "grouped_scale_capacity", "blocked_size", "quantize_fused_sides",
     "weight_forms_if", "capture_id", "sm90_gemm_config",
 ]
 
@@ -163,7 +164,8 @@ dense_grouped_mm = _dense_grouped_mm  # the public name the backends and the lay
 quantize_fused_source = _python_op("quantize_fused_source")
 moe_tile128_forward = _python_op("moe_tile128_forward")
 moe_tile128_backward = _python_op("moe_tile128_backward")
-moe_tile128_dswiglu_backward = _python_op("moe_tile128_dswiglu_backward")
+moe_tile128_dswiglu_dgrad = _python_op("moe_tile128_dswiglu_dgrad")
+moe_tile128_up_wgrad = _python_op("moe_tile128_up_wgrad")
 moe_tile128_swiglu_forward = _python_op("moe_tile128_swiglu_forward")
 moe_exact_forward = _python_op("moe_exact_forward")
 moe_exact_backward = _python_op("moe_exact_backward")
@@ -444,13 +446,17 @@ def _(src_kind, src_a, src_b, perm, row_scale, k, layout, alpha, limit, up_offse
     return da, dw
 
 
-@_fake("moe_tile128_dswiglu_backward")
-def _(dout, perm, k, row_scale, w2_qt, w2_scale, h, alpha, limit, up_offset, w13_qt, w13_scale, x, offs, mode,
-      need_dxs, need_dw13, a_dtype, w_dtype):
+@_fake("moe_tile128_dswiglu_dgrad")
+def _(dout, perm, k, row_scale, w2_qt, w2_scale, h, alpha, limit, up_offset, offs, mode):
     m, two_i = h.shape
-    dxs = h.new_empty((m, w13_qt.shape[1]) if need_dxs else (0,), dtype=a_dtype)
-    dw13 = h.new_empty((offs.shape[0], two_i, x.shape[1]) if need_dw13 else (0,), dtype=w_dtype)
-    return dxs, dw13, h.new_empty((m, two_i // 256), dtype=torch.float32)
+    dh = h.new_empty((m, two_i), dtype=BF16)
+    row, col = _side(dh, offs, True, FUSED_Q | FUSED_SCALE), _side(dh, offs, False, FUSED_QT | FUSED_SCALE)
+    return row[0], row[2], col[1], col[2], h.new_empty((m, two_i // 256), dtype=torch.float32)
+
+
+@_fake("moe_tile128_up_wgrad")
+def _(dh_qt, dh_scale_t, x, perm, k, offs, mode, w_dtype):
+    return x.new_empty((offs.shape[0], dh_qt.shape[0], x.shape[1]), dtype=w_dtype)
 
 
 @_fake("moe_tile128_swiglu_forward")

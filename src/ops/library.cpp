@@ -47,10 +47,11 @@ STABLE_TORCH_LIBRARY(mxmoe, m) {
         "ScalarType out_dtype, bool want_a_col) -> (Tensor, Tensor, Tensor)");
   m.def("moe_tile128_backward(" SRC "Tensor w_qt, Tensor w_scale, Tensor? a_qt, Tensor? a_scale, Tensor offs, "
         "int mode, bool need_da, bool need_dw, ScalarType a_dtype, ScalarType w_dtype) -> (Tensor, Tensor)");
-  m.def("moe_tile128_dswiglu_backward(Tensor dout, Tensor perm, int k, Tensor row_scale, Tensor w2_qt, "
-        "Tensor w2_scale, Tensor h, float alpha, float limit, float up_offset, Tensor w13_qt, Tensor w13_scale, "
-        "Tensor? x, Tensor offs, int mode, bool need_dxs, bool need_dw13, ScalarType a_dtype, "
-        "ScalarType w_dtype) -> (Tensor, Tensor, Tensor)");
+  m.def("moe_tile128_dswiglu_dgrad(Tensor dout, Tensor perm, int k, Tensor row_scale, Tensor w2_qt, "
+        "Tensor w2_scale, Tensor h, float alpha, float limit, float up_offset, Tensor offs, int mode) "
+        "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("moe_tile128_up_wgrad(Tensor dh_qt, Tensor dh_scale_t, Tensor x, Tensor perm, int k, Tensor offs, int mode, "
+        "ScalarType w_dtype) -> Tensor");
   m.def("moe_tile128_dswiglu_available(int i, int k, int groups, int t, int fanout, int device) -> bool");
   m.def("moe_tile128_swiglu_forward(Tensor x, Tensor perm, int k, Tensor w13_q, Tensor w13_scale, Tensor? b13, "
         "int layout, float alpha, "
@@ -106,7 +107,8 @@ STABLE_TORCH_LIBRARY(mxmoe, m) {
   m.impl("quantize_fused_source", TORCH_BOX(&quantize_fused_source));         \
   m.impl("moe_tile128_forward", TORCH_BOX(&moe_tile128_forward));             \
   m.impl("moe_tile128_backward", TORCH_BOX(&moe_tile128_backward));           \
-  m.impl("moe_tile128_dswiglu_backward", TORCH_BOX(&moe_tile128_dswiglu_backward)); \
+  m.impl("moe_tile128_dswiglu_dgrad", TORCH_BOX(&moe_tile128_dswiglu_dgrad)); \
+  m.impl("moe_tile128_up_wgrad", TORCH_BOX(&moe_tile128_up_wgrad));           \
   m.impl("moe_tile128_swiglu_forward", TORCH_BOX(&moe_tile128_swiglu_forward));     \
   m.impl("moe_exact_forward", TORCH_BOX(&moe_exact_forward));                 \
   m.impl("moe_exact_backward", TORCH_BOX(&moe_exact_backward))

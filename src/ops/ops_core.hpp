@@ -80,17 +80,20 @@ std::tuple<Tensor, Tensor, Tensor> moe_tile128_forward(MXMOE_SOURCE_ARGS, Tensor
 std::tuple<Tensor, Tensor> moe_tile128_backward(MXMOE_SOURCE_ARGS, Tensor w_qt, Tensor w_scale, OptTensor a_qt,
                                                 OptTensor a_scale, Tensor offs, int64_t mode, bool need_da,
                                                 bool need_dw, ScalarType a_dtype, ScalarType w_dtype);
-// The tile128 layer's backward through the down projection (weights after the experts): dout per
-// token, the gather GEMM with the dSwiGLU epilogue (mxmoe_grouped_mm_tile128_gather_dswiglu), then
-// dW13 = dH^T . dispatch(x) (x: the layer's input, its routed rows' wgrad operand built here) and
-// dXs = dH . w13 on the FP8 forms it wrote. Returns (dXs, dW13, tw_part); tw_part (M, I / 128) are the
-// routing weights' gradient's per-tile partials.
-std::tuple<Tensor, Tensor, Tensor> moe_tile128_dswiglu_backward(Tensor dout, Tensor perm, int64_t k, Tensor row_scale,
-                                                                Tensor w2_qt, Tensor w2_scale, Tensor h, double alpha,
-                                                                double limit, double up_offset, Tensor w13_qt,
-                                                                Tensor w13_scale, OptTensor x, Tensor offs,
-                                                                int64_t mode, bool need_dxs, bool need_dw13,
-                                                                ScalarType a_dtype, ScalarType w_dtype);
+// The tile128 layer's down-projection dgrad with dSwiGLU in its epilogue: dout (T, H) quantized once per
+// token, the gather GEMM with the dSwiGLU epilogue (mxmoe_grouped_mm_tile128_gather_dswiglu) reading h
+// (M, 2I). Returns dH's rowwise form (dh_q, dh_scale: the up projection's dgrad operand, with
+// grouped_mm_tile128), its columnwise form (dh_qt, dh_scale_t: moe_tile128_up_wgrad's) and tw_part
+// (M, I / 128), the routing weights' gradient's per-tile partials.
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_tile128_dswiglu_dgrad(Tensor dout, Tensor perm, int64_t k,
+                                                                             Tensor row_scale, Tensor w2_qt,
+                                                                             Tensor w2_scale, Tensor h, double alpha,
+                                                                             double limit, double up_offset, Tensor offs,
+                                                                             int64_t mode);
+// dW13 = dH^T . dispatch(x) on dH's columnwise form: x (T, H) is the layer's input, its routed rows'
+// 128x1 wgrad operand built here; offs the layer's aligned routing (the wgrad reads groups in place).
+Tensor moe_tile128_up_wgrad(Tensor dh_qt, Tensor dh_scale_t, Tensor x, Tensor perm, int64_t k, Tensor offs,
+                            int64_t mode, ScalarType w_dtype);
 // Whether that op's kernel takes a call with I, K = H, groups, T tokens, fanout on `device` (-1: the
 // host, always); the routed row count is not asked (it only needs to be below 2^31).
 bool moe_tile128_dswiglu_available(int64_t i, int64_t k, int64_t groups, int64_t t, int64_t fanout, int64_t device);

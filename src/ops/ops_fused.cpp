@@ -257,19 +257,17 @@ std::tuple<Tensor, Tensor> tile128_backward(const char* op, const Input& dy, con
   return {da, dw};
 }
 
-// The down projection's dgrad with dSwiGLU in its epilogue, then the up projection's wgrad and dgrad
-// on the FP8 forms it wrote (the tile128 layer's backward with the weights after the experts). The
-// wgrad comes first, its operands (dH's columnwise form, dispatch(x)'s, built here from x) freed
-// before dXs is allocated: the layer's peak memory is in this op.
-std::tuple<Tensor, Tensor, Tensor> tile128_dswiglu_backward(const char* op, const Tensor& dout_in, const Tensor& perm,
-                                                            int64_t k, const Tensor& row_scale, const Tensor& w2_qt,
-                                                            const Tensor& w2_scale, const Tensor& h, double alpha,
-                                                            double limit, double up_offset, const Tensor& w13_qt,
-                                                            const Tensor& w13_scale, const OptTensor& x,
-                                                            const Tensor& offs, int64_t mode, bool need_dxs,
-                                                            bool need_dw13, ScalarType a_dtype, ScalarType w_dtype) {
-  if (need_dw13 && !x)
-    fail(op, MXMOE_ERR_INVALID_ARGUMENT, "x: required when need_dw13 (the tokens the routed rows read)");
+// The down projection's dgrad with dSwiGLU in its epilogue (the tile128 layer's backward with the
+// weights after the experts): dout quantized once per token, the gather GEMM writing dH's two FP8 forms
+// and the routing weights' per-tile partials; dY' is never stored. The up projection's wgrad and dgrad
+// on those forms are separate calls (moe_tile128_up_wgrad, grouped_mm_tile128), so that the caller can
+// let h go first (mxmoe/backends/phases.py, fused_down_backward).
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> tile128_dswiglu_dgrad(const char* op, const Tensor& dout_in,
+                                                                         const Tensor& perm, int64_t k,
+                                                                         const Tensor& row_scale, const Tensor& w2_qt,
+                                                                         const Tensor& w2_scale, const Tensor& h,
+                                                                         double alpha, double limit, double up_offset,
+                                                                         const Tensor& offs, int64_t mode) {
   require_dims(h, "h", 2, 2, op);
   require_dims(w2_qt, "w2_qt", 3, 3, op);
   const Input dout(dout_in);
@@ -279,38 +277,21 @@ std::tuple<Tensor, Tensor, Tensor> tile128_dswiglu_backward(const char* op, cons
   quantize_per_token(op, dout, mode, g_row, L);
   Tensor dh_q = empty({M, 2 * I}, ScalarType::Float8_e4m3fn, L.device);
   Tensor dh_s = empty({M, 2 * I / kBlock}, ScalarType::Float8_e8m0fnu, L.device);
+  Tensor dh_qt = empty({2 * I, M}, ScalarType::Float8_e4m3fn, L.device);
+  Tensor dh_st = empty({2 * I, cdiv(M, kBlock) + G}, ScalarType::Float8_e8m0fnu, L.device);
   Tensor tw_part = empty({M, I / 128}, ScalarType::Float, L.device);
-  Tensor dw13 =
-      need_dw13 ? empty({G, 2 * I, x ? x->size(1) : 0}, w_dtype, L.device) : none_output(w_dtype, L.device);
-  {
-    Tensor dh_qt = empty({2 * I, M}, ScalarType::Float8_e4m3fn, L.device);
-    Tensor dh_st = empty({2 * I, cdiv(M, kBlock) + G}, ScalarType::Float8_e8m0fnu, L.device);
-    mxmoe_tensor av = view(g_row.q(), "dout_q", op), asv = view(g_row.scale(), "dout_scale", op),
-                 pv = view(perm, "perm", op), rsv = view(dense(row_scale), "row_scale", op),
-                 bv = view(w2_qt, "w2_qt", op), bsv = view(w2_scale, "w2_scale", op), ov = view(offs, "offs", op),
-                 hv = view(dense(h), "h", op), qv = view(dh_q, "dh_q", op), sv = view(dh_s, "dh_scale", op),
-                 qtv = view(dh_qt, "dh_qt", op), stv = view(dh_st, "dh_scale_t", op),
-                 tv = view(tw_part, "tw_part", op);
-    check(mxmoe_grouped_mm_tile128_gather_dswiglu(&av, &asv, &pv, k, &rsv, &bv, &bsv, &ov, &hv, MXMOE_SWIGLU_CONCAT,
-                                                  static_cast<float>(alpha), static_cast<float>(limit),
-                                                  static_cast<float>(up_offset),
-                                                  static_cast<mxmoe_scale_mode>(to_i32(mode, "mode", op)), &qv, &sv,
-                                                  &qtv, &stv, &tv, L.stream),
-          op);
-    if (need_dw13) {
-      // dispatch(x)'s wgrad operand (128x1 per group), as the forward's gather would have built it.
-      require_dims(*x, "x", 2, 2, op);
-      const Input xs(MXMOE_SOURCE_GATHER, *x, std::nullopt, perm, std::nullopt, k, 0, 1.0, 0.0, 0.0, op);
-      const Side x_none(xs, offs, true, 0, ScalarType::BFloat16, L.device, op);
-      const Side x_col(xs, offs, false, kQT | kScale, ScalarType::BFloat16, L.device, op);
-      run_fused(op, xs, offs, 128, 128, false, mode, x_none, x_col, L);
-      // offs: the layer's aligned routing (align_routing), read in place.
-      tile128_mm_kgroups_into(dh_qt, dh_st, x_col.t[1], x_col.scale(), offs, dw13, L, op, true);
-    }
-  }  // dH's columnwise form and x's operand are freed here
-  Tensor dxs = need_dxs ? empty({M, w13_qt.size(1)}, a_dtype, L.device) : none_output(a_dtype, L.device);
-  if (need_dxs) tile128_mm_into(dh_q, dh_s, w13_qt, w13_scale, offs, std::nullopt, dxs, L, op);
-  return {dxs, dw13, tw_part};
+  mxmoe_tensor av = view(g_row.q(), "dout_q", op), asv = view(g_row.scale(), "dout_scale", op),
+               pv = view(perm, "perm", op), rsv = view(dense(row_scale), "row_scale", op), bv = view(w2_qt, "w2_qt", op),
+               bsv = view(w2_scale, "w2_scale", op), ov = view(offs, "offs", op), hv = view(dense(h), "h", op),
+               qv = view(dh_q, "dh_q", op), sv = view(dh_s, "dh_scale", op), qtv = view(dh_qt, "dh_qt", op),
+               stv = view(dh_st, "dh_scale_t", op), tv = view(tw_part, "tw_part", op);
+  check(mxmoe_grouped_mm_tile128_gather_dswiglu(&av, &asv, &pv, k, &rsv, &bv, &bsv, &ov, &hv, MXMOE_SWIGLU_CONCAT,
+                                                static_cast<float>(alpha), static_cast<float>(limit),
+                                                static_cast<float>(up_offset),
+                                                static_cast<mxmoe_scale_mode>(to_i32(mode, "mode", op)), &qv, &sv, &qtv,
+                                                &stv, &tv, L.stream),
+        op);
+  return {dh_q, dh_s, dh_qt, dh_st, tw_part};
 }
 
 // The up projection with SwiGLU in its epilogue, then the down projection on the act(h) operand it wrote
@@ -517,15 +498,30 @@ std::tuple<Tensor, Tensor> sm90_exact_backward(Tensor dy, Tensor w_q, Tensor w_s
   return exact_backward(op, Input(dy), w_q, w_scale, a_q, a_scale, offs, mode, need_da, need_dw);
 }
 
-std::tuple<Tensor, Tensor, Tensor> moe_tile128_dswiglu_backward(Tensor dout, Tensor perm, int64_t k, Tensor row_scale,
-                                                                Tensor w2_qt, Tensor w2_scale, Tensor h, double alpha,
-                                                                double limit, double up_offset, Tensor w13_qt,
-                                                                Tensor w13_scale, OptTensor x, Tensor offs,
-                                                                int64_t mode, bool need_dxs, bool need_dw13,
-                                                                ScalarType a_dtype, ScalarType w_dtype) {
-  return tile128_dswiglu_backward("moe_tile128_dswiglu_backward", dout, perm, k, row_scale, w2_qt, w2_scale, h, alpha,
-                                  limit, up_offset, w13_qt, w13_scale, x, offs, mode, need_dxs, need_dw13, a_dtype,
-                                  w_dtype);
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_tile128_dswiglu_dgrad(Tensor dout, Tensor perm, int64_t k,
+                                                                             Tensor row_scale, Tensor w2_qt,
+                                                                             Tensor w2_scale, Tensor h, double alpha,
+                                                                             double limit, double up_offset, Tensor offs,
+                                                                             int64_t mode) {
+  return tile128_dswiglu_dgrad("moe_tile128_dswiglu_dgrad", dout, perm, k, row_scale, w2_qt, w2_scale, h, alpha, limit,
+                               up_offset, offs, mode);
+}
+
+Tensor moe_tile128_up_wgrad(Tensor dh_qt, Tensor dh_scale_t, Tensor x, Tensor perm, int64_t k, Tensor offs,
+                            int64_t mode, ScalarType w_dtype) {
+  const char* op = "moe_tile128_up_wgrad";
+  require_dims(x, "x", 2, 2, op);
+  require_dims(dh_qt, "dh_qt", 2, 2, op);
+  Launch L(dh_qt);
+  Tensor dw13 = empty({offs.size(0), dh_qt.size(0), x.size(1)}, w_dtype, L.device);
+  // dispatch(x)'s wgrad operand (128x1 per group), as the forward's gather would have built it.
+  const Input xs(MXMOE_SOURCE_GATHER, x, std::nullopt, perm, std::nullopt, k, 0, 1.0, 0.0, 0.0, op);
+  const Side x_none(xs, offs, true, 0, ScalarType::BFloat16, L.device, op);
+  const Side x_col(xs, offs, false, kQT | kScale, ScalarType::BFloat16, L.device, op);
+  run_fused(op, xs, offs, 128, 128, false, mode, x_none, x_col, L);
+  // offs: the layer's aligned routing (align_routing), read in place.
+  tile128_mm_kgroups_into(dh_qt, dh_scale_t, x_col.t[1], x_col.scale(), offs, dw13, L, op, true);
+  return dw13;
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> moe_tile128_swiglu_forward(Tensor x, Tensor perm, int64_t k, Tensor w13_q,

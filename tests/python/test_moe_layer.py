@@ -303,9 +303,9 @@ def test_backward_order_bounds_peak_memory(recipe):
     both = [f for f, live in track.moments
             if any(s == (E, H, I) for _, s, _ in live) and any(is_dxs(g, s) for g, s, _ in live)]
     assert not both, f"dW2 and dXs alive together after {both[:3]}"
-    if recipe == TILE:
+    if recipe == TILE:  # (dH's columnwise form, the dSwiGLU dgrad's output, is (2I, rows) = (H, rows) here)
         x_op = [f for f, live in track.moments if any(len(s) == 2 and s[0] == H and d == torch.float8_e4m3fn
-                                                      for _, s, d in live)]
+                                                      and "dswiglu" not in g for g, s, d in live)]
         assert not x_op, f"dispatch(x)'s wgrad operand made outside the fused backward: {x_op[:3]}"
     assert leaves["w2"].grad is not None and leaves["w13"].grad is not None
 
@@ -443,6 +443,44 @@ def test_saved_for_backward(device, recipe, bias, score_before):
     ref_out, ref_grads = _reference(inp, dout, score_before=score_before)
     _assert_bars(out.detach(), {n: leaves[n].grad for n in GRAD_NAMES if leaves.get(n) is not None}, ref_out,
                  ref_grads, BARS[recipe])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", [TILE, EXACT, None])
+@pytest.mark.parametrize("I", [128, 96])  # tile128: the dSwiGLU dgrad releases h (I % 128 == 0), else the layer
+def test_h_released_at_its_last_read(device, recipe, I):
+    """The pre-activation h goes back to the allocator at its last read in the eager backward, so the up
+    projection's grads and dW2 peak without it; with retain_graph it stays (a second backward reads it)
+    and that second backward gives the first one's grads, bit for bit."""
+    if recipe is not None and not _fused_ok(device):
+        pytest.skip("needs a Hopper GPU and the tile128 GEMMs")
+    inp, dout = _inputs(device, T=90, H=128, I=I, E=4, k=2, seed=21)
+
+    def h_of(saved):
+        hs = [t for t in saved if t.dim() == 2 and t.shape[1] == 2 * I and t.dtype == BF16]
+        assert len(hs) == 1, [(tuple(t.shape), t.dtype) for t in saved]
+        return hs[0]
+
+    leaves = _leaves(inp)
+    out, saved = _forward_saving(leaves, recipe=recipe, backend="fused")
+    h = h_of(saved)
+    assert h.untyped_storage().nbytes() > 0
+    out.backward(dout)
+    assert h.untyped_storage().nbytes() == 0, "h released after its last read"
+    grads = {n: leaves[n].grad for n in GRAD_NAMES if leaves.get(n) is not None}
+
+    leaves = _leaves(inp)
+    out, saved = _forward_saving(leaves, recipe=recipe, backend="fused")
+    h = h_of(saved)
+    out.backward(dout, retain_graph=True)
+    assert h.untyped_storage().nbytes() > 0, "kept for the next backward"
+    first = {n: leaves[n].grad.clone() for n in grads}
+    for n in grads:
+        leaves[n].grad = None
+    out.backward(dout)
+    for n in grads:
+        _same(leaves[n].grad, first[n], f"second backward's grad of {n}")
+        _same(first[n], grads[n], f"grad of {n} with retain_graph")
 
 
 @pytest.mark.parametrize("device", DEVICES)

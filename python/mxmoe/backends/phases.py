@@ -109,12 +109,21 @@ class Tile128Phases:
                 and h.shape[0] < 2**31)
 
     @staticmethod
-    def fused_down_backward(dout, perm, k, rs, w2_b, h, act, w13_b, x, offs, mode, need_dxs, need_dw13, w13_dtype):
+    def fused_down_backward(dout, perm, k, rs, w2_b, h, act, w13_b, x, offs, mode, need_dxs, need_dw13, w13_dtype,
+                            release_h=False):
         """The down projection's dgrad with dSwiGLU (and the routing weights) in its epilogue, then the up
-        projection's wgrad (on dispatch(x), its operand built inside from x) and dgrad on the FP8 forms
-        it wrote: (dXs, dW13, tw_part)."""
-        return ops.moe_tile128_dswiglu_backward(dout, perm, k, rs, *w2_b, h, act.alpha, act.limit, act.up_offset,
-                                                *w13_b, x, offs, mode, need_dxs, need_dw13, BF16, w13_dtype)
+        projection's wgrad (on dispatch(x), its operand built from x) and dgrad on the FP8 forms it wrote:
+        (dXs or None, dW13 or None, tw_part). release_h: h's memory goes back after the first GEMM, its
+        last read (h is empty afterwards), so the two GEMMs after it peak without h. The wgrad comes
+        first and dH's columnwise form is freed before dXs exists: the layer's peak is here."""
+        dh_q, dh_s, dh_qt, dh_st, tw_part = ops.moe_tile128_dswiglu_dgrad(dout, perm, k, rs, *w2_b, h, act.alpha,
+                                                                          act.limit, act.up_offset, offs, mode)
+        if release_h:
+            h.untyped_storage().resize_(0)
+        dw13 = ops.moe_tile128_up_wgrad(dh_qt, dh_st, x, perm, k, offs, mode, w13_dtype) if need_dw13 else None
+        del dh_qt, dh_st
+        dxs = ops.grouped_mm_tile128(dh_q, dh_s, *w13_b, offs, None, BF16) if need_dxs else None
+        return dxs, dw13, tw_part
 
     @staticmethod
     def wgrad_operand(src, offs, mode):

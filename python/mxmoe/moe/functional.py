@@ -40,6 +40,26 @@ def _dtype(t: Optional[Tensor]):
     return None if t is None else t.dtype
 
 
+def _may_release() -> bool:
+    """Whether this backward may hand a saved tensor's memory back at its last read instead of when the
+    autograd graph lets go of it (after the whole backward): eager only (a compiled backward has its own
+    liveness), no CUDA graph being captured, and the graph not kept for another backward (retain_graph or
+    create_graph read the saved tensors again)."""
+    if torch.compiler.is_compiling():
+        return False
+    keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    if keep_graph is None or keep_graph():
+        return False
+    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def _release(t: Optional[Tensor]) -> None:
+    """t's memory back to the allocator now (t is empty afterwards) where _may_release allows: for the
+    layer's own saved intermediates (h) after their last read, which nothing outside the layer holds."""
+    if t is not None and _may_release():
+        t.untyped_storage().resize_(0)
+
+
 def _cast(t: Optional[Tensor], dtype) -> Optional[Tensor]:
     return t if t is None or t.dtype == dtype else t.to(dtype)
 
@@ -151,9 +171,11 @@ class FusedMX(torch.autograd.Function):
             # <dY'[n], act(h[n])> (+ <dout[t], b2[e]>), so o is never kept. The wgrad reads the weighted
             # rows, dW2 = (w * gather(dout))^T act(h), quantized as read.
             if fused_down:
+                # h's one read is the first GEMM's: its memory goes back right after (_may_release), so
+                # the up projection's wgrad and dgrad peak without it.
                 dxs, dw13, tw_part = phases.fused_down_backward(dout, perm, k, rs, w2_b, h, act, w13_b,
                                                                 x_saved if need_w13 else None, offs, mode, need_dxs,
-                                                                need_w13, w13_dtype)
+                                                                need_w13, w13_dtype, _may_release())
             elif need_h or need_tw:
                 d_y, _ = phases.backward(_gather_src(dout, perm, k), w2_b, None, None, offs, mode, True, False,
                                          w2_dtype)
@@ -180,6 +202,7 @@ class FusedMX(torch.autograd.Function):
                 db13 = _bias_grad(ops.swiglu_backward(d_y_w, h, layout, act.alpha, act.limit, act.up_offset), offs, b13)
             if need_tw and score_before:  # d w[t, j] = <x[t], dXs[inv[t, j]]>
                 d_tw = ops.moe_combine_weight_grad(x_saved, dxs, inv).to(topk_w.dtype)
+            _release(h)  # its last read (dW2 reads act(h)'s saved forms)
         if need_x:  # dx[t] = sum_j w[t, j] dXs[inv[t, j]] when the weights scaled the rows
             dx = ops.moe_combine(dxs, inv, rs if score_before else None, x_dtype)
         dxs = d_y = x_q = x_s = None
@@ -273,7 +296,7 @@ class Bf16(torch.autograd.Function):
         need_dxs = need_x or (need_tw and score_before)
         need_h = need_dxs or need_w13 or need_b13
         dx = dw13 = dw2 = db13 = db2 = None
-        d_y = dh = None
+        d_y = dh = y_w2 = None  # y_w2: act(h) for dW2 where it was made before h was released
         if need_h or (need_tw and not score_before):
             # The dgrad on the unweighted rows, dY' = gather(dout) @ w2; with the weights after the
             # experts they are applied where dY' is read next, dH = act'(h, w * dY'), and d w[t, j] =
@@ -298,6 +321,11 @@ class Bf16(torch.autograd.Function):
             if dh is None:
                 dh = ops.swiglu_backward(d_y if score_before else _scale_rows(d_y, perm, rs, k), h, *act_args)
             d_y = None
+            if _may_release():
+                # h's reads are done but dW2's act(h): made now (I columns a row instead of h's 2I), and
+                # h's memory goes back before the up projection's grads.
+                y_w2 = ops.swiglu(h, *act_args) if need_w2 else None
+                _release(h)
             if need_b13:
                 db13 = _bias_grad(dh, offs, b13)
             # dXs (and dx from it) before dW13, so that the routed rows' grad is freed before the weights'
@@ -325,7 +353,8 @@ class Bf16(torch.autograd.Function):
                                                                           dout, k)
         if kgather_w2:
             # dW2 = dispatch(dout)^T ([w *] act(h)): the weights on act(h)'s rows, dout's rows read in the GEMM
-            y = ops.swiglu(h, *act_args)
+            y = ops.swiglu(h, *act_args) if y_w2 is None else y_w2
+            y_w2 = None
             if not score_before:  # in place (fp32 product, rounded once): no second N x I tensor at the peak
                 y.mul_(ops.moe_gather(torch.ones(rs.shape[0], 1, dtype=F32, device=rs.device), perm, k, rs, F32))
             dw2 = _cast(ops.moe_kgather_mm_bf16(_cast(dout, BF16), y, perm, k, False, offs), w2_dtype)
@@ -333,7 +362,8 @@ class Bf16(torch.autograd.Function):
         if (need_w2 and not kgather_w2) or need_b2:
             d_o = ops.moe_gather(dout, perm, k, None if score_before else rs, BF16)
             if need_w2 and not kgather_w2:
-                dw2 = _cast(_mm(d_o.t(), ops.swiglu(h, *act_args), offs), w2_dtype)
+                dw2 = _cast(_mm(d_o.t(), ops.swiglu(h, *act_args) if y_w2 is None else y_w2, offs), w2_dtype)
+            y_w2 = None
             if need_b2:
                 db2 = _bias_grad(d_o, offs, b2)
             del d_o
