@@ -5,9 +5,9 @@
 // Why: the weights' pass reads 2 and writes 2 bytes an element every step, and on the register
 // loads of the general kernel it ran latency-bound (ncu: 2.33 TB/s, issue slots 28%, long and short
 // scoreboard stalls; docs/design/quantize.md). Here one thread keeps the DRAM busy: a persistent CTA
-// (one per SM) loads its tiles by TMA kSlots - 2 tiles ahead into a ring of 32 KB slots, and each
-// tile's codes are staged in its own slot and leave by TMA stores that nobody waits for until the
-// slot is loaded again.
+// (one per SM) keeps its next kSlots - 2 to kSlots - 1 tiles loading by TMA into a ring of 32 KB
+// slots, and each tile's codes are staged in its own slot and leave by TMA stores that nobody waits
+// for until the slot is loaded again (one tile later).
 //
 // Per tile (256 threads; thread (warp w, lane l) owns the 8x8 block of rows 8 rb .. +7, columns
 // 8 cb .. +7 with cb = l % 16, rb = 2 w + l / 16):
