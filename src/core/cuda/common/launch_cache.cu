@@ -3,6 +3,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <utility>
 
 #include "common/error.hpp"
 
@@ -14,28 +15,28 @@ std::mutex g_mutex;
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail_status(MXMOE_ERR_CUDA, what, ": ", cudaGetErrorString(e));
 }
+
+// A device attribute, asked once per (attribute, device).
+int cached_attribute(cudaDeviceAttr attr, int device, const char* what) {
+  static std::map<std::pair<int, int>, int> values;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  const auto key = std::make_pair(static_cast<int>(attr), device);
+  auto it = values.find(key);
+  if (it != values.end()) return it->second;
+  int v = 0;
+  check(cudaDeviceGetAttribute(&v, attr, device), what);
+  values[key] = v;
+  return v;
+}
+
 }  // namespace
 
 int sm_count(int device) {
-  static std::map<int, int> counts;
-  std::lock_guard<std::mutex> lock(g_mutex);
-  auto it = counts.find(device);
-  if (it != counts.end()) return it->second;
-  int n = 0;
-  check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute(SM count)");
-  counts[device] = n;
-  return n;
+  return cached_attribute(cudaDevAttrMultiProcessorCount, device, "cudaDeviceGetAttribute(SM count)");
 }
 
 int cc_major(int device) {
-  static std::map<int, int> majors;
-  std::lock_guard<std::mutex> lock(g_mutex);
-  auto it = majors.find(device);
-  if (it != majors.end()) return it->second;
-  int v = 0;
-  check(cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute(cc major)");
-  majors[device] = v;
-  return v;
+  return cached_attribute(cudaDevAttrComputeCapabilityMajor, device, "cudaDeviceGetAttribute(cc major)");
 }
 
 int occupancy(const void* kernel, int device, int threads, int smem) {

@@ -32,6 +32,7 @@
 #include "cuda/common/tensor_map.hpp"
 #include "cuda/quantize/common.cuh"
 #include "cuda/quantize/tile128_bf16.cuh"
+#include "cuda/quantize/tile128_codes.cuh"
 #include "mxmoe/mx_format.hpp"
 
 namespace mxmoe {
@@ -47,7 +48,6 @@ constexpr int kCodeBytes = 128 * 128;
 // each measured 1-20% slower (H100, same run; gpt-oss-120b's w13 most), 4 slots up to 1% slower.
 constexpr int kSlots = 6;
 constexpr int kSmem = kSlots * kSlotBytes + 1024;  // + the 128-byte swizzle's 1024-byte alignment
-constexpr uint32_t kAbs2 = 0x7FFF7FFFu;
 // Tile order: the ~132 tiles in flight at once (one CTA per SM) cover kBand row tiles x ~16 column
 // tiles, so each of the three tensors is touched in runs of >= 1 KB per row (x 4 KB, q 2 KB, qt
 // 1 KB) rather than qt in 128-byte pieces per row (column tiles fastest). H200, same run against
@@ -98,26 +98,7 @@ __device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, const void*
                : "memory");
 }
 
-__device__ __forceinline__ uint4 abs8(const uint4 v) {
-  return make_uint4(v.x & kAbs2, v.y & kAbs2, v.z & kAbs2, v.w & kAbs2);
-}
 
-// 8 codes of 8 bf16 values with the scale byte s (the NaN scale gives NaN codes): the general
-// kernel's codes8, the same operations.
-__device__ __forceinline__ uint2 codes8(const uint4 v, uint32_t s) {
-  const float rc = e8m0_recip(s);
-  const uint32_t a[4] = {v.x, v.y, v.z, v.w};
-  uint32_t o[2];
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const uint32_t lo = cvt_e4m3x2(__fmul_rn(__uint_as_float(a[2 * k] << 16), rc),
-                                   __fmul_rn(__uint_as_float(a[2 * k] & 0xFFFF0000u), rc));
-    const uint32_t hi = cvt_e4m3x2(__fmul_rn(__uint_as_float(a[2 * k + 1] << 16), rc),
-                                   __fmul_rn(__uint_as_float(a[2 * k + 1] & 0xFFFF0000u), rc));
-    o[k] = s == kE8M0Nan ? 0x7F7F7F7Fu : lo | (hi << 16);
-  }
-  return make_uint2(o[0], o[1]);
-}
 
 // 4x4 byte transpose: byte i of b[j] = byte j of a[i].
 __device__ __forceinline__ void transpose4(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t (&b)[4]) {
@@ -264,12 +245,9 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_bf16_quantize_128x128_kernel
 }  // namespace
 
 bool launch_tile128_weights_sm90(const Tile128Pass& a, int device, cudaStream_t stream) {
-  if (!a.tile || a.offs != nullptr || a.src.kind != 0) return false;
+  // The route checked the request (quantize_route.cpp, weights_tma_takes: no groups, x itself, TMA's
+  // 16-byte strides and bases); the architecture is known here.
   if (cc_major(device) != 9) return false;  // TMA as measured on Hopper; elsewhere the general kernel
-  // TMA's global strides are multiples of 16 bytes: rows of x (2 C), q (C) and qt (R) bytes.
-  if (a.C % 16 != 0 || !aligned(a.x, 16)) return false;
-  if (a.q != nullptr && !aligned(a.q, 16)) return false;
-  if (a.qt != nullptr && (a.R % 16 != 0 || !aligned(a.qt, 16))) return false;
   const long long rtiles = cdiv(a.R, 128), ctiles = cdiv(a.C, 128);
   const long long tiles = static_cast<long long>(a.B) * rtiles * ctiles;
   if (tiles <= 0) return true;

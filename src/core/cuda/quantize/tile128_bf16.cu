@@ -35,6 +35,7 @@
 #include "cuda/common/launch_cache.cuh"
 #include "cuda/quantize/common.cuh"
 #include "cuda/quantize/source.cuh"
+#include "cuda/quantize/tile128_codes.cuh"
 #include "mxmoe/mx_format.hpp"
 
 namespace mxmoe {
@@ -47,7 +48,6 @@ constexpr int kThreads = 256;
 constexpr int kTileBytes = 128 * 256;  // one 128 x 128 bf16 tile
 constexpr int kPartBytes = 8 * 64 * 4;  // column maxima: 8 warps x 64 packed column pairs
 constexpr int kTable = 512;  // groups whose table fits in shared memory
-constexpr uint32_t kAbs2 = 0x7FFF7FFFu;
 constexpr int kSourceGatherRaw = 100;  // the kernel's instance for GATHER without row_scale (cp.async)
 // GATHER with row_scale on the same cp.async path: the rows and their scales land in shared memory
 // two tiles ahead, and each thread scales its own chunks in place after they land (the MoE layer's
@@ -274,31 +274,12 @@ __device__ __forceinline__ void copy_tile_async(const KParams& K, const Tile& t,
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
-__device__ __forceinline__ uint4 abs8(const uint4 v) {
-  return make_uint4(v.x & kAbs2, v.y & kAbs2, v.z & kAbs2, v.w & kAbs2);
-}
 __device__ __forceinline__ uint4 vmax4(const uint4 a, const uint4 b) {
   return make_uint4(__vmaxu2(a.x, b.x), __vmaxu2(a.y, b.y), __vmaxu2(a.z, b.z), __vmaxu2(a.w, b.w));
 }
 // max of a packed pair of |bf16| as fp32 bits (NaN patterns order above everything else).
 __device__ __forceinline__ uint32_t pair_max(uint32_t m) { return max(m << 16, m & 0xFFFF0000u); }
 
-// 8 codes of a chunk with one scale byte (the NaN scale gives NaN codes). Branch-free, so that the
-// compiler can interleave the 8 chunks of a thread.
-__device__ __forceinline__ uint2 codes8(const uint4 v, uint32_t s) {
-  const float rc = e8m0_recip(s);
-  const uint32_t a[4] = {v.x, v.y, v.z, v.w};
-  uint32_t o[2];
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const uint32_t lo = cvt_e4m3x2(__fmul_rn(__uint_as_float(a[2 * k] << 16), rc),
-                                   __fmul_rn(__uint_as_float(a[2 * k] & 0xFFFF0000u), rc));
-    const uint32_t hi = cvt_e4m3x2(__fmul_rn(__uint_as_float(a[2 * k + 1] << 16), rc),
-                                   __fmul_rn(__uint_as_float(a[2 * k + 1] & 0xFFFF0000u), rc));
-    o[k] = s == kE8M0Nan ? 0x7F7F7F7Fu : lo | (hi << 16);
-  }
-  return make_uint2(o[0], o[1]);
-}
 
 // The row's scale entries of this column tile (compact layout (B*R, C/32): one byte per 32
 // columns, a 1x128 block's byte repeated 4 times).

@@ -39,9 +39,9 @@ struct Tile128Pass {
   bool tma = false;  // the route chose the weights' TMA kernel (quantize_route.cpp, weights_tma_takes)
 };
 
-// The weights' request (tile, no token groups, x itself) on Hopper by TMA
-// (sm90_bf16_quantize_128x128.cu): false, launching nothing, where it does not take the request
-// (another architecture, or strides and pointers TMA cannot use).
+// The weights' request the route gave the TMA kernel (a.tma: quantize_route.cpp, weights_tma_takes) on
+// Hopper (sm90_bf16_quantize_128x128.cu): false, launching nothing, on another architecture or past
+// its tile count.
 bool launch_tile128_weights_sm90(const Tile128Pass& a, int device, cudaStream_t stream);
 
 // Runs the pass on `stream` (device = x's device, already current). The caller has checked that the
