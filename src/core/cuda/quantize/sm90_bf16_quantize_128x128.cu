@@ -17,11 +17,18 @@
 //   to the slot's first 16 KB, the block's 8x8 byte transpose to its second 16 KB, both in TMA's
 //   128-byte swizzle (16-byte chunk ^ row % 8). A lane's transposed rows are written rotated by
 //   cb % 8 (the block's bytes rotated before the transpose), so a half-warp's stores spread over the
-//   banks (2-way instead of 16-way); the scale bytes go straight to global memory;
+//   banks (2-way instead of 16-way); thread 0 writes the tile's scale byte once (its seed, below);
 //   barrier 2 (after the async-proxy fence); thread 0 stores q and qt by TMA (clipped at the tensor's
 //   edges), waits until the previous tile's stores have read their slot and loads a new tile into it.
 // Loads past the tensor's edges read zeros, as the general kernel's do, so edge tiles get the same
 // scale and codes.
+//
+// The scales: a tile's copies in the two compact layouts are 4 bytes in each of its 128 rows of
+// scale_c and 128 columns of scale_r, 256 stores to as many 32-byte sectors. Written from the coding
+// loop they cost 11-21% of the pass (H100, same run against leaving them out: Qwen3-30B-A3B's w13 667
+// against 595 us, gpt-oss-120b's 4457 against 3520). So the coding loop writes one byte a tile, its
+// seed (scale_c at the tile's first row and 32-run; scale_r's when scale_c is not asked for), and a
+// second kernel expands the seeds of 8 x 8 tiles per block into whole sectors of both layouts.
 #include <cuda.h>
 
 #include <algorithm>
@@ -54,6 +61,8 @@ constexpr int kSmem = kSlots * kSlotBytes + 1024;  // + the 128-byte swizzle's 1
 // column tiles fastest: 1-5% faster on the larger weights (gpt-oss-120b, 64 x 8192 x 5120), 1%
 // slower on Qwen3-30B-A3B's w13; 4 and 16 row tiles a band measured between.
 constexpr int kBand = 8;
+
+constexpr int kExpand = 8;  // tiles a side of an expansion block: 8 tiles x 4 bytes = one 32-byte sector
 
 struct WeightParams {
   CUtensorMap x_map;   // bf16 (C, R, B), boxes 128 x 128 x 1, no swizzle
@@ -205,25 +214,11 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_bf16_quantize_128x128_kernel
     int b, rt, ct;
     coords(i, b, rt, ct);
     const int r0 = 128 * rt, c0 = 128 * ct;
-    const int rows = min(128, P.R - r0), cols = min(128, P.C - c0);
-    if (P.scale_c != nullptr && tid < rows) {
-      uint8_t* d = P.scale_c + (static_cast<long long>(b) * P.R + r0 + tid) * W + 4 * ct;
-      const int nj = min(4, W - 4 * ct);
-      if (nj == 4 && aligned(d, 4)) {
-        *reinterpret_cast<uint32_t*>(d) = sc * 0x01010101u;
-      } else {
-        for (int e = 0; e < nj; ++e) d[e] = static_cast<uint8_t>(sc);
-      }
-    }
-    if (P.scale_r != nullptr && tid >= 128 && tid - 128 < cols) {
-      const long long run0 = r0 / 32;
-      const int nruns = static_cast<int>(min(static_cast<long long>((rows + 31) / 32), min(4LL, P.n_r - run0)));
-      uint8_t* d = P.scale_r + (static_cast<long long>(b) * P.C + c0 + tid - 128) * P.n_r + run0;
-      if (nruns == 4 && aligned(d, 4)) {
-        *reinterpret_cast<uint32_t*>(d) = sc * 0x01010101u;
-      } else {
-        for (int e = 0; e < nruns; ++e) d[e] = static_cast<uint8_t>(sc);
-      }
+    if (tid == 0) {  // the seed (C % 32 == 0, and R % 32 == 0 where scale_r is asked for: 4 ct < W, 4 rt < n_r)
+      if (P.scale_c != nullptr)
+        P.scale_c[(static_cast<long long>(b) * P.R + r0) * W + 4 * ct] = static_cast<uint8_t>(sc);
+      else if (P.scale_r != nullptr)
+        P.scale_r[(static_cast<long long>(b) * P.C + c0) * P.n_r + r0 / 32] = static_cast<uint8_t>(sc);
     }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the staged codes, for the TMA stores
     __syncthreads();  // barrier 2: the codes are staged; s_red may be rewritten
@@ -240,6 +235,66 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_bf16_quantize_128x128_kernel
   }
   if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 #endif
+}
+
+struct ExpandParams {
+  uint8_t* scale_c = nullptr;  // as WeightParams
+  uint8_t* scale_r = nullptr;
+  long long n_r = 0;
+  int R = 0, C = 0, rtiles = 0, ctiles = 0, rblocks = 0, cblocks = 0;
+};
+
+// n rows of nb bytes (row stride `stride`) at d, byte (row, j) = 4 copies of v(row, j / 4)'s byte:
+// 4-byte stores where every row's run is whole words, else bytes; consecutive threads take consecutive
+// words (bytes) of a row, so a warp writes whole sectors.
+template <class V>
+__device__ __forceinline__ void expand_rows(uint8_t* d, long long stride, int n, int nb, const V& v) {
+  const int tid = threadIdx.x;
+  if (nb % 4 == 0 && stride % 4 == 0 && aligned(d, 4)) {
+    const int words = nb / 4;
+    for (int q = tid; q < n * words; q += blockDim.x) {
+      const int r = q / words, j = q - r * words;
+      *reinterpret_cast<uint32_t*>(d + r * stride + 4 * j) = v(r, j) * 0x01010101u;
+    }
+  } else {
+    for (int q = tid; q < n * nb; q += blockDim.x) {
+      const int r = q / nb, j = q - r * nb;
+      d[r * stride + j] = static_cast<uint8_t>(v(r, j / 4));
+    }
+  }
+}
+
+// Block (b, RB, CB): the seeds of tiles [8 RB, 8 RB + 8) x [8 CB, 8 CB + 8) of matrix b, read before
+// any copy is written (the block's own rows hold them), then scale_c's rows [1024 RB, +1024) bytes
+// [32 CB, +32) and scale_r's rows (x's columns) [1024 CB, +1024) bytes [32 RB, +32), clipped as the
+// layouts are (W = C / 32 bytes a row of scale_c; min(ceil(R / 32), n_r) runs a row of scale_r).
+__global__ void __launch_bounds__(256) sm90_weights_scale_expand_kernel(const ExpandParams P) {
+  __shared__ uint32_t seed[kExpand][kExpand];
+  const int per_b = P.rblocks * P.cblocks;
+  const int b = static_cast<int>(blockIdx.x) / per_b, rem = static_cast<int>(blockIdx.x) - b * per_b;
+  const int RB = rem / P.cblocks, CB = rem - RB * P.cblocks;
+  const long long W = P.C / 32;
+  if (threadIdx.x < kExpand * kExpand) {
+    const int i = threadIdx.x / kExpand, j = threadIdx.x % kExpand;
+    const int rt = kExpand * RB + i, ct = kExpand * CB + j;
+    if (rt < P.rtiles && ct < P.ctiles)
+      seed[i][j] = P.scale_c != nullptr ? P.scale_c[(static_cast<long long>(b) * P.R + 128 * rt) * W + 4 * ct]
+                                        : P.scale_r[(static_cast<long long>(b) * P.C + 128 * ct) * P.n_r + 4 * rt];
+  }
+  __syncthreads();
+  constexpr int kSpan = 128 * kExpand;  // rows (columns) of x a block covers
+  if (P.scale_c != nullptr) {
+    const int r0 = kSpan * RB, j0 = 32 * CB;
+    expand_rows(P.scale_c + (static_cast<long long>(b) * P.R + r0) * W + j0, W, min(kSpan, P.R - r0),
+                static_cast<int>(min(32LL, W - j0)), [&](int r, int j) { return seed[r >> 7][j]; });
+  }
+  if (P.scale_r != nullptr) {
+    const int c0 = kSpan * CB, u0 = 32 * RB;
+    const long long runs = min(static_cast<long long>((P.R + 31) / 32), P.n_r);
+    if (runs > u0)
+      expand_rows(P.scale_r + (static_cast<long long>(b) * P.C + c0) * P.n_r + u0, P.n_r, min(kSpan, P.C - c0),
+                  static_cast<int>(min(32LL, runs - u0)), [&](int c, int j) { return seed[j][c >> 7]; });
+  }
 }
 
 }  // namespace
@@ -289,6 +344,21 @@ bool launch_tile128_weights_sm90(const Tile128Pass& a, int device, cudaStream_t 
   const long long grid = std::min<long long>(tiles, static_cast<long long>(blocks) * sm_count(device));
   sm90_bf16_quantize_128x128_kernel<<<static_cast<unsigned>(grid), kThreads, kSmem, stream>>>(P);
   cuda_check(cudaGetLastError(), "quantize (weights): kernel launch");
+  if (a.scale_c != nullptr || a.scale_r != nullptr) {
+    ExpandParams E;
+    E.scale_c = a.scale_c;
+    E.scale_r = a.scale_r;
+    E.n_r = a.n_r;
+    E.R = a.R;
+    E.C = a.C;
+    E.rtiles = static_cast<int>(rtiles);
+    E.ctiles = static_cast<int>(ctiles);
+    E.rblocks = static_cast<int>(cdiv(rtiles, kExpand));
+    E.cblocks = static_cast<int>(cdiv(ctiles, kExpand));
+    const long long blocks_e = static_cast<long long>(a.B) * E.rblocks * E.cblocks;  // <= tiles
+    sm90_weights_scale_expand_kernel<<<static_cast<unsigned>(blocks_e), 256, 0, stream>>>(E);
+    cuda_check(cudaGetLastError(), "quantize (weights' scales): kernel launch");
+  }
   return true;
 }
 
