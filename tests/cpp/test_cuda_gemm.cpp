@@ -506,9 +506,9 @@ TEST(CudaGemmTile128, SmallForwardAndWgrad) {  // the compute-sanitizer case
   }
   run_kg_case({96, 160, {37, 0, 130, 5}, MXMOE_DTYPE_F32, 3}, 2, &unsupported);  // M % 16 != 0: CUTLASS
   for (const char* producer : {"thread", "warp"}) {
-    for (const char* cluster : {"1", "2"}) {
+    for (const char* cluster : {"1", "2", "4"}) {
       EnvGuard env;  // the own wgrad kernel: unaligned group starts, tails, an empty group; at cluster 2
-      env.set("MXMOE_GEMM_SM90", "mxmoe-only");  // 1 x 2 tiles per group: each pair shares no B box
+      env.set("MXMOE_GEMM_SM90", "mxmoe-only");  // 1 x 2 tiles per group: a ghost re-runs the edge tile
       env.set("MXMOE_GEMM_CLUSTER", cluster);
       env.set("MXMOE_GEMM_PRODUCER", producer);  // thread (default) or warp 0 with an elected lane
       run_kg_case({96, 160, {37, 0, 130, 5}, MXMOE_DTYPE_F32, 4}, 3, &unsupported);
@@ -645,7 +645,8 @@ TEST(CudaGemmTile128, Wgrad) {
 }
 
 // The own sm_90a K-grouped (wgrad) kernel forced with "mxmoe-only" (a call it does not take fails
-// instead of falling back to CUTLASS), at both cluster sizes (B multicast over CTA pairs on / off).
+// instead of falling back to CUTLASS), at every cluster size (2 x 2: A and B multicast; 2 x 1: B;
+// none), ghost tiles where a group's tiles do not fill the cluster's blocks.
 // M % 16 == 0 everywhere (its TMA row strides); group starts are anywhere, so partial k-blocks whose
 // last tokens belong to the next group are the common case.
 TEST(CudaGemmTile128, OwnSm90Wgrad) {
@@ -661,13 +662,13 @@ TEST(CudaGemmTile128, OwnSm90Wgrad) {
       {136, 528, {2000, 48}, MXMOE_DTYPE_BF16},                  // 16 k-blocks, partial m- and n-tiles
       {512, 1024, random_sizes(16, 8192, rng, false), MXMOE_DTYPE_F32},  // 512 tiles: several per CTA
       {64, 64, {0, 0}, MXMOE_DTYPE_F32, 16},                     // all empty: zeros
-      {384, 256, {700, 333, 0, 1011}, MXMOE_DTYPE_BF16, 4},      // bands of 3 m-tiles: pairs across n-tiles
+      {384, 256, {700, 333, 0, 1011}, MXMOE_DTYPE_BF16, 4},      // 3 m-tiles: ghosts at clusters 2 and 4
       {1200, 208, random_sizes(5, 3008, rng, true), MXMOE_DTYPE_F32},  // 10 x 2 tiles, bands of 8 and 2
   };
   uint32_t seed = 400;
   // The single-thread TMA producer (the default) and the warp producer (MXMOE_GEMM_PRODUCER=warp).
   for (const char* producer : {"thread", "warp"}) {
-    for (const char* cluster : {"2", "1"}) {
+    for (const char* cluster : {"4", "2", "1"}) {
       EnvGuard env;
       env.set("MXMOE_GEMM_SM90", "mxmoe-only");
       env.set("MXMOE_GEMM_CLUSTER", cluster);

@@ -63,7 +63,7 @@ def test_environment_overrides_apply_in_the_config():
 def test_invalid_environment_values_are_errors():
     res = _run("import mxmoe; mxmoe.sm90_gemm_config('forward', 16640, 8192, 5120, 4)", MXMOE_GEMM_CLUSTER="3")
     assert res.returncode != 0
-    assert "ValueError" in res.stderr and 'MXMOE_GEMM_CLUSTER="3" is invalid: expected one of 1, 2' in res.stderr, \
+    assert "ValueError" in res.stderr and 'MXMOE_GEMM_CLUSTER="3" is invalid: expected one of 1, 2, 4' in res.stderr, \
         res.stderr
     # CPU kernels read the environment too (MXMOE_NUM_THREADS): an invalid value fails them as well.
     quantize = "import torch, mxmoe; mxmoe.quantize(torch.ones(4, 64), dim=-1)"

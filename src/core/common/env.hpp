@@ -30,7 +30,7 @@ struct Settings {
   int gemm_block_n = kUnset;        // MXMOE_GEMM_BLOCK_N: 128, 160, 192
   int gemm_warp_producer = kUnset;  // MXMOE_GEMM_PRODUCER: 1 warp, 0 thread
   int gemm_extra_stage = kUnset;    // MXMOE_GEMM_EXTRA_STAGE: 1, 0
-  int gemm_cluster = kUnset;        // MXMOE_GEMM_CLUSTER: 1, 2
+  int gemm_cluster = kUnset;        // MXMOE_GEMM_CLUSTER: 1, 2, 4 (K-grouped; M-grouped takes 4 as 2)
   bool tile128_raster_n = false;    // MXMOE_TILE128_RASTER: m (false), n
   int tile128_swizzle = 1;          // MXMOE_TILE128_SWIZZLE: 1, 2, 4, 8
   bool quant_tile128 = true;        // MXMOE_QUANT_TILE128

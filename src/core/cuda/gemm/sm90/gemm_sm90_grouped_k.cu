@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "common/error.hpp"
 #include "cuda/gemm/sm90/sm90_fp8_grouped_k_1x128_1x128.cuh"
@@ -53,8 +54,8 @@ bool launch(const GroupedKRun& r, bool check_only) {
   const size_t smem = K::smem_bytes(r.groups);
   if (smem > static_cast<size_t>(limit)) return false;
   if (check_only) return true;
-  const CUtensorMap ma = kmajor_map(r.a, r.m, r.n, r.lda, K::kBlockM);
-  const CUtensorMap mb = kmajor_map(r.b, r.m, r.k, r.ldb, K::kBlockN / 2);  // B boxes in two halves
+  const CUtensorMap ma = kmajor_map(r.a, r.m, r.n, r.lda, K::kBlockM / 2);  // boxes in two halves
+  const CUtensorMap mb = kmajor_map(r.b, r.m, r.k, r.ldb, K::kBlockN / 2);
   // The output as (G N, K) rows: a warpgroup's 64 rows of a tile are stored by TMA when all are < N.
   const CUtensorMap mo = output_map(r.out, r.out_bf16, static_cast<uint64_t>(r.groups) * r.n, r.k, K::kEpiBoxBytes);
   const int64_t mt = (r.n + K::kBlockM - 1) / K::kBlockM, nt = (r.k + K::kBlockN - 1) / K::kBlockN;
@@ -62,12 +63,18 @@ bool launch(const GroupedKRun& r, bool check_only) {
   sm90::GroupedKParams p{};
   fill_shared(p, r, ws);
   p.out = r.out;
-  p.group_tiles = static_cast<int>((mt * nt + K::kCluster - 1) / K::kCluster * K::kCluster);
+  // A group's slots: its tiles in blocks of kClusterM x kClusterN (sm90::ktile).
+  const int64_t bm = (mt + K::kClusterM - 1) / K::kClusterM, bn = (nt + K::kClusterN - 1) / K::kClusterN;
+  p.group_tiles = static_cast<int>(bm * bn * K::kCluster);
   p.group_div = sm90::make_fast_div(static_cast<uint32_t>(p.group_tiles));
-  p.band_div = sm90::make_fast_div(static_cast<uint32_t>(K::kBand * nt));
-  // Persistent grid: one CTA per SM (a multiple of the cluster size), at most one per tile slot of
-  // the G groups (CTAs without tiles only zero-fill empty groups).
-  int64_t grid = std::min<int64_t>(r.sm_count, r.groups * static_cast<int64_t>(p.group_tiles));
+  p.band_div = sm90::make_fast_div(static_cast<uint32_t>(K::kBandBlocks * bn));
+  // Persistent grid: one CTA per SM (a multiple of the cluster size; at 4, as many clusters as can
+  // be resident at once: a GPC's SMs need not divide by 4), at most one per tile slot of the G groups
+  // (CTAs without tiles only zero-fill empty groups).
+  int64_t sms = r.sm_count;
+  if (K::kCluster > 2) sms = std::min<int64_t>(sms, K::kCluster * sm90_max_clusters(reinterpret_cast<const void*>(kernel),
+                                                                                    r.device, K::kCluster, K::kThreads, smem));
+  int64_t grid = std::min<int64_t>(sms, r.groups * static_cast<int64_t>(p.group_tiles));
   grid = std::max<int64_t>(K::kCluster, grid / K::kCluster * K::kCluster);
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
@@ -105,11 +112,15 @@ static_assert(sm90::GroupedK<1, float>::kScaleFloats == kGroupedKScaleFloats,
 template <class Out>
 bool dispatch(const GroupedKRun& r, const Sm90GemmConfig& c, bool check_only) {
   constexpr int S = grouped_k_stages(static_cast<int>(sizeof(Out)));
-  const bool pairs = c.cluster == 2;
-  if (c.warp_producer)
-    return pairs ? launch<sm90::GroupedK<S, Out, 2, true>>(r, check_only)
-                 : launch<sm90::GroupedK<S, Out, 1, true>>(r, check_only);
-  return pairs ? launch<sm90::GroupedK<S, Out, 2>>(r, check_only) : launch<sm90::GroupedK<S, Out, 1>>(r, check_only);
+  auto go = [&](auto warp_producer) {
+    constexpr bool W = decltype(warp_producer)::value;
+    switch (c.cluster) {
+      case 4: return launch<sm90::GroupedK<S, Out, 4, W>>(r, check_only);
+      case 2: return launch<sm90::GroupedK<S, Out, 2, W>>(r, check_only);
+      default: return launch<sm90::GroupedK<S, Out, 1, W>>(r, check_only);
+    }
+  };
+  return c.warp_producer ? go(std::true_type{}) : go(std::false_type{});
 }
 
 // What the kernel takes apart from its workspace.

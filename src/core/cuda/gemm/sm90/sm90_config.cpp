@@ -45,7 +45,7 @@ bool long_k(int64_t k) { return k >= 4096; }
 // M-grouped CTAs per cluster: 2 (pairs share B tiles through TMA multicast) at K >= 4096, where the
 // multicast saves 3-7%; 1 below, where the pairs' lockstep costs more than it saves (up to 20% at K 768).
 int grouped_m_cluster(const Settings& s, int64_t k) {
-  return s.gemm_cluster != Settings::kUnset ? s.gemm_cluster : (k >= 4096 ? 2 : 1);
+  return s.gemm_cluster != Settings::kUnset ? std::min(s.gemm_cluster, 2) : (k >= 4096 ? 2 : 1);
 }
 
 // K-grouped CTAs per cluster: 2 (pairs share B boxes) when the groups average >= 1024 tokens, 1 below.

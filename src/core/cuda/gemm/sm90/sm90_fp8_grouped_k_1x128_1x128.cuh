@@ -160,10 +160,14 @@ struct GroupedK {
   // registers instead of an ELECT / R2UR / BRA.U.ANY loop around each TMA of thread 0 alone. Forced
   // only (MXMOE_GEMM_PRODUCER=warp): 0.95-1.04x the thread producer (docs/design/gemm-sm90.md).
   static constexpr bool kWarpProducer = WarpProducer_;
-  // CTAs per cluster: 2 = pairs of CTAs on neighbouring m-tiles (A rows) of one group and the same
-  // n-tile share the B box, each loading half of it and multicasting it to both.
+  // CTAs per cluster, a block of kClusterM x kClusterN tiles of one group: CTAs on the same n-tile
+  // share its B box, CTAs on the same m-tile its A box, each loading half of a shared box and
+  // multicasting it to both. 2 = 2 x 1 (B shared), 4 = 2 x 2 (both shared: 16 KB loaded a k-block
+  // instead of 24 or 32; the kernel is bound by those L2 -> SM bytes, docs/design/gemm-sm90.md).
   static constexpr int kCluster = Cluster_;
-  static_assert(kCluster == 1 || kCluster == 2, "cluster of 1 or 2 CTAs");
+  static_assert(kCluster == 1 || kCluster == 2 || kCluster == 4, "cluster of 1, 2 or 4 CTAs");
+  static constexpr int kClusterM = kCluster >= 2 ? 2 : 1;
+  static constexpr int kClusterN = kCluster / kClusterM;
   static constexpr int kBlockM = 128, kBlockN = 128, kBlockK = 128;  // out rows (N), out cols (K), tokens
   static constexpr int kStages = Stages_;
   static constexpr int kThreads = 384;  // producer warpgroup (TMA thread + 3 helper warps) + two math warpgroups
@@ -176,6 +180,7 @@ struct GroupedK {
   static constexpr uint32_t kScaleBytes = kScaleFloats * sizeof(float);  // a k-block's two bulk copies
   static constexpr int kAcc = kBlockN / 2;                // fp32 accumulators per math thread
   static constexpr int kBand = 8;                         // m-tiles per band of the tile order
+  static constexpr int kBandBlocks = kBand / kClusterM;   // the band in cluster blocks
   static constexpr int kHelpers = 96;                     // warps 1-3 of the producer warpgroup
   static_assert(kStageBytes % 1024 == 0, "stages must keep the 1024-byte swizzle alignment");
   // Epilogue staging: each math warpgroup's 64 x 128 outputs as the boxes of a TMA store, 64 rows x
@@ -205,38 +210,41 @@ struct GroupedK {
 struct KTile {
   int g, start, len, kb0, row0, col0;  // kb0: the group's first k-block among the call's (prepared scales)
   int d, blocks, boxes;
-  bool store;  // false: a ghost slot (a group's tile count is odd at cluster 2), its peer's tile re-run
+  bool store;  // false: a ghost slot (its block sticks out of the group's tiles), a neighbour's tile re-run
 };
 
-// Tile slot t: the non-empty groups in order, each with the same ceil(N / 128) x ceil(K / 128) tiles,
-// inside a group bands of kBand m-tiles swept along K (as the M-grouped order). At cluster 2 each
-// group has an even number of slots (p.group_tiles), so the two CTAs of a cluster always work on one
-// group (the same k-blocks, in step) and, inside a band of even height, on the same n-tile; an odd
-// group's last slot is a ghost that re-runs the tile before it without storing.
+// Tile slot t: the non-empty groups in order, each with the same ceil(N / 128) x ceil(K / 128) tiles
+// in blocks of kClusterM x kClusterN (p.group_tiles slots a group: the blocks times kCluster), the
+// blocks in bands of kBandBlocks block rows (kBand m-tiles) swept along K (as the M-grouped order).
+// Slot kCluster b + r is tile (kClusterM bm + r % kClusterM, kClusterN bn + r / kClusterM) of block b,
+// so the CTAs of a cluster always work on one group (the same k-blocks, in step), rank r and r ^ 1 on
+// one n-tile, r and r ^ kClusterM on one m-tile. A tile past the group's edge is a ghost: it re-runs
+// the edge tile (the shared boxes stay shared) without storing.
 template <class K>
 __device__ __forceinline__ KTile ktile(int t, const GroupedKParams& p, int mt, int nt, const int* s_end,
                                        const int* s_kb, const int* s_ne) {
-  static_assert(K::kBand <= 8, "div_small divides by at most 8");
+  static_assert(K::kBandBlocks <= 8, "div_small divides by at most 8");
   const int q = static_cast<int>(fast_div(static_cast<uint32_t>(t), p.group_div));
-  int local = t - q * p.group_tiles;
-  const bool store = local < mt * nt;
-  if (!store) local -= 1;
-  const int band = static_cast<int>(fast_div(static_cast<uint32_t>(local), p.band_div));
-  const int rem = local - band * K::kBand * nt;
-  const int band_rows = min(K::kBand, mt - band * K::kBand);
-  const int n_idx = static_cast<int>(div_small(static_cast<uint32_t>(rem), static_cast<uint32_t>(band_rows)));
-  const int m_idx = band * K::kBand + (rem - n_idx * band_rows);
+  const int local = t - q * p.group_tiles;
+  const int blk = local / K::kCluster, r = local % K::kCluster;  // r: the CTA's rank
+  const int mb = (mt + K::kClusterM - 1) / K::kClusterM, nb = (nt + K::kClusterN - 1) / K::kClusterN;
+  const int band = static_cast<int>(fast_div(static_cast<uint32_t>(blk), p.band_div));
+  const int rem = blk - band * K::kBandBlocks * nb;
+  const int band_rows = min(K::kBandBlocks, mb - band * K::kBandBlocks);
+  const int bn = static_cast<int>(div_small(static_cast<uint32_t>(rem), static_cast<uint32_t>(band_rows)));
+  const int bm = band * K::kBandBlocks + (rem - bn * band_rows);
+  const int m_idx = K::kClusterM * bm + r % K::kClusterM, n_idx = K::kClusterN * bn + r / K::kClusterM;
   KTile c;
   c.g = s_ne[q];
   c.start = c.g ? s_end[c.g - 1] : 0;
   c.len = s_end[c.g] - c.start;
   c.kb0 = s_kb[c.g];
-  c.row0 = m_idx * K::kBlockM;
-  c.col0 = n_idx * K::kBlockN;
+  c.row0 = min(m_idx, mt - 1) * K::kBlockM;
+  c.col0 = min(n_idx, nt - 1) * K::kBlockN;
   c.d = c.start & 15;
   c.blocks = (c.len + K::kBlockK - 1) / K::kBlockK;
   c.boxes = c.blocks + (c.len - (c.blocks - 1) * K::kBlockK > K::kBlockK - c.d ? 1 : 0);
-  c.store = store;
+  c.store = m_idx < mt && n_idx < nt;
   return c;
 }
 
@@ -349,14 +357,13 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   const int wg = tid / 128;
   // Cluster rank and tile slots: CTA r of cluster c takes slot kCluster * P + r for P = c, c + clusters, ...
   const int rank = K::kCluster > 1 ? static_cast<int>(cute::block_rank_in_cluster()) : 0;
-  const int peer = 1 - rank;
   const int cluster = blockIdx.x / K::kCluster, clusters = gridDim.x / K::kCluster;
   if (tid == 0) {
     for (int s = 0; s < K::kStages; ++s) {
       cutlass::arch::ClusterBarrier::init(&full[s], 1);    // the TMA thread's expect-tx
       cutlass::arch::ClusterBarrier::init(&ready[s], kHelpers);  // every helper thread (patch done or none needed)
-      // lane 0 of each math warp of every CTA of the cluster: every box is released to both
-      // producers (shared or not), so the two rings stay in step
+      // lane 0 of each math warp of every CTA of the cluster: every stage is released to every
+      // producer, so the rings stay in step
       cutlass::arch::ClusterBarrier::init(&empty[s], 8 * K::kCluster);
     }
     cutlass::arch::fence_barrier_init();
@@ -400,19 +407,31 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   const int mt = (p.n + K::kBlockM - 1) / K::kBlockM;
   const int nt = (p.k + K::kBlockN - 1) / K::kBlockN;
   const int total = s_nonempty * p.group_tiles;  // tile slots, a multiple of kCluster
-  // Releases stage s to this CTA's producer and, at cluster 2, to the peer's.
+  // Releases stage s to the producer of every CTA of the cluster (each multicasts into this one or
+  // waits in step with those that do).
   auto release = [&](int s) {
-    cutlass::arch::ClusterBarrier::arrive(&empty[s]);
-    if constexpr (K::kCluster > 1) cutlass::arch::ClusterBarrier::arrive(&empty[s], static_cast<uint32_t>(peer), 1u);
+    if constexpr (K::kCluster == 1) {
+      cutlass::arch::ClusterBarrier::arrive(&empty[s]);
+    } else {
+#pragma unroll
+      for (int r = 0; r < K::kCluster; ++r) cutlass::arch::ClusterBarrier::arrive(&empty[s], static_cast<uint32_t>(r), 1u);
+    }
   };
 
   if (wg == 0) {
-    // 104 registers for the helper threads (tile decode, the patch's batched loads) and 200 for the math (one accumulator set, the promoted sum, 32 column
-    // scales): 104 + 2 x 200 <= 3 x 168, the launch's share (setmaxnreg moves registers within it).
-    cutlass::arch::warpgroup_reg_dealloc<104>();
+    // 56 registers for the producer and helper threads (tile decode, the patch's loads) and 224 for the
+    // math (two accumulator sets and the promoted sum): 56 + 2 x 224 <= 3 x 168, the launch's share
+    // (setmaxnreg moves registers within it).
+    cutlass::arch::warpgroup_reg_dealloc<56>();
     const int warp = tid / 32;
     if (K::kWarpProducer ? warp == 0 : tid == 0) {
-      constexpr int kHalfB = K::kBBytes / 2;  // the B box is loaded as two halves of 64 rows
+      // Thread 0, or all of warp 0 with the tile fields taken from lane 0 (known warp-uniform to the
+      // compiler) and one elected lane issuing: every tile's k-blocks through the stage ring.
+      constexpr int kHalfA = K::kABytes / 2, kHalfB = K::kBBytes / 2;  // boxes are loaded as halves of 64 rows
+      const int dm = rank % K::kClusterM, dn = rank / K::kClusterM;   // this CTA's place in the block
+      // The CTAs that take this CTA's half of a shared box: the one on the same n-tile (B), on the same m-tile (A).
+      const uint16_t mask_b = static_cast<uint16_t>((1u << rank) | (1u << (rank ^ 1)));
+      const uint16_t mask_a = static_cast<uint16_t>((1u << rank) | (1u << (rank ^ K::kClusterM)));
       // k-block j's prepared scales (this CTA's rows and columns) into stage s's slot.
       const int na = (p.n + 127) / 128 * 128, kc = (p.k + 127) / 128;
       auto load_scales = [&](int s, int j, int row0, int col0) {
@@ -421,69 +440,39 @@ __global__ void __launch_bounds__(K::kThreads, 1)
         bulk_load(sf + K::kBlockM, p.sf_b + (static_cast<int64_t>(j) * kc + col0 / K::kBlockN) * GroupedKScales::kColSlot,
                   GroupedKScales::kColSlot * sizeof(float), &full[s]);
       };
-      if constexpr (K::kWarpProducer) {
-        // Warp 0: every tile's k-blocks through the stage ring, the tile fields taken from lane 0
-        // (known warp-uniform to the compiler), one elected lane issuing.
-        auto uniform = [](int v) { return __shfl_sync(0xffffffffu, v, 0); };
-        const bool leader = cute::elect_one_sync();
-        uint32_t it = 0;
-        for (int P = cluster; K::kCluster * P < total; P += clusters) {
-          const KTile c = ktile<K>(K::kCluster * P + rank, p, mt, nt, s_end, s_kb, s_ne);
-          // Both CTAs of a cluster decode both slots, so they agree on every multicast.
-          const bool shared = uniform(
-              K::kCluster > 1 && ktile<K>(K::kCluster * P + peer, p, mt, nt, s_end, s_kb, s_ne).col0 == c.col0);
-          const int a0 = uniform(c.start - c.d), row0 = uniform(c.row0), col0 = uniform(c.col0);
-          const int boxes = uniform(c.boxes), blocks = uniform(c.blocks), kb0 = uniform(c.kb0);
-          for (int j = 0; j < boxes; ++j, ++it) {
-            const int s = it % K::kStages;
-            const uint32_t ph = (it / K::kStages) & 1;
-            cutlass::arch::ClusterBarrier::wait(&empty[s], ph ^ 1);
-            if (leader) {
-              const bool scales = j < blocks;  // a tile's extra box has no k-block of its own
-              cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
-                  &full[s], K::kStageBytes + (scales ? K::kScaleBytes : 0u));
-              if (scales) load_scales(s, kb0 + j, row0, col0);
-              const int t0 = a0 + j * K::kBlockK;
-              tma_load_2d(&tma_a, &full[s], smem_a + s * K::kABytes, t0, row0);
-              uint8_t* b = smem_b + s * K::kBBytes;
-              if (K::kCluster > 1 && shared) {
-                tma_load_2d_multicast(&tma_b, &full[s], b + rank * kHalfB, t0, col0 + rank * (K::kBlockN / 2),
-                                      static_cast<uint16_t>((1u << K::kCluster) - 1));
-              } else {
-                tma_load_2d(&tma_b, &full[s], b, t0, col0);
-                tma_load_2d(&tma_b, &full[s], b + kHalfB, t0, col0 + K::kBlockN / 2);
-              }
-            }
-            __syncwarp();
-          }
-        }
-      } else {
-        // TMA thread: every tile's k-blocks through the stage ring.
-        uint32_t it = 0;
-        for (int P = cluster; K::kCluster * P < total; P += clusters) {
-          const KTile c = ktile<K>(K::kCluster * P + rank, p, mt, nt, s_end, s_kb, s_ne);
-          // Both CTAs of a cluster decode both slots, so they agree on every multicast.
-          const bool shared =
-              K::kCluster > 1 && ktile<K>(K::kCluster * P + peer, p, mt, nt, s_end, s_kb, s_ne).col0 == c.col0;
-          for (int j = 0; j < c.boxes; ++j, ++it) {
-            const int s = it % K::kStages;
-            const uint32_t ph = (it / K::kStages) & 1;
-            cutlass::arch::ClusterBarrier::wait(&empty[s], ph ^ 1);
-            const bool scales = j < c.blocks;  // a tile's extra box has no k-block of its own
+      auto uniform = [](int v) { return K::kWarpProducer ? __shfl_sync(0xffffffffu, v, 0) : v; };
+      const bool leader = K::kWarpProducer ? cute::elect_one_sync() : true;
+      uint32_t it = 0;
+      for (int P = cluster; K::kCluster * P < total; P += clusters) {
+        const KTile c = ktile<K>(K::kCluster * P + rank, p, mt, nt, s_end, s_kb, s_ne);
+        const int a0 = uniform(c.start - c.d), row0 = uniform(c.row0), col0 = uniform(c.col0);
+        const int boxes = uniform(c.boxes), blocks = uniform(c.blocks), kb0 = uniform(c.kb0);
+        for (int j = 0; j < boxes; ++j, ++it) {
+          const int s = it % K::kStages;
+          const uint32_t ph = (it / K::kStages) & 1;
+          cutlass::arch::ClusterBarrier::wait(&empty[s], ph ^ 1);
+          if (leader) {
+            const bool scales = j < blocks;  // a tile's extra box has no k-block of its own
             cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
                 &full[s], K::kStageBytes + (scales ? K::kScaleBytes : 0u));
-            if (scales) load_scales(s, c.kb0 + j, c.row0, c.col0);
-            const int t0 = c.start - c.d + j * K::kBlockK;
-            tma_load_2d(&tma_a, &full[s], smem_a + s * K::kABytes, t0, c.row0);
+            if (scales) load_scales(s, kb0 + j, row0, col0);
+            const int t0 = a0 + j * K::kBlockK;
+            uint8_t* a = smem_a + s * K::kABytes;
             uint8_t* b = smem_b + s * K::kBBytes;
-            if (K::kCluster > 1 && shared) {
-              tma_load_2d_multicast(&tma_b, &full[s], b + rank * kHalfB, t0, c.col0 + rank * (K::kBlockN / 2),
-                                    static_cast<uint16_t>((1u << K::kCluster) - 1));
+            if constexpr (K::kClusterN > 1) {
+              tma_load_2d_multicast(&tma_a, &full[s], a + dn * kHalfA, t0, row0 + dn * (K::kBlockM / 2), mask_a);
             } else {
-              tma_load_2d(&tma_b, &full[s], b, t0, c.col0);
-              tma_load_2d(&tma_b, &full[s], b + kHalfB, t0, c.col0 + K::kBlockN / 2);
+              tma_load_2d(&tma_a, &full[s], a, t0, row0);
+              tma_load_2d(&tma_a, &full[s], a + kHalfA, t0, row0 + K::kBlockM / 2);
+            }
+            if constexpr (K::kClusterM > 1) {
+              tma_load_2d_multicast(&tma_b, &full[s], b + dm * kHalfB, t0, col0 + dm * (K::kBlockN / 2), mask_b);
+            } else {
+              tma_load_2d(&tma_b, &full[s], b, t0, col0);
+              tma_load_2d(&tma_b, &full[s], b + kHalfB, t0, col0 + K::kBlockN / 2);
             }
           }
+          if constexpr (K::kWarpProducer) __syncwarp();
         }
       }
     } else if (warp >= 1) {
@@ -530,64 +519,87 @@ __global__ void __launch_bounds__(K::kThreads, 1)
       }
     }
   } else {
-    cutlass::arch::warpgroup_reg_alloc<200>();
+    cutlass::arch::warpgroup_reg_alloc<224>();
     const int mw = wg - 1;
     const int lt = tid - 128 * wg, warp = lt / 32, lane = lt % 32;
     const int r0 = mw * 64 + warp * 16 + lane / 4;  // this thread's tile rows: r0, r0 + 8
     const int c0 = 2 * (lane % 4);                  // and columns 8 j + c0, 8 j + c0 + 1
-    float acc[K::kAcc], fin[K::kAcc];
+    float acc0[K::kAcc], acc1[K::kAcc], fin[K::kAcc];
+    // k-block i's 4 wgmmas into acc, once its stage has landed (with the scales) and is ready (patched).
+    auto issue = [&](float (&acc)[K::kAcc], uint32_t i) {
+      const int s = i % K::kStages;
+      const uint32_t ph = (i / K::kStages) & 1;
+      cutlass::arch::ClusterBarrier::wait(&full[s], ph);
+      cutlass::arch::ClusterBarrier::wait(&ready[s], ph);
+#pragma unroll
+      for (int q = 0; q < K::kAcc; ++q) cute::warpgroup_fence_operand(acc[q]);
+      cute::warpgroup_arrive();
+      const uint8_t* ta = smem_a + s * K::kABytes + mw * 64 * K::kBlockK;
+      const uint8_t* tb = smem_b + s * K::kBBytes;
+#pragma unroll
+      for (int j = 0; j < K::kBlockK / 32; ++j)
+        wgmma<Op>(kmajor_sw128_desc(ta + 32 * j), kmajor_sw128_desc(tb + 32 * j), acc, j > 0,
+                  std::make_index_sequence<K::kAcc>{});
+      cute::warpgroup_commit_batch();
+#pragma unroll
+      for (int q = 0; q < K::kAcc; ++q) cute::warpgroup_fence_operand(acc[q]);
+    };
+    // k-block i's partial (its wgmmas done) into fin with the outer product of its row and column
+    // scales, read from the stage's slot as used; then the stage is released.
+    auto promote = [&](float (&acc)[K::kAcc], uint32_t i) {
+      const int s = i % K::kStages;
+#pragma unroll
+      for (int q = 0; q < K::kAcc; ++q) cute::warpgroup_fence_operand(acc[q]);
+      const float* sf = smem_sf + s * K::kScaleFloats;
+      const float sa0 = sf[r0], sa1 = sf[r0 + 8];
+      const float* sb = sf + K::kBlockM + K::kColGroup * (lane % 4);  // columns 8 j + c0 + e at sb[2 j + e]
+#pragma unroll
+      for (int q = 0; q < K::kAcc / 8; ++q) {
+        const float4 b4 = *reinterpret_cast<const float4*>(sb + 4 * q);  // columns of j = 2 q, 2 q + 1
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int j = 2 * q + h;
+          const float bx = h ? b4.z : b4.x, by = h ? b4.w : b4.y;
+          fin[4 * j + 0] = fmaf(acc[4 * j + 0], sa0 * bx, fin[4 * j + 0]);
+          fin[4 * j + 1] = fmaf(acc[4 * j + 1], sa0 * by, fin[4 * j + 1]);
+          fin[4 * j + 2] = fmaf(acc[4 * j + 2], sa1 * bx, fin[4 * j + 2]);
+          fin[4 * j + 3] = fmaf(acc[4 * j + 3], sa1 * by, fin[4 * j + 3]);
+        }
+      }
+      __syncwarp();
+      if (lane == 0) release(s);  // tiles and scale slot read
+    };
     uint32_t it = 0;
     for (int P = cluster; K::kCluster * P < total; P += clusters) {
       const KTile c = ktile<K>(K::kCluster * P + rank, p, mt, nt, s_end, s_kb, s_ne);
       const int kblocks = c.blocks;
 #pragma unroll
       for (int i = 0; i < K::kAcc; ++i) fin[i] = 0.f;
-      // Per k-block: wait for the stage (TMA landed with the scales, a patched block ready), read the k-block's row and
-      // column scales from the stage's slot (before the wgmmas start reading the stage: issued after
-      // them, at v1, the 17 loads queued behind the wgmmas' shared-memory reads and the promotion
-      // waited on them), issue the 4 wgmmas, wait, promote with the scales' outer product, release the
-      // stage. One accumulator set: the promotion overlapping the next k-block's wgmmas needs a second
-      // 64-register set, which beside the column scales and the promoted sum does not fit (nor do the
-      // 64 products formed ahead: 92-128 bytes spilled); the other math warpgroup's wgmmas fill the
-      // tensor cores meanwhile.
+      // Two accumulator sets: k-block kb + 1's wgmmas are issued before kb is promoted, so each math
+      // warpgroup keeps the tensor cores fed while it promotes (with one set, issue, wait and
+      // promotion ran in series and both warpgroups promoted at once).
+      // The loop body is straight-line (ptxas serializes the wgmmas where it cannot tell which set a
+      // read touches); the last one or two k-blocks are peeled.
+      issue(acc0, it);
+      int kb = 0;
 #pragma unroll 1
-      for (int kb = 0; kb < kblocks; ++kb) {
-        const uint32_t i = it + kb;
-        const int s = i % K::kStages;
-        const uint32_t ph = (i / K::kStages) & 1;
-        cutlass::arch::ClusterBarrier::wait(&full[s], ph);
-        cutlass::arch::ClusterBarrier::wait(&ready[s], ph);
-        const float* sf = smem_sf + s * K::kScaleFloats;
-        const float sa0 = sf[r0], sa1 = sf[r0 + 8];
-        float4 sb[K::kAcc / 8];  // columns 8 j + c0 + e at sb[j / 2], component 2 (j % 2) + e
-#pragma unroll
-        for (int q = 0; q < K::kAcc / 8; ++q)
-          sb[q] = *reinterpret_cast<const float4*>(sf + K::kBlockM + K::kColGroup * (lane % 4) + 4 * q);
-#pragma unroll
-        for (int q = 0; q < K::kAcc; ++q) cute::warpgroup_fence_operand(acc[q]);
-        cute::warpgroup_arrive();
-        const uint8_t* ta = smem_a + s * K::kABytes + mw * 64 * K::kBlockK;
-        const uint8_t* tb = smem_b + s * K::kBBytes;
-#pragma unroll
-        for (int j = 0; j < K::kBlockK / 32; ++j)
-          wgmma<Op>(kmajor_sw128_desc(ta + 32 * j), kmajor_sw128_desc(tb + 32 * j), acc, j > 0,
-                    std::make_index_sequence<K::kAcc>{});
-        cute::warpgroup_commit_batch();
-#pragma unroll
-        for (int q = 0; q < K::kAcc; ++q) cute::warpgroup_fence_operand(acc[q]);
+      for (; kb + 2 < kblocks; kb += 2) {
+        issue(acc1, it + kb + 1);
+        cute::warpgroup_wait<1>();
+        promote(acc0, it + kb);
+        issue(acc0, it + kb + 2);
+        cute::warpgroup_wait<1>();
+        promote(acc1, it + kb + 1);
+      }
+      if (kb + 1 < kblocks) {
+        issue(acc1, it + kb + 1);
+        cute::warpgroup_wait<1>();
+        promote(acc0, it + kb);
         cute::warpgroup_wait<0>();
-#pragma unroll
-        for (int q = 0; q < K::kAcc; ++q) cute::warpgroup_fence_operand(acc[q]);
-        __syncwarp();
-        if (lane == 0) release(s);  // tiles and scale slot read
-#pragma unroll
-        for (int j = 0; j < K::kAcc / 4; ++j) {
-          const float bx = (j & 1) ? sb[j / 2].z : sb[j / 2].x, by = (j & 1) ? sb[j / 2].w : sb[j / 2].y;
-          fin[4 * j + 0] = fmaf(acc[4 * j + 0], sa0 * bx, fin[4 * j + 0]);
-          fin[4 * j + 1] = fmaf(acc[4 * j + 1], sa0 * by, fin[4 * j + 1]);
-          fin[4 * j + 2] = fmaf(acc[4 * j + 2], sa1 * bx, fin[4 * j + 2]);
-          fin[4 * j + 3] = fmaf(acc[4 * j + 3], sa1 * by, fin[4 * j + 3]);
-        }
+        promote(acc1, it + kb + 1);
+      } else {
+        cute::warpgroup_wait<0>();
+        promote(acc0, it + kb);
       }
       it += c.boxes;  // the extra box, if any, was released by the helper
       if (!c.store) continue;  // a ghost slot: its k-blocks ran only to keep the cluster in step
