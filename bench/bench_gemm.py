@@ -53,6 +53,9 @@ SHAPES = [  # name, M, N, K, G list, jagged (True: random sizes; "routed": a top
     # padded to 16 (the layer's alignment, so the wgrad reads every group in place)
     ("qwen3-30b-gate-up-routed", 131072, 1536, 2048, [128], "routed"),
     ("qwen3-30b-down-routed", 131072, 2048, 768, [128], "routed"),
+    # and at 4K tokens (~256 routed rows an expert: two k-blocks a wgrad tile)
+    ("qwen3-30b-gate-up-routed-4k", 32768, 1536, 2048, [128], "routed"),
+    ("qwen3-30b-down-routed-4k", 32768, 2048, 768, [128], "routed"),
 ]
 
 

@@ -306,25 +306,27 @@ TEST(Sm90Config, KernelFamilyChoice) {
   EXPECT_EQ(c.swizzle, 4);
 }
 
-// K-grouped (wgrad): the own kernel at K <= 1024, and at K <= 2048 for ~1K-token groups (1024 <= M / G
-// < 4096), CUTLASS otherwise; CTA pairs when groups average >= 1024 tokens; the thread producer unless
-// forced.
+// K-grouped (wgrad): the own kernel at K <= 1024, and at K <= 2048 where groups average < 4096 tokens,
+// CUTLASS otherwise; CTA pairs unless the m-tiles are few and odd; the thread producer unless forced.
 TEST(Sm90Config, GroupedKByShape) {
   for (int64_t k : {768, 1024}) {
     const auto c = wgrad(131072, 2048, k, 256);  // 512 tokens a group
     EXPECT_EQ(c.impl, Sm90Impl::kOwn) << k;
-    EXPECT_EQ(c.cluster, 1);
+    EXPECT_EQ(c.cluster, 2);
     EXPECT_FALSE(c.warp_producer);
     EXPECT_EQ(c.stages, 5);
   }
   for (int64_t k : {1056, 2048, 5120, 7168}) EXPECT_EQ(wgrad(16640, 8192, k, 4).impl, Sm90Impl::kCutlass) << k;
   EXPECT_EQ(wgrad(131072, 1536, 2048, 128).impl, Sm90Impl::kOwn);      // 1024 tokens a group (Qwen3-30B-A3B)
-  EXPECT_EQ(wgrad(131072, 1536, 2048, 129).impl, Sm90Impl::kCutlass);  // 1016
+  EXPECT_EQ(wgrad(32768, 1536, 2048, 128).impl, Sm90Impl::kOwn);       // 256 (Qwen3-30B-A3B at 4K tokens)
+  EXPECT_EQ(wgrad(131072, 1536, 2048, 33).impl, Sm90Impl::kOwn);       // 3971
   EXPECT_EQ(wgrad(131072, 1536, 2048, 32).impl, Sm90Impl::kCutlass);   // 4096
   EXPECT_EQ(wgrad(131072, 1536, 2056, 128).impl, Sm90Impl::kCutlass);  // K past 2048
   EXPECT_EQ(wgrad(131072, 2048, 768, 16).cluster, 2);   // 8192 tokens a group
   EXPECT_EQ(wgrad(131072, 2048, 768, 128).cluster, 2);  // 1024
-  EXPECT_EQ(wgrad(131072, 2048, 768, 129).cluster, 1);
+  EXPECT_EQ(wgrad(32768, 2048, 768, 129).cluster, 2);  // 254
+  EXPECT_EQ(wgrad(131072, 384, 768, 128).cluster, 1);   // 3 m-tiles
+  EXPECT_EQ(wgrad(131072, 1152, 768, 128).cluster, 2);  // 9
   EXPECT_EQ(wgrad(131072, 2048, 768, 0).cluster, 1);
   EXPECT_EQ(wgrad(32768, 1024, 768, 16, false).stages, 4);
   Settings s;
@@ -354,7 +356,7 @@ TEST(Sm90Config, ToString) {
   s.gemm_sm90 = GemmSm90::kOwnOnly;
   EXPECT_EQ(wgrad(131072, 2048, 768, 256, true, s).to_string(),
             "gemm sm90 pass=wgrad m=131072 n=2048 k=768 g=256 out=bf16 -> impl=own block_n=128 stages=5 "
-            "producer=thread cluster=1 fallback=error");
+            "producer=thread cluster=2 fallback=error");
   auto c = fwd(300, 160, 224, 1);
   c.use_cutlass();
   c.declined = true;

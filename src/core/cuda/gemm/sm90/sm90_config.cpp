@@ -19,15 +19,15 @@ using env::Settings;
 //     Llama-4-Scout shapes, 1.04-1.21x on DeepSeek-V3's, 0.98-1.15x on the jagged ones, 1.17-1.50x on
 //     the fine-grained and Qwen3-30B-A3B ones.
 //   K-grouped (wgrad): the own kernel where its output rows are short, K <= 1024: 1.07-1.17x CUTLASS
-//     there (fine-grained gate_up / down, Qwen3-30B-A3B's down, unaligned group starts too); CUTLASS
-//     elsewhere (own 0.76-0.94x on the seeds, Llama-4-Scout, DeepSeek-V3, jagged, Qwen3-30B gate_up).
-//   K-grouped at ~1K-token groups (1024 <= M / G < 4096) with K <= 2048, on 2-CTA clusters (below):
-//     Qwen3-30B-A3B's gate_up as the MoE layer hands it over (groups ~1030 tokens, padded to 16) 1332 us
-//     own vs 1521 CUTLASS (the own kernel at cluster 1: 1510).
+//     there (fine-grained gate_up / down, Qwen3-30B-A3B's down, unaligned group starts too), and at
+//     K <= 2048 where groups average < 4096 tokens, on 2-CTA clusters (below): Qwen3-30B-A3B's gate_up
+//     as the MoE layer hands it over, H100, same run: 16K tokens (~1K a group) 1402-1415 us own vs
+//     1521 CUTLASS; 4K tokens (~256 a group) 518-520 own vs 749-756. CUTLASS elsewhere (own 0.76-0.94x
+//     on the seeds, Llama-4-Scout, DeepSeek-V3 at few long groups).
 bool prefer_own(Sm90Pass pass, int64_t m, int64_t k, int64_t groups) {
   if (pass == Sm90Pass::kGroupedM || k <= 1024) return true;
   const int64_t avg = groups > 0 ? m / groups : 0;
-  return k <= 2048 && avg >= 1024 && avg < 4096;
+  return k <= 2048 && avg < 4096;
 }
 
 // M-grouped tile width: 128. The wider tiles (fewer L2 -> SM bytes per FLOP, one accumulator set
@@ -48,12 +48,17 @@ int grouped_m_cluster(const Settings& s, int64_t k) {
   return s.gemm_cluster != Settings::kUnset ? std::min(s.gemm_cluster, 2) : (k >= 4096 ? 2 : 1);
 }
 
-// K-grouped CTAs per cluster: 2 (pairs share B boxes) when the groups average >= 1024 tokens, 1 below.
-// With the scales prepared ahead (no helper work per k-block) the kernel waits on TMA at ~1K-token
-// groups (L2 75% busy, ncu), and the pairs' halved B bytes pay: Qwen3-30B-A3B's down projection as the
-// layer hands it over 779 -> 708 us, gate_up 1510 -> 1332 us.
-int grouped_k_cluster(const Settings& s, int64_t m, int64_t groups) {
-  return s.gemm_cluster != Settings::kUnset ? s.gemm_cluster : (groups > 0 && m / groups >= 1024 ? 2 : 1);
+// K-grouped CTAs per cluster: 2 (pairs of m-tiles share B boxes). The kernel waits on L2 -> SM bytes
+// (ncu, Qwen3-30B-A3B's routed gate_up, H100: L2 79% busy at cluster 1, 74% at 2), and the pairs'
+// B halves pay at every group size measured: H100, same run, cluster 1 / 2: 16K tokens gate_up 1750 /
+// 1410 us, down 860 / 700; 4K tokens 583 / 519, 343 / 274. 1 where the m-tiles (ceil(N / 128)) are
+// few and odd, so a ghost re-runs a tile in every block column (a third of the work at 3). 2 x 2
+// (MXMOE_GEMM_CLUSTER=4) relieves the L2 (45% busy) but fits 30 clusters (120 SMs) and measured
+// slower: 16K gate_up 1445-1474 us, down 747-757; 4K 542, 283.
+int grouped_k_cluster(const Settings& s, int64_t n, int64_t groups) {
+  if (s.gemm_cluster != Settings::kUnset) return s.gemm_cluster;
+  const int64_t mt = (n + 127) / 128;
+  return groups > 0 && (mt % 2 == 0 || mt >= 8) ? 2 : 1;
 }
 
 // K-grouped producer: one thread; the warp producer is forced only. It measured 0.95-1.04x the
@@ -100,7 +105,7 @@ Sm90GemmConfig select_sm90_config(Sm90Pass pass, int64_t m, int64_t n, int64_t k
     c.stages = grouped_m_stages(c.block_n, out_bytes) + (c.lean ? 1 : 0);
   } else {
     c.block_n = 128;
-    c.cluster = grouped_k_cluster(s, m, groups);
+    c.cluster = grouped_k_cluster(s, n, groups);
     c.warp_producer = s.gemm_warp_producer == 1;
     c.stages = grouped_k_stages(out_bytes);
   }
