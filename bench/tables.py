@@ -152,8 +152,8 @@ _TILE128_PIECES = [
      "unfused)"),
     ("wgrad GEMMs", ("GemmUniversal", "grouped_k_kernel", "grouped_k_prepare", "kg_prologue"),
      lambda n, h, i, e, f: (6 * n * h * i, "flop"),
-     "6 N H I; not bound by its math warps (gemm-sm90.md); next: the cluster pair's supply"),
-    ("weights' pass", ("tile128_pass_kernel<0, true>", "sm90_bf16_quantize_128x128_kernel"),
+     "6 N H I; bound by L2 -> SM bytes on CTA pairs, by its math side on 2 x 2 clusters (gemm-sm90.md)"),
+    ("weights' pass", ("tile128_pass_kernel<0, true>", "sm90_bf16_quantize_128x128_kernel", "sm90_weights_scale_expand"),
      lambda n, h, i, e, f: (12 * e * h * i, "byte"),
      "W read, q and qt written, 12 E H I bytes (TMA kernel on Hopper: quantize.md); next: once per optimizer "
      "step (cached W), or the dgrad reading the forward form (qt not written)"),
