@@ -9,8 +9,8 @@
 //
 // Structure (same skeleton as the M-grouped kernel, sm90_fp8_grouped_m_1x128_128x128.cuh): a
 // persistent CTA per SM, warpgroup 0 the producer, warpgroups 1 and 2 the math (64 rows each of the
-// 128 x 128 output tile, one wgmma accumulator set and the promoted fp32 sum). What the
-// reduction-grouped pass adds:
+// 128 x 128 output tile; two wgmma accumulator sets, k-block kb + 1's wgmmas issued before kb is
+// promoted, and the promoted fp32 sum). What the reduction-grouped pass adds:
 //   - one TMA map per operand over the whole (R, M) tensor, no group staged: a group's boxes of 128
 //     tokens start at 16-aligned coordinates a0 + 128 j (a0 = start - start % 16; a box starting off
 //     a 16-byte boundary is an illegal instruction), and warps 1-3 of the producer warpgroup (the
@@ -21,13 +21,14 @@
 //   - the per-row (A) and per-column (B) scales of a k-block differ across the tile: a first kernel
 //     (grouped_k_prepare_scales) writes them as fp32 in k-block-major order, so the producer loads a
 //     k-block's 128 + 128 scales with two bulk copies into the stage's scale slot, on the stage's
-//     barrier; the math threads read them there before issuing the k-block's wgmmas and release the
-//     stage after the wait. (Read as E8M0 bytes by the helpers, 256 rows one row stride apart per
+//     barrier; the math threads read them there as they promote the k-block and then release the
+//     stage. (Read as E8M0 bytes by the helpers, 256 rows one row stride apart per
 //     k-block, the scales kept the helpers busy on every k-block and the math waited on them 40% of
 //     its time, ncu on Qwen3-30B-A3B's down projection.) The helpers now only patch;
-//   - optional clusters of 2 CTAs on neighbouring m-tiles of one group and n-tile: each loads half of
-//     the B box and multicasts it to both (24 KB per k-block per CTA instead of 32 KB; the large
-//     shapes are bound by L2 -> SM bytes), every box released to both producers.
+//   - clusters on a block of tiles of one group: 2 x 1 (neighbouring m-tiles share the B box: 24 KB
+//     per k-block per CTA instead of 32; the kernel is bound by L2 -> SM bytes) or 2 x 2 (A shared
+//     too, 16 KB); each CTA loads half of a shared box and multicasts it, and every stage is
+//     released to every producer of the cluster.
 // Offsets are read on the device (no host sync): every CTA scans offs into shared tables (group
 // ends, first k-blocks, the list of non-empty groups); a slot's tile is decoded without
 // integer division. Empty groups' outputs are zero-filled by the math threads after the tile loop.
