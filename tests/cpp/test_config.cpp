@@ -4,6 +4,7 @@
 // (mxmoe_sm90_gemm_config, mxmoe_reload_env). No GPU needed.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -328,6 +329,7 @@ TEST(Sm90Config, GroupedKByShape) {
   EXPECT_EQ(wgrad(131072, 384, 768, 128).cluster, 1);   // 3 m-tiles
   EXPECT_EQ(wgrad(131072, 1152, 768, 128).cluster, 2);  // 9
   EXPECT_EQ(wgrad(131072, 2048, 768, 0).cluster, 1);
+  EXPECT_EQ(wgrad(131072, INT64_MAX, 768, 128).cluster, 2);  // the query takes any shape (no overflow)
   EXPECT_EQ(wgrad(32768, 1024, 768, 16, false).stages, 4);
   Settings s;
   s.gemm_warp_producer = 1;

@@ -57,7 +57,7 @@ int grouped_m_cluster(const Settings& s, int64_t k) {
 // slower: 16K gate_up 1445-1474 us, down 747-757; 4K 542, 283.
 int grouped_k_cluster(const Settings& s, int64_t n, int64_t groups) {
   if (s.gemm_cluster != Settings::kUnset) return s.gemm_cluster;
-  const int64_t mt = (n + 127) / 128;
+  const int64_t mt = n / 128 + (n % 128 != 0);  // any n the size query takes, INT64_MAX too
   return groups > 0 && (mt % 2 == 0 || mt >= 8) ? 2 : 1;
 }
 
