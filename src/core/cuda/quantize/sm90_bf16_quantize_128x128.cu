@@ -237,13 +237,6 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_bf16_quantize_128x128_kernel
 #endif
 }
 
-struct ExpandParams {
-  uint8_t* scale_c = nullptr;  // as WeightParams
-  uint8_t* scale_r = nullptr;
-  long long n_r = 0;
-  int R = 0, C = 0, rtiles = 0, ctiles = 0, rblocks = 0, cblocks = 0;
-};
-
 // n rows of nb bytes (row stride `stride`) at d, byte (row, j) = 4 copies of v(row, j / 4)'s byte:
 // 4-byte stores where every row's run is whole words, else bytes; consecutive threads take consecutive
 // words (bytes) of a row, so a warp writes whole sectors.
@@ -268,11 +261,12 @@ __device__ __forceinline__ void expand_rows(uint8_t* d, long long stride, int n,
 // any copy is written (the block's own rows hold them), then scale_c's rows [1024 RB, +1024) bytes
 // [32 CB, +32) and scale_r's rows (x's columns) [1024 CB, +1024) bytes [32 RB, +32), clipped as the
 // layouts are (W = C / 32 bytes a row of scale_c; min(ceil(R / 32), n_r) runs a row of scale_r).
-__global__ void __launch_bounds__(256) sm90_weights_scale_expand_kernel(const ExpandParams P) {
+__global__ void __launch_bounds__(256) sm90_weights_scale_expand_kernel(const __grid_constant__ WeightParams P) {
   __shared__ uint32_t seed[kExpand][kExpand];
-  const int per_b = P.rblocks * P.cblocks;
+  const int rblocks = (P.rtiles + kExpand - 1) / kExpand, cblocks = (P.ctiles + kExpand - 1) / kExpand;
+  const int per_b = rblocks * cblocks;
   const int b = static_cast<int>(blockIdx.x) / per_b, rem = static_cast<int>(blockIdx.x) - b * per_b;
-  const int RB = rem / P.cblocks, CB = rem - RB * P.cblocks;
+  const int RB = rem / cblocks, CB = rem - RB * cblocks;
   const long long W = P.C / 32;
   if (threadIdx.x < kExpand * kExpand) {
     const int i = threadIdx.x / kExpand, j = threadIdx.x % kExpand;
@@ -344,19 +338,9 @@ bool launch_tile128_weights_sm90(const Tile128Pass& a, int device, cudaStream_t 
   const long long grid = std::min<long long>(tiles, static_cast<long long>(blocks) * sm_count(device));
   sm90_bf16_quantize_128x128_kernel<<<static_cast<unsigned>(grid), kThreads, kSmem, stream>>>(P);
   cuda_check(cudaGetLastError(), "quantize (weights): kernel launch");
-  if (a.scale_c != nullptr || a.scale_r != nullptr) {
-    ExpandParams E;
-    E.scale_c = a.scale_c;
-    E.scale_r = a.scale_r;
-    E.n_r = a.n_r;
-    E.R = a.R;
-    E.C = a.C;
-    E.rtiles = static_cast<int>(rtiles);
-    E.ctiles = static_cast<int>(ctiles);
-    E.rblocks = static_cast<int>(cdiv(rtiles, kExpand));
-    E.cblocks = static_cast<int>(cdiv(ctiles, kExpand));
-    const long long blocks_e = static_cast<long long>(a.B) * E.rblocks * E.cblocks;  // <= tiles
-    sm90_weights_scale_expand_kernel<<<static_cast<unsigned>(blocks_e), 256, 0, stream>>>(E);
+  if (a.scale_c != nullptr || a.scale_r != nullptr) {  // the coding kernel's parameters: the seeds and layouts
+    const long long blocks_e = static_cast<long long>(a.B) * cdiv(rtiles, kExpand) * cdiv(ctiles, kExpand);  // <= tiles
+    sm90_weights_scale_expand_kernel<<<static_cast<unsigned>(blocks_e), 256, 0, stream>>>(P);
     cuda_check(cudaGetLastError(), "quantize (weights' scales): kernel launch");
   }
   return true;

@@ -68,16 +68,7 @@ bool launch(const GroupedKRun& r, bool check_only) {
   p.group_tiles = static_cast<int>(bm * bn * K::kCluster);
   p.group_div = sm90::make_fast_div(static_cast<uint32_t>(p.group_tiles));
   p.band_div = sm90::make_fast_div(static_cast<uint32_t>(K::kBandBlocks * bn));
-  // Persistent grid: one CTA per SM (a multiple of the cluster size; at 4, as many clusters as can
-  // be resident at once: a GPC's SMs need not divide by 4), at most one per tile slot of the G groups
-  // (CTAs without tiles only zero-fill empty groups).
-  int64_t sms = r.sm_count;
-  if (K::kCluster > 2) sms = std::min<int64_t>(sms, K::kCluster * sm90_max_clusters(reinterpret_cast<const void*>(kernel),
-                                                                                    r.device, K::kCluster, K::kThreads, smem));
-  int64_t grid = std::min<int64_t>(sms, r.groups * static_cast<int64_t>(p.group_tiles));
-  grid = std::max<int64_t>(K::kCluster, grid / K::kCluster * K::kCluster);
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
   cfg.blockDim = dim3(K::kThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = r.stream;
@@ -88,6 +79,17 @@ bool launch(const GroupedKRun& r, bool check_only) {
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
+  // Persistent grid: one CTA per SM (a multiple of the cluster size; at 4, as many clusters as can
+  // be resident at once: a GPC's SMs need not divide by 4), at most one per tile slot of the G groups
+  // (CTAs without tiles only zero-fill empty groups).
+  int64_t sms = r.sm_count;
+  if (K::kCluster > 2) {
+    cfg.gridDim = dim3(K::kCluster);  // the query's grid: one cluster
+    sms = std::min<int64_t>(sms, K::kCluster * sm90_max_clusters(reinterpret_cast<const void*>(kernel), r.device, cfg));
+  }
+  int64_t grid = std::min<int64_t>(sms, r.groups * static_cast<int64_t>(p.group_tiles));
+  grid = std::max<int64_t>(K::kCluster, grid / K::kCluster * K::kCluster);
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
   // Each k-block's scales as fp32 in the producer's order (grouped_k_prepare_scales), then the GEMM.
   sm90::GroupedKScales sp{};
   fill_shared(sp, r, ws);

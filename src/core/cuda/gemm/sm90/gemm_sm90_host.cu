@@ -83,29 +83,18 @@ int sm90_prepare_smem(const void* fn, int device) {
   return lim;
 }
 
-int sm90_max_clusters(const void* fn, int device, int cluster, int threads, int smem) {
+int sm90_max_clusters(const void* fn, int device, const cudaLaunchConfig_t& cfg) {
   static std::mutex mu;
-  static std::map<std::tuple<const void*, int, int, int>, int> counts;
+  static std::map<std::tuple<const void*, int, size_t>, int> counts;
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(fn, device, cluster, smem);
+  const auto key = std::make_tuple(fn, device, cfg.dynamicSmemBytes);
   const auto found = counts.find(key);
   if (found != counts.end()) return found->second;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(cluster));
-  cfg.blockDim = dim3(static_cast<unsigned>(threads));
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
   int n = 0;
   const cudaError_t e = cudaOccupancyMaxActiveClusters(&n, fn, &cfg);
   if (e != cudaSuccess || n < 1) {
     cudaGetLastError();
-    fail_status(MXMOE_ERR_CUDA, "grouped_mm_tile128: no cluster of ", cluster, " CTAs fits (",
+    fail_status(MXMOE_ERR_CUDA, "grouped_mm_tile128: no cluster of ", cfg.gridDim.x, " CTAs fits (",
                 e != cudaSuccess ? cudaGetErrorString(e) : "0 clusters", ")");
   }
   counts[key] = n;

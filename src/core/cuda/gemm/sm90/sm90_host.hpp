@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cuda.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
 
@@ -26,9 +27,10 @@ CUtensorMap output_map_3d_bf16(void* base, uint64_t g, uint64_t rows, uint64_t c
 // once per device and kernel; returns that limit.
 int sm90_prepare_smem(const void* kernel, int device);
 
-// Clusters of `cluster` CTAs (threads, dynamic smem each) of the kernel that can be resident at once
-// on the current device `device` (cudaOccupancyMaxActiveClusters), once per (kernel, device, smem).
-int sm90_max_clusters(const void* kernel, int device, int cluster, int threads, int smem);
+// Clusters of the kernel under launch config `cfg` (its block size, dynamic shared memory and cluster
+// attribute; its grid one cluster) that can be resident at once on the current device `device`
+// (cudaOccupancyMaxActiveClusters), asked once per (kernel, device, shared memory).
+int sm90_max_clusters(const void* kernel, int device, const cudaLaunchConfig_t& cfg);
 
 }  // namespace gemm
 }  // namespace cuda
