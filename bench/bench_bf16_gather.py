@@ -9,6 +9,9 @@ the config's shape with concatenated halves, plain SwiGLU and no biases).
   down dgrad  ops.moe_dswiglu_mm_bf16(dout, perm, w2, h)  vs  moe_gather + torch._grouped_mm (w2 as it lies)
                                                              + weight pass + ops.swiglu_backward
                                                              + ops.moe_swiglu_weight_grad
+  down mm     ops.moe_gather_mm_bf16(dout, perm, w2)      vs  moe_gather + torch._grouped_mm: the same
+                                                             mainloop storing dY' (the epilogue's share
+                                                             of "down dgrad" is the difference)
   dW13        ops.moe_kgather_mm_bf16(dH, x, perm)        vs  moe_gather + torch._grouped_mm (dH^T . rows)
   dW2         ops.moe_kgather_mm_bf16(dout, w act, perm)  vs  moe_gather + torch._grouped_mm
 
@@ -106,6 +109,8 @@ def main(argv=None):
     cases.append(("down dgrad", 2 * N * H * I,
                   lambda: ops.moe_dswiglu_mm_bf16(dout, perm, k, w2, h, rs, *act, offs)[0],
                   lambda: unfused_dgrad()[0]))
+    cases.append(("down mm", 2 * N * H * I, lambda: ops.moe_gather_mm_bf16(dout, perm, k, w2, True, offs),
+                  lambda: mm(ops.moe_gather(dout, perm, k, None, BF16), w2)))
     dh_ref = unfused_dgrad()[0]
     cases.append(("dW13", 4 * N * H * I, lambda: ops.moe_kgather_mm_bf16(dh_ref, x, perm, k, True, offs),
                   lambda: mm(dh_ref.t(), ops.moe_gather(x, perm, k, None, BF16))))
