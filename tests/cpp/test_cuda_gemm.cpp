@@ -933,6 +933,15 @@ TEST(CudaGemm, Bf16GatherDSwigluMatchesTheContract) {
       if (!mxmoe_grouped_mm_bf16_gather_dswiglu_available(M, I, c.k, G, c.t, c.fanout, p.layout, 0))
         GTEST_SKIP() << "the sm_90a bf16 dSwiGLU gather kernel is not available here";
       Buffer h = mxtest::random_input({M, 2 * I}, MXMOE_DTYPE_BF16, seed++, 3.f);
+      if (variant == 0) {
+        // Gate values below -87 in a few rows: their warps take the exact sigmoid, the others the
+        // moderate one (a vote per warp), and both must give the contract's bits.
+        const int64_t rows[] = {5, 37, 130, end - 1};
+        for (int64_t q = 0; q < 4; ++q) {
+          h.set(rows[q] * 2 * I + (17 * q) % I, -100.f);
+          h.set(rows[q] * 2 * I + (17 * q + 40) % I, -3e38f);
+        }
+      }
       Buffer rs({c.t, c.fanout}, MXMOE_DTYPE_F32);
       std::mt19937 rng(seed++);
       std::uniform_real_distribution<float> u(0.f, 1.f);
