@@ -934,8 +934,8 @@ TEST(CudaGemm, Bf16GatherDSwigluMatchesTheContract) {
         GTEST_SKIP() << "the sm_90a bf16 dSwiGLU gather kernel is not available here";
       Buffer h = mxtest::random_input({M, 2 * I}, MXMOE_DTYPE_BF16, seed++, 3.f);
       if (variant == 0) {
-        // Gate values below -87 in a few rows: their warps take the exact sigmoid, the others the
-        // moderate one (a vote per warp), and both must give the contract's bits.
+        // Gate values below -87 in a few rows (where 1 + exp(-g) nears the reciprocal's subnormal
+        // range): the contract's bits there too.
         const int64_t rows[] = {5, 37, 130, end - 1};
         for (int64_t q = 0; q < 4; ++q) {
           h.set(rows[q] * 2 * I + (17 * q) % I, -100.f);

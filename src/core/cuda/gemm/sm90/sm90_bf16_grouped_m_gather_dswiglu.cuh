@@ -19,8 +19,6 @@
 
 #include <cuda_bf16.h>
 
-#include <type_traits>
-
 #include "common/moe_activation.hpp"
 #include "cuda/common/bf16_pack.cuh"
 #include "cuda/gemm/sm90/sm90_fp8_grouped_m_1x128_128x128.cuh"
@@ -98,61 +96,42 @@ struct GroupedMGatherDSwigluBf16 : GroupedMGather<128, Stages_, __nv_bfloat16, t
         }
       }
     }
-    auto compute = [&](auto moderate) {
-      constexpr bool kModerate = decltype(moderate)::value;
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int64_t row = c.row0 + lr + 8 * r;
-        uint16_t* dr = p.dh_bf16 + row * 2 * I;
-        float part = 0.f;
+    for (int r = 0; r < 2; ++r) {
+      const int64_t row = c.row0 + lr + 8 * r;
+      uint16_t* dr = p.dh_bf16 + row * 2 * I;
+      float part = 0.f;
 #pragma unroll
-        for (int j = 0; j < kJ; ++j) {
-          const int col = c.n0 + 8 * j + 2 * q;
-          if (!in[r] || col >= I) continue;
-          // dY' as the gather GEMM stores it (+ 0, its bias-free output, so -0 is +0; then bf16)
-          const uint32_t d2 = cvt_bf16x2(__fadd_rn(fin[4 * j + 2 * r], 0.f), __fadd_rn(fin[4 * j + 2 * r + 1], 0.f));
-          const uint32_t g2 = inter ? __byte_perm(G[r][j], U[r][j], 0x5410) : G[r][j];
-          const uint32_t u2 = inter ? __byte_perm(G[r][j], U[r][j], 0x7632) : U[r][j];
-          float dg[2], du[2];
+      for (int j = 0; j < kJ; ++j) {
+        const int col = c.n0 + 8 * j + 2 * q;
+        if (!in[r] || col >= I) continue;
+        // dY' as the gather GEMM stores it (+ 0, its bias-free output, so -0 is +0; then bf16)
+        const uint32_t d2 = cvt_bf16x2(__fadd_rn(fin[4 * j + 2 * r], 0.f), __fadd_rn(fin[4 * j + 2 * r + 1], 0.f));
+        const uint32_t g2 = inter ? __byte_perm(G[r][j], U[r][j], 0x5410) : G[r][j];
+        const uint32_t u2 = inter ? __byte_perm(G[r][j], U[r][j], 0x7632) : U[r][j];
+        float dg[2], du[2];
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float d = __uint_as_float(e ? d2 & 0xFFFF0000u : d2 << 16);
-            const float g = __uint_as_float(e ? g2 & 0xFFFF0000u : g2 << 16);
-            const float u = __uint_as_float(e ? u2 & 0xFFFF0000u : u2 << 16);
-            // the unfused layer's bf16(w * dY'): one fp32 multiply rounded to bf16
-            const uint32_t dw2 = cvt_bf16x2(__fmul_rn(d, w[r]), 0.f);
-            float y;
-            swiglu_grad_value<PLAIN, kModerate>(g, u, __uint_as_float(dw2 << 16), p.act, &dg[e], &du[e], &y);
-            part = add_rn(part, mul_rn(d, y));
-          }
-          if (inter) {
-            *reinterpret_cast<uint2*>(dr + 2 * col) = make_uint2(pack_bf16x2(dg[0], du[0]), pack_bf16x2(dg[1], du[1]));
-          } else {
-            *reinterpret_cast<uint32_t*>(dr + col) = pack_bf16x2(dg[0], dg[1]);
-            *reinterpret_cast<uint32_t*>(dr + I + col) = pack_bf16x2(du[0], du[1]);
-          }
+        for (int e = 0; e < 2; ++e) {
+          const float d = __uint_as_float(e ? d2 & 0xFFFF0000u : d2 << 16);
+          const float g = __uint_as_float(e ? g2 & 0xFFFF0000u : g2 << 16);
+          const float u = __uint_as_float(e ? u2 & 0xFFFF0000u : u2 << 16);
+          // the unfused layer's bf16(w * dY'): one fp32 multiply rounded to bf16
+          const uint32_t dw2 = cvt_bf16x2(__fmul_rn(d, w[r]), 0.f);
+          float y;
+          swiglu_grad_value<PLAIN>(g, u, __uint_as_float(dw2 << 16), p.act, &dg[e], &du[e], &y);
+          part = add_rn(part, mul_rn(d, y));
         }
-        // (s0 + s1) + (s2 + s3) over the row's quad: every lane of the quad ends with the same sum
-        part = add_rn(part, __shfl_xor_sync(0xffffffffu, part, 1));
-        part = add_rn(part, __shfl_xor_sync(0xffffffffu, part, 2));
-        if (in[r] && q == 0) p.tw_part[row * ntw + c.n0 / 128] = part;
+        if (inter) {
+          *reinterpret_cast<uint2*>(dr + 2 * col) = make_uint2(pack_bf16x2(dg[0], du[0]), pack_bf16x2(dg[1], du[1]));
+        } else {
+          *reinterpret_cast<uint32_t*>(dr + col) = pack_bf16x2(dg[0], dg[1]);
+          *reinterpret_cast<uint32_t*>(dr + I + col) = pack_bf16x2(du[0], du[1]);
+        }
       }
-    };
-    if constexpr (PLAIN) {
-      // The moderate sigmoid (3 instructions for the reciprocal instead of ~15 and a branch) when no gate
-      // value of the warp's two rows is below -87: one vote a tile, a branch around the unrolled math.
-      uint32_t gmax = 0;
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int j = 0; j < kJ; ++j) gmax = __vmaxu2(gmax, inter ? __byte_perm(G[r][j], U[r][j], 0x5410) : G[r][j]);
-      if (__all_sync(0xffffffffu, bf16x2_sigmoid_moderate(gmax))) {
-        compute(std::true_type{});
-      } else {
-        compute(std::false_type{});
-      }
-    } else {
-      compute(std::false_type{});
+      // (s0 + s1) + (s2 + s3) over the row's quad: every lane of the quad ends with the same sum
+      part = add_rn(part, __shfl_xor_sync(0xffffffffu, part, 1));
+      part = add_rn(part, __shfl_xor_sync(0xffffffffu, part, 2));
+      if (in[r] && q == 0) p.tw_part[row * ntw + c.n0 / 128] = part;
     }
   }
 
