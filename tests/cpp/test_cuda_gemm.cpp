@@ -976,29 +976,35 @@ TEST(CudaGemm, Bf16GatherDSwigluMatchesTheContract) {
       };
       const auto [want_dh, want_tw] = mxtest::bf16_dswiglu_expected(g, dy, h, act_grad, w_of, inter);
 
-      DevBuf drs(rs), dh_in(h), ddh(Buffer({M, 2 * I}, MXMOE_DTYPE_BF16), false),
-          dtw(Buffer({M, ntw}, MXMOE_DTYPE_F32), false);
-      ddh.poison();
-      dtw.poison();
-      auto vrs = drs.view(), vh = dh_in.view(), vdh = ddh.view(), vtw = dtw.view();
-      ASSERT_EQ(mxmoe_grouped_mm_bf16_gather_dswiglu(&va, &vg, c.fanout, weighted ? &vrs : nullptr, &vb, &vo, &vh,
-                                                     p.layout, p.alpha, p.limit, p.up_offset, &vdh, &vtw, nullptr),
-                MXMOE_OK)
-          << mxmoe_last_error();
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const Buffer got_dh = ddh.download(), got_tw = dtw.download();
-      int64_t diff_dh = 0, diff_tw = 0, first_dh = -1, first_tw = -1;
-      for (int64_t i = 0; i < got_dh.numel(); ++i)
-        if (got_dh.data<uint16_t>()[i] != want_dh.data<uint16_t>()[i] && diff_dh++ == 0) first_dh = i;
-      for (int64_t i = 0; i < got_tw.numel(); ++i)
-        if (got_tw.data<uint32_t>()[i] != want_tw.data<uint32_t>()[i] && diff_tw++ == 0) first_tw = i;
-      EXPECT_EQ(diff_dh, 0) << "dh, I=" << I << " variant=" << variant << " first at row "
-                            << (first_dh < 0 ? -1 : first_dh / (2 * I)) << " col "
-                            << (first_dh < 0 ? -1 : first_dh % (2 * I));
-      EXPECT_EQ(diff_tw, 0) << "tw_part, I=" << I << " variant=" << variant << " first at row "
-                            << (first_tw < 0 ? -1 : first_tw / ntw) << " tile " << (first_tw < 0 ? -1 : first_tw % ntw)
-                            << ": got " << (first_tw < 0 ? 0.f : got_tw.get(first_tw)) << " want "
-                            << (first_tw < 0 ? 0.f : want_tw.get(first_tw));
+      // Both epilogue forms: the math warpgroups' and the fourth warpgroup's (MXMOE_GEMM_BF16_EPILOGUE).
+      for (const char* epi : {"math", "warpgroup"}) {
+        EnvGuard env;
+        env.set("MXMOE_GEMM_BF16_EPILOGUE", epi);
+        DevBuf drs(rs), dh_in(h), ddh(Buffer({M, 2 * I}, MXMOE_DTYPE_BF16), false),
+            dtw(Buffer({M, ntw}, MXMOE_DTYPE_F32), false);
+        ddh.poison();
+        dtw.poison();
+        auto vrs = drs.view(), vh = dh_in.view(), vdh = ddh.view(), vtw = dtw.view();
+        ASSERT_EQ(mxmoe_grouped_mm_bf16_gather_dswiglu(&va, &vg, c.fanout, weighted ? &vrs : nullptr, &vb, &vo, &vh,
+                                                       p.layout, p.alpha, p.limit, p.up_offset, &vdh, &vtw, nullptr),
+                  MXMOE_OK)
+            << mxmoe_last_error();
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const Buffer got_dh = ddh.download(), got_tw = dtw.download();
+        int64_t diff_dh = 0, diff_tw = 0, first_dh = -1, first_tw = -1;
+        for (int64_t i = 0; i < got_dh.numel(); ++i)
+          if (got_dh.data<uint16_t>()[i] != want_dh.data<uint16_t>()[i] && diff_dh++ == 0) first_dh = i;
+        for (int64_t i = 0; i < got_tw.numel(); ++i)
+          if (got_tw.data<uint32_t>()[i] != want_tw.data<uint32_t>()[i] && diff_tw++ == 0) first_tw = i;
+        EXPECT_EQ(diff_dh, 0) << "dh, " << epi << ", I=" << I << " variant=" << variant << " first at row "
+                              << (first_dh < 0 ? -1 : first_dh / (2 * I)) << " col "
+                              << (first_dh < 0 ? -1 : first_dh % (2 * I));
+        EXPECT_EQ(diff_tw, 0) << "tw_part, " << epi << ", I=" << I << " variant=" << variant << " first at row "
+                              << (first_tw < 0 ? -1 : first_tw / ntw) << " tile "
+                              << (first_tw < 0 ? -1 : first_tw % ntw) << ": got "
+                              << (first_tw < 0 ? 0.f : got_tw.get(first_tw)) << " want "
+                              << (first_tw < 0 ? 0.f : want_tw.get(first_tw));
+      }
     }
   }
 }
