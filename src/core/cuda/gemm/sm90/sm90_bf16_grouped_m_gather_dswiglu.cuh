@@ -164,6 +164,7 @@ struct GroupedMGatherDSwigluBf16Wg : GroupedMGather<128, Stages_, __nv_bfloat16,
   static constexpr bool kFusedEpilogue = true;
   static constexpr bool kEpiWarpgroup = true;
   static constexpr int kThreads = 512;  // producer, two math warpgroups, epilogue
+  static constexpr bool kOverlap = false;  // (an FP8 promotion setting; bf16 accumulates in place)
   static constexpr int kProducerRegs = 40, kMathRegs = 168, kEpiRegs = 136;
   static_assert(kProducerRegs + 2 * kMathRegs + kEpiRegs <= 512, "four warpgroups share 64K registers");
   static_assert(Base::kEpiBytes == kHandoffTileBytes, "the epilogue buffer holds one hand-over tile");
