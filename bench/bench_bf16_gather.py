@@ -9,6 +9,8 @@ the config's shape with concatenated halves, plain SwiGLU and no biases).
   down dgrad  ops.moe_dswiglu_mm_bf16(dout, perm, w2, h)  vs  moe_gather + torch._grouped_mm (w2 as it lies)
                                                              + weight pass + ops.swiglu_backward
                                                              + ops.moe_swiglu_weight_grad
+  down dgrad (warpgroup)  the same with MXMOE_GEMM_BF16_EPILOGUE=warpgroup (the fourth-warpgroup form;
+                          --epilogues math leaves it out)
   down mm     ops.moe_gather_mm_bf16(dout, perm, w2)      vs  moe_gather + torch._grouped_mm: the same
                                                              mainloop storing dY' (the epilogue's share
                                                              of "down dgrad" is the difference)
@@ -22,6 +24,8 @@ TFLOP/s; --json writes the rows. CPU (--device cpu, tiny shapes): a smoke test o
   python3 bench/bench_bf16_gather.py [--config qwen3-30b-a3b] [--tokens 16384] [--json out.json]
 """
 import argparse
+import contextlib
+import ctypes
 import json
 import os
 import sys
@@ -62,6 +66,33 @@ def rel_err(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
+@contextlib.contextmanager
+def library_env(name, value):
+    """MXMOE_* variable `name` set to `value` for the block (None: as it was). libmxmoe reads its
+    variables once per process, so each change is followed by mxmoe_reload_env (the loaded library,
+    found by its soname)."""
+    if value is None:
+        yield
+        return
+    lib = ctypes.CDLL("libmxmoe.so")
+    lib.mxmoe_reload_env.restype = ctypes.c_int
+    old = os.environ.get(name)
+
+    def apply(v):
+        if v is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = v
+        if lib.mxmoe_reload_env() != 0:
+            raise RuntimeError(f"mxmoe_reload_env failed with {name}={v!r}")
+
+    apply(value)
+    try:
+        yield
+    finally:
+        apply(old)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="qwen3-30b-a3b", choices=sorted(bench_moe.CONFIGS))
@@ -69,6 +100,8 @@ def main(argv=None):
     p.add_argument("--device", default="cuda")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--epilogues", default="math,warpgroup",
+                   help="the bf16 dSwiGLU GEMM's epilogue forms to time (MXMOE_GEMM_BF16_EPILOGUE)")
     p.add_argument("--json", default="")
     a = p.parse_args(argv)
     from mxmoe import ops
@@ -106,9 +139,10 @@ def main(argv=None):
         return ops.swiglu_backward(torch.mul(d_y, factor, out=torch.empty_like(d_y)), h, *act), \
             ops.moe_swiglu_weight_grad(d_y, h, inv, *act)
 
-    cases.append(("down dgrad", 2 * N * H * I,
-                  lambda: ops.moe_dswiglu_mm_bf16(dout, perm, k, w2, h, rs, *act, offs)[0],
-                  lambda: unfused_dgrad()[0]))
+    for epi in a.epilogues.split(","):
+        cases.append(("down dgrad" + ("" if epi == "math" else f" ({epi})"), 2 * N * H * I,
+                      lambda: ops.moe_dswiglu_mm_bf16(dout, perm, k, w2, h, rs, *act, offs)[0],
+                      lambda: unfused_dgrad()[0], ("MXMOE_GEMM_BF16_EPILOGUE", None if epi == "math" else epi)))
     cases.append(("down mm", 2 * N * H * I, lambda: ops.moe_gather_mm_bf16(dout, perm, k, w2, True, offs),
                   lambda: mm(ops.moe_gather(dout, perm, k, None, BF16), w2)))
     dh_ref = unfused_dgrad()[0]
@@ -121,16 +155,17 @@ def main(argv=None):
     rows = []
     print(f"{cfg.name} T={T} (H {H}, I {I}, E {E}, top-{k}) on {dev}"
           + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else " (a smoke test: times mean nothing)"))
-    print(f"{'op':12} {'ours us':>9} {'torch us':>9} {'ratio':>6} {'TFLOP/s':>8} {'rel err':>8}")
-    for name, flops, ours, theirs in cases:
-        err = rel_err(ours(), theirs())
-        if not err < 2e-2:
-            raise SystemExit(f"{name}: the kernel and the gathered path disagree (relative error {err:.3g})")
-        us, ref_us = timed(ours, dev, a.warmup, a.reps), timed(theirs, dev, a.warmup, a.reps)
+    print(f"{'op':22} {'ours us':>9} {'torch us':>9} {'ratio':>6} {'TFLOP/s':>8} {'rel err':>8}")
+    for name, flops, ours, theirs, *env in cases:
+        with library_env(*(env[0] if env else (None, None))):
+            err = rel_err(ours(), theirs())
+            if not err < 2e-2:
+                raise SystemExit(f"{name}: the kernel and the gathered path disagree (relative error {err:.3g})")
+            us, ref_us = timed(ours, dev, a.warmup, a.reps), timed(theirs, dev, a.warmup, a.reps)
         row = dict(op=name, config=cfg.name, tokens=T, ours_us=us, torch_us=ref_us, ratio=ref_us / us,
                    tflops=flops / us / 1e6, rel_err=err)
         rows.append(row)
-        print(f"{name:12} {us:9.0f} {ref_us:9.0f} {ref_us / us:6.2f} {row['tflops']:8.0f} {err:8.1e}")
+        print(f"{name:22} {us:9.0f} {ref_us:9.0f} {ref_us / us:6.2f} {row['tflops']:8.0f} {err:8.1e}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"rows": rows, "device": str(dev)}, f, indent=1)
