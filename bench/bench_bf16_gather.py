@@ -24,8 +24,6 @@ TFLOP/s; --json writes the rows. CPU (--device cpu, tiny shapes): a smoke test o
   python3 bench/bench_bf16_gather.py [--config qwen3-30b-a3b] [--tokens 16384] [--json out.json]
 """
 import argparse
-import contextlib
-import ctypes
 import json
 import os
 import sys
@@ -34,6 +32,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_moe  # noqa: E402  (the MoE configs)
+from bench_meta import library_env  # noqa: E402
 
 BF16, F32 = torch.bfloat16, torch.float32
 
@@ -64,33 +63,6 @@ def timed(fn, device, warmup, reps):
 def rel_err(a, b):
     a, b = a.float(), b.float()
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
-
-
-@contextlib.contextmanager
-def library_env(name, value):
-    """MXMOE_* variable `name` set to `value` for the block (None: as it was). libmxmoe reads its
-    variables once per process, so each change is followed by mxmoe_reload_env (the loaded library,
-    found by its soname)."""
-    if value is None:
-        yield
-        return
-    lib = ctypes.CDLL("libmxmoe.so")
-    lib.mxmoe_reload_env.restype = ctypes.c_int
-    old = os.environ.get(name)
-
-    def apply(v):
-        if v is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = v
-        if lib.mxmoe_reload_env() != 0:
-            raise RuntimeError(f"mxmoe_reload_env failed with {name}={v!r}")
-
-    apply(value)
-    try:
-        yield
-    finally:
-        apply(old)
 
 
 def main(argv=None):
@@ -139,10 +111,10 @@ def main(argv=None):
         return ops.swiglu_backward(torch.mul(d_y, factor, out=torch.empty_like(d_y)), h, *act), \
             ops.moe_swiglu_weight_grad(d_y, h, inv, *act)
 
-    for epi in a.epilogues.split(","):
+    for epi in a.epilogues.split(","):  # each form under its MXMOE_GEMM_BF16_EPILOGUE (math: the default)
         cases.append(("down dgrad" + ("" if epi == "math" else f" ({epi})"), 2 * N * H * I,
                       lambda: ops.moe_dswiglu_mm_bf16(dout, perm, k, w2, h, rs, *act, offs)[0],
-                      lambda: unfused_dgrad()[0], ("MXMOE_GEMM_BF16_EPILOGUE", None if epi == "math" else epi)))
+                      lambda: unfused_dgrad()[0], {} if epi == "math" else {"MXMOE_GEMM_BF16_EPILOGUE": epi}))
     cases.append(("down mm", 2 * N * H * I, lambda: ops.moe_gather_mm_bf16(dout, perm, k, w2, True, offs),
                   lambda: mm(ops.moe_gather(dout, perm, k, None, BF16), w2)))
     dh_ref = unfused_dgrad()[0]
@@ -156,8 +128,8 @@ def main(argv=None):
     print(f"{cfg.name} T={T} (H {H}, I {I}, E {E}, top-{k}) on {dev}"
           + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else " (a smoke test: times mean nothing)"))
     print(f"{'op':22} {'ours us':>9} {'torch us':>9} {'ratio':>6} {'TFLOP/s':>8} {'rel err':>8}")
-    for name, flops, ours, theirs, *env in cases:
-        with library_env(*(env[0] if env else (None, None))):
+    for name, flops, ours, theirs, *env in cases:  # env: the library variables a case runs under
+        with library_env(env[0] if env else {}):
             err = rel_err(ours(), theirs())
             if not err < 2e-2:
                 raise SystemExit(f"{name}: the kernel and the gathered path disagree (relative error {err:.3g})")

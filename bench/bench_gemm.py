@@ -23,7 +23,6 @@ costs).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ctypes
 import datetime
 import json
@@ -34,7 +33,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ (bench_meta)
-from bench_meta import commit_id  # noqa: E402
+from bench_meta import commit_id, library_env as _library_env  # noqa: E402
 
 RECIPE = "mxfp8_rceil_tile128"
 
@@ -283,25 +282,9 @@ def profile_kernels(fn, label):
 
 
 # ---- configurations and environment ------------------------------------------------------------------
-@contextlib.contextmanager
 def library_env(env):
-    """os.environ updated by `env` (a None value unsets) for the block. The library reads its MXMOE_*
-    variables once per process, so each change is followed by mxmoe_reload_env."""
-    saved = {k: os.environ.get(k) for k in env}
-
-    def apply(values):
-        for k, v in values.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        CHECK(LIB.mxmoe_reload_env(), "reload_env")
-
-    try:
-        apply(env)
-        yield
-    finally:
-        apply(saved)
+    """bench_meta.library_env on this script's library handle."""
+    return _library_env(env, LIB)
 
 
 def gemm_config(pas, M, N, K, G):

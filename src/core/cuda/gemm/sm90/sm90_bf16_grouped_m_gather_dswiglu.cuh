@@ -60,6 +60,18 @@ struct GroupedMGatherDSwigluBf16 : GroupedMGather<128, Stages_, __nv_bfloat16, t
     }
   }
 
+  // One element of both forms: dH's gate and up values (dg, du) at dY' element d (a bf16 value), gate g
+  // and up u of h and the row weight w, the unfused layer's bits (bf16(w * dY'): one fp32 multiply
+  // rounded to bf16), and the routing weights' partial continued with <d, act(h)>.
+  template <bool PLAIN>
+  static __device__ __forceinline__ void dswiglu_element(float d, float g, float u, float w, const SwigluParams& act,
+                                                         float& dg, float& du, float& part) {
+    const uint32_t dw2 = cvt_bf16x2(__fmul_rn(d, w), 0.f);
+    float y;
+    swiglu_grad_value<PLAIN>(g, u, __uint_as_float(dw2 << 16), act, &dg, &du, &y);
+    part = add_rn(part, mul_rn(d, y));
+  }
+
   // A math thread (mw, warp, lane) after its tile's mainloop, holding rows lr and lr + 8, columns
   // 8 j + 2 (lane % 4) + {0, 1} of dY': dH and the partial for its two rows (rows outside the tile are
   // left alone).
@@ -124,11 +136,7 @@ struct GroupedMGatherDSwigluBf16 : GroupedMGather<128, Stages_, __nv_bfloat16, t
           const float d = __uint_as_float(e ? d2 & 0xFFFF0000u : d2 << 16);
           const float g = __uint_as_float(e ? g2 & 0xFFFF0000u : g2 << 16);
           const float u = __uint_as_float(e ? u2 & 0xFFFF0000u : u2 << 16);
-          // the unfused layer's bf16(w * dY'): one fp32 multiply rounded to bf16
-          const uint32_t dw2 = cvt_bf16x2(__fmul_rn(d, w[r]), 0.f);
-          float y;
-          swiglu_grad_value<PLAIN>(g, u, __uint_as_float(dw2 << 16), p.act, &dg[e], &du[e], &y);
-          part = add_rn(part, mul_rn(d, y));
+          dswiglu_element<PLAIN>(d, g, u, w[r], p.act, dg[e], du[e], part);
         }
         if (inter) {
           *reinterpret_cast<uint2*>(dr + 2 * col) = make_uint2(pack_bf16x2(dg[0], du[0]), pack_bf16x2(dg[1], du[1]));
@@ -160,7 +168,7 @@ struct GroupedMGatherDSwigluBf16 : GroupedMGather<128, Stages_, __nv_bfloat16, t
 template <int Stages_>
 struct GroupedMGatherDSwigluBf16Wg : GroupedMGather<128, Stages_, __nv_bfloat16, true, true> {
   using Base = GroupedMGather<128, Stages_, __nv_bfloat16, true, true>;
-  using MathForm = GroupedMGatherDSwigluBf16<Stages_>;  // prefetch_tile and tail are that form's
+  using MathForm = GroupedMGatherDSwigluBf16<Stages_>;  // prefetch_tile, tail and the element math are that form's
   static constexpr bool kFusedEpilogue = true;
   static constexpr bool kEpiWarpgroup = true;
   static constexpr int kThreads = 512;  // producer, two math warpgroups, epilogue
@@ -274,12 +282,8 @@ struct GroupedMGatherDSwigluBf16Wg : GroupedMGather<128, Stages_, __nv_bfloat16,
           const uint32_t gu = e8 < 4 ? aw[e8] : bw[e8 - 4];
           const uint32_t gw = inter ? gu << 16 : (e ? aw[wd] & 0xFFFF0000u : aw[wd] << 16);
           const uint32_t uw = inter ? gu & 0xFFFF0000u : (e ? bw[wd] & 0xFFFF0000u : bw[wd] << 16);
-          // the unfused layer's bf16(w * dY'): one fp32 multiply rounded to bf16
-          const uint32_t dw2 = cvt_bf16x2(__fmul_rn(d, w), 0.f);
-          float y;
-          swiglu_grad_value<PLAIN>(__uint_as_float(gw), __uint_as_float(uw), __uint_as_float(dw2 << 16), p.act,
-                                   &dg[e8], &du[e8], &y);
-          s4[wd] = add_rn(s4[wd], mul_rn(d, y));
+          MathForm::template dswiglu_element<PLAIN>(d, __uint_as_float(gw), __uint_as_float(uw), w, p.act, dg[e8],
+                                                    du[e8], s4[wd]);
         }
         uint32_t o[8];
 #pragma unroll
