@@ -9,8 +9,8 @@ the config's shape with concatenated halves, plain SwiGLU and no biases).
   down dgrad  ops.moe_dswiglu_mm_bf16(dout, perm, w2, h)  vs  moe_gather + torch._grouped_mm (w2 as it lies)
                                                              + weight pass + ops.swiglu_backward
                                                              + ops.moe_swiglu_weight_grad
-  down dgrad (warpgroup)  the same with MXMOE_GEMM_BF16_EPILOGUE=warpgroup (the fourth-warpgroup form;
-                          --epilogues math leaves it out)
+  down dgrad+act  the same writing dW2's act(h) too (want_act, as the layer calls it)  vs  the same
+                  + ops.swiglu(h)
   down mm     ops.moe_gather_mm_bf16(dout, perm, w2)      vs  moe_gather + torch._grouped_mm: the same
                                                              mainloop storing dY' (the epilogue's share
                                                              of "down dgrad" is the difference)
@@ -32,7 +32,6 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_moe  # noqa: E402  (the MoE configs)
-from bench_meta import library_env  # noqa: E402
 
 BF16, F32 = torch.bfloat16, torch.float32
 
@@ -72,8 +71,6 @@ def main(argv=None):
     p.add_argument("--device", default="cuda")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--epilogues", default="math,warpgroup",
-                   help="the bf16 dSwiGLU GEMM's epilogue forms to time (MXMOE_GEMM_BF16_EPILOGUE)")
     p.add_argument("--json", default="")
     a = p.parse_args(argv)
     from mxmoe import ops
@@ -111,10 +108,12 @@ def main(argv=None):
         return ops.swiglu_backward(torch.mul(d_y, factor, out=torch.empty_like(d_y)), h, *act), \
             ops.moe_swiglu_weight_grad(d_y, h, inv, *act)
 
-    for epi in a.epilogues.split(","):  # each form under its MXMOE_GEMM_BF16_EPILOGUE (math: the default)
-        cases.append(("down dgrad" + ("" if epi == "math" else f" ({epi})"), 2 * N * H * I,
-                      lambda: ops.moe_dswiglu_mm_bf16(dout, perm, k, w2, h, rs, *act, offs)[0],
-                      lambda: unfused_dgrad()[0], {} if epi == "math" else {"MXMOE_GEMM_BF16_EPILOGUE": epi}))
+    cases.append(("down dgrad", 2 * N * H * I, lambda: ops.moe_dswiglu_mm_bf16(dout, perm, k, w2, h, rs, *act, offs)[0],
+                  lambda: unfused_dgrad()[0]))
+    # with dW2's act(h) from the epilogue, as the layer calls it, against the unfused path's SwiGLU pass
+    cases.append(("down dgrad+act", 2 * N * H * I,
+                  lambda: ops.moe_dswiglu_mm_bf16(dout, perm, k, w2, h, rs, *act, offs, True)[2],
+                  lambda: (unfused_dgrad()[0], ops.swiglu(h, *act))[1]))
     cases.append(("down mm", 2 * N * H * I, lambda: ops.moe_gather_mm_bf16(dout, perm, k, w2, True, offs),
                   lambda: mm(ops.moe_gather(dout, perm, k, None, BF16), w2)))
     dh_ref = unfused_dgrad()[0]
@@ -128,12 +127,11 @@ def main(argv=None):
     print(f"{cfg.name} T={T} (H {H}, I {I}, E {E}, top-{k}) on {dev}"
           + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else " (a smoke test: times mean nothing)"))
     print(f"{'op':22} {'ours us':>9} {'torch us':>9} {'ratio':>6} {'TFLOP/s':>8} {'rel err':>8}")
-    for name, flops, ours, theirs, *env in cases:  # env: the library variables a case runs under
-        with library_env(env[0] if env else {}):
-            err = rel_err(ours(), theirs())
-            if not err < 2e-2:
-                raise SystemExit(f"{name}: the kernel and the gathered path disagree (relative error {err:.3g})")
-            us, ref_us = timed(ours, dev, a.warmup, a.reps), timed(theirs, dev, a.warmup, a.reps)
+    for name, flops, ours, theirs in cases:
+        err = rel_err(ours(), theirs())
+        if not err < 2e-2:
+            raise SystemExit(f"{name}: the kernel and the gathered path disagree (relative error {err:.3g})")
+        us, ref_us = timed(ours, dev, a.warmup, a.reps), timed(theirs, dev, a.warmup, a.reps)
         row = dict(op=name, config=cfg.name, tokens=T, ours_us=us, torch_us=ref_us, ratio=ref_us / us,
                    tflops=flops / us / 1e6, rel_err=err)
         rows.append(row)

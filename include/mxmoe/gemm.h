@@ -286,8 +286,10 @@ MXMOE_API mxmoe_status mxmoe_grouped_mm_bf16_gather_swiglu(const mxmoe_tensor* a
  *   dh (M, 2I) bf16 = mxmoe_swiglu_backward of bf16(w * bf16(dY')) (one fp32 multiply rounded once) and h;
  *   tw_part (M, ceil(I/128)) f32: tw_part[r, t] = sum over columns c of tile t (128 t .. 128 t + 127, < I)
  *     of bf16(dY')[r, c] * swiglu(h[r])[c] (fp32), in a fixed order: lane q of 4 sums columns
- *     128 t + 8 j + 2 q + e (j < 16, e < 2) in that order from +0, then (s0 + s1) + (s2 + s3).
- * Rows past the last group are zero in both. K and I multiples of 64. On the host a reference composes
+ *     128 t + 8 j + 2 q + e (j < 16, e < 2) in that order from +0, then (s0 + s1) + (s2 + s3);
+ *   act (M, I) bf16, optional (NULL: not written): swiglu(h) as mxmoe_swiglu writes it (the bf16 layer's
+ *     dW2 operand, so that nothing reads h again for it).
+ * Rows past the last group are zero in all three. K and I multiples of 64. On the host a reference composes
  * the gather GEMM and the same arithmetic; on a device only the sm_90a kernel runs it (UNSUPPORTED
  * elsewhere: ..._available says).
  */
@@ -297,7 +299,7 @@ MXMOE_API int32_t mxmoe_grouped_mm_bf16_gather_dswiglu_available(int64_t m, int6
 MXMOE_API mxmoe_status mxmoe_grouped_mm_bf16_gather_dswiglu(
     const mxmoe_tensor* a, const mxmoe_tensor* gather, int64_t fanout, const mxmoe_tensor* row_scale,
     const mxmoe_tensor* b, const mxmoe_tensor* offs, const mxmoe_tensor* h, int32_t layout, float alpha, float limit,
-    float up_offset, mxmoe_tensor* dh, mxmoe_tensor* tw_part, void* stream);
+    float up_offset, mxmoe_tensor* dh, mxmoe_tensor* tw_part, mxmoe_tensor* act, void* stream);
 
 /* mxmoe_grouped_mm_bf16_kgather: the bf16 MoE layer's wgrad on routed rows, groups along the reduction
  * (no routed copy of the gathered operand exists):

@@ -61,10 +61,11 @@ Ops (schemas in src/ops/library.cpp):
   moe_swiglu_mm_bf16(x, perm, k, w13, bias?, layout, alpha, limit, up_offset, offs) -> (h, act): the bf16
       layer's up projection h = x[perm // k] @ w13[g]^T (+ bias[g]) (M, 2I) with act = swiglu(h) (M, I)
       in its epilogue
-  moe_dswiglu_mm_bf16(dout, perm, k, w2, h, row_scale?, layout, alpha, limit, up_offset, offs) -> (dh, tw_part): the
-      bf16 layer's down-projection dgrad dY' = dout[perm // k] @ w2[g] (never stored) with dH =
-      swiglu_backward(bf16(w * dY'), h) (M, 2I) bf16 and the routing weights' per-128-column partials
-      <dY', swiglu(h)> (M, ceil(I/128)) f32 in its epilogue (either layout)
+  moe_dswiglu_mm_bf16(dout, perm, k, w2, h, row_scale?, layout, alpha, limit, up_offset, offs, want_act=False)
+      -> (dh, tw_part, act): the bf16 layer's down-projection dgrad dY' = dout[perm // k] @ w2[g] (never
+      stored) with dH = swiglu_backward(bf16(w * dY'), h) (M, 2I) bf16, the routing weights' per-128-column
+      partials <dY', swiglu(h)> (M, ceil(I/128)) f32 and, want_act, act = swiglu(h) (M, I) bf16 (else (0, I))
+      in its epilogue (either layout)
   moe_combine(y, inv, weights?, out_dtype) -> sum_j w[t, j] * y[inv[t, j]] (T, H), fp32, j in order
   moe_combine_weight_grad(dout, y, inv) -> dw (T, k) f32 = <dout[t], y[inv[t, j]]>
   moe_swiglu_weight_grad(dy, h, inv, layout, alpha, limit, up_offset) -> dw (T, k) f32
@@ -568,10 +569,12 @@ def _(x, perm, k, w13, bias, layout, alpha, limit, up_offset, offs):
 
 
 @_fake("moe_dswiglu_mm_bf16")
-def _(dout, perm, k, w2, h, row_scale, layout, alpha, limit, up_offset, offs):
+def _(dout, perm, k, w2, h, row_scale, layout, alpha, limit, up_offset, offs, want_act=False):
     _dims(w2, "w2", 3)
     m, i = perm.shape[0], w2.shape[2]
-    return dout.new_empty((m, 2 * i), dtype=torch.bfloat16), dout.new_empty((m, (i + 127) // 128), dtype=torch.float32)
+    return (dout.new_empty((m, 2 * i), dtype=torch.bfloat16),
+            dout.new_empty((m, (i + 127) // 128), dtype=torch.float32),
+            dout.new_empty((m if want_act else 0, i), dtype=torch.bfloat16))
 
 
 @_fake("moe_combine")

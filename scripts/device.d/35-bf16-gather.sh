@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Step 35: the bf16 layer's gather GEMMs one by one against the paths they replace
-# (bench/bench_bf16_gather.py), both forms of the dSwiGLU GEMM's epilogue (MXMOE_GEMM_BF16_EPILOGUE)
-# in one process; first their GPU contract tests, since a form that hangs would hang the bench.
+# (bench/bench_bf16_gather.py); first their GPU contract tests, since a kernel that hangs would hang
+# the bench.
 # Configs: MXMOE_BF16_GATHER_CONFIGS (default Qwen3-30B-A3B and DeepSeek-V3 EP8). JSON and logs under
 # $OUT; the short table in $OUT/table-bf16-gather.txt.
 set -uo pipefail

@@ -802,7 +802,7 @@ mxmoe_status mxmoe_grouped_mm_bf16_gather_dswiglu(const mxmoe_tensor* a_, const 
                                                   const mxmoe_tensor* b_, const mxmoe_tensor* offs_,
                                                   const mxmoe_tensor* h_, int32_t layout, float alpha, float limit,
                                                   float up_offset, mxmoe_tensor* dh_, mxmoe_tensor* tw_part_,
-                                                  void* stream) {
+                                                  mxmoe_tensor* act_, void* stream) {
   MXMOE_API_BEGIN
   check_activation_args(layout, alpha, limit, up_offset, true);
   const mxmoe_tensor& a = check_bf16_rows(a_, "a");
@@ -842,14 +842,27 @@ mxmoe_status mxmoe_grouped_mm_bf16_gather_dswiglu(const mxmoe_tensor* a_, const 
   check_shape(tw, "tw_part", {M, (I + 127) / 128});
   check_device(tw, "tw_part", a.device);
   check_contiguous(tw, "tw_part");
+  if (act_ != nullptr) {
+    mxmoe_tensor& act = const_cast<mxmoe_tensor&>(require(act_, "act"));
+    check_dtype(act, "act", {MXMOE_DTYPE_BF16});
+    check_shape(act, "act", {M, I});
+    check_device(act, "act", a.device);
+    check_contiguous(act, "act");
+    x.act = {true, act};
+  }
   const std::pair<const mxmoe_tensor*, const char*> read[] = {
       {&a, "a"}, {&gather, "gather"}, {&b, "b"}, {&offs, "offs"}, {&h, "h"},
       {x.row_scale.present ? &x.row_scale.t : &a, x.row_scale.present ? "row_scale" : "a"}};
   for (const auto& [t, name] : read) {
     check_no_overlap(dh, "dh", *t, name);
     check_no_overlap(tw, "tw_part", *t, name);
+    if (x.act.present) check_no_overlap(x.act.t, "act", *t, name);
   }
   check_no_overlap(dh, "dh", tw, "tw_part");
+  if (x.act.present) {
+    check_no_overlap(x.act.t, "act", dh, "dh");
+    check_no_overlap(x.act.t, "act", tw, "tw_part");
+  }
   x.g.a = a;
   x.g.gather = gather;
   x.g.b = b;

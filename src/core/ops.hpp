@@ -87,6 +87,7 @@ struct Bf16GatherDSwigluArgs {
   int32_t layout = 0;   // MXMOE_SWIGLU_CONCAT or MXMOE_SWIGLU_INTERLEAVED
   float alpha = 1.f, limit = 0.f, up_offset = 0.f;
   mxmoe_tensor dh{}, tw_part{};
+  OptTensor act;  // (M, I) bf16: act(h), optional
 };
 
 // mxmoe_grouped_mm_bf16_gather_swiglu: g is the gather GEMM writing h (g.out, (M, 2I)); act (M, I).

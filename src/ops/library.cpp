@@ -71,7 +71,7 @@ STABLE_TORCH_LIBRARY(mxmoe, m) {
   m.def("moe_swiglu_mm_bf16(Tensor x, Tensor perm, int k, Tensor w13, Tensor? bias, int layout, float alpha, "
         "float limit, float up_offset, Tensor offs) -> (Tensor, Tensor)");
   m.def("moe_dswiglu_mm_bf16(Tensor dout, Tensor perm, int k, Tensor w2, Tensor h, Tensor? row_scale, int layout, "
-        "float alpha, float limit, float up_offset, Tensor offs) -> (Tensor, Tensor)");
+        "float alpha, float limit, float up_offset, Tensor offs, bool want_act=False) -> (Tensor, Tensor, Tensor)");
   m.def("moe_combine(Tensor y, Tensor inv, Tensor? weights, ScalarType out_dtype) -> Tensor");
   m.def("moe_combine_weight_grad(Tensor dout, Tensor y, Tensor inv) -> Tensor");
   m.def("moe_swiglu_weight_grad(Tensor dy, Tensor h, Tensor inv, int layout, float alpha, float limit, "

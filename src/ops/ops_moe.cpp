@@ -107,9 +107,9 @@ std::tuple<Tensor, Tensor> moe_swiglu_mm_bf16(Tensor x, Tensor perm, int64_t k, 
   return {h, act};
 }
 
-std::tuple<Tensor, Tensor> moe_dswiglu_mm_bf16(Tensor dout, Tensor perm, int64_t k, Tensor w2, Tensor h,
-                                               OptTensor row_scale, int64_t layout, double alpha, double limit,
-                                               double up_offset, Tensor offs) {
+std::tuple<Tensor, Tensor, Tensor> moe_dswiglu_mm_bf16(Tensor dout, Tensor perm, int64_t k, Tensor w2, Tensor h,
+                                                       OptTensor row_scale, int64_t layout, double alpha, double limit,
+                                                       double up_offset, Tensor offs, bool want_act) {
   const char* op = "moe_dswiglu_mm_bf16";
   Launch L(dout);
   const Tensor dd = dense(dout), pd = dense(perm), wd = dense(w2), hd = dense(h), od = dense(offs);
@@ -119,14 +119,17 @@ std::tuple<Tensor, Tensor> moe_dswiglu_mm_bf16(Tensor dout, Tensor perm, int64_t
   const int64_t M = size_or0(pd, 0), I = wd.size(2);
   Tensor dh = empty({M, 2 * I}, ScalarType::BFloat16, L.device);
   Tensor tw = empty({M, (I + 127) / 128}, ScalarType::Float, L.device);
+  Tensor act = empty({want_act ? M : 0, I}, ScalarType::BFloat16, L.device);  // (0, I) when not wanted
   mxmoe_tensor dv = view(dd, "dout", op), pv = view(pd, "perm", op), wv = view(wd, "w2", op), hv = view(hd, "h", op),
-               ov = view(od, "offs", op), dhv = view(dh, "dh", op), twv = view(tw, "tw_part", op);
+               ov = view(od, "offs", op), dhv = view(dh, "dh", op), twv = view(tw, "tw_part", op),
+               av = view(act, "act", op);
   OptView sv(sd, "row_scale", op);
   check(mxmoe_grouped_mm_bf16_gather_dswiglu(&dv, &pv, k, sv.get(), &wv, &ov, &hv, static_cast<int32_t>(layout),
                                              static_cast<float>(alpha), static_cast<float>(limit),
-                                             static_cast<float>(up_offset), &dhv, &twv, L.stream),
+                                             static_cast<float>(up_offset), &dhv, &twv, want_act ? &av : nullptr,
+                                             L.stream),
         op);
-  return {dh, tw};
+  return {dh, tw, act};
 }
 
 bool moe_gather_mm_bf16_available(int64_t m, int64_t n, int64_t kdim, int64_t groups, int64_t t, int64_t fanout,

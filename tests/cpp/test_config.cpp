@@ -72,7 +72,6 @@ TEST(EnvParse, UnsetOrEmptyGivesTheDefaults) {
     EXPECT_EQ(s.gemm_warp_producer, Settings::kUnset);
     EXPECT_EQ(s.gemm_extra_stage, Settings::kUnset);
     EXPECT_EQ(s.gemm_cluster, Settings::kUnset);
-    EXPECT_FALSE(s.gemm_bf16_epi_wg);
     EXPECT_FALSE(s.tile128_raster_n);
     EXPECT_EQ(s.tile128_swizzle, 1);
     EXPECT_TRUE(s.quant_tile128);
@@ -97,7 +96,7 @@ TEST(EnvParse, ValidValues) {
                                 {"MXMOE_QUANT_STREAM", "2"},       {"MXMOE_QUANT_TMA", "0"},       {"MXMOE_QUANT_ORDER", "0"},
                                 {"MXMOE_QUANT_WARP", "4"},         {"MXMOE_QUANT_WARP_PIPE", "0"},
                                 {"MXMOE_QUANT_SLAB", "0"},         {"MXMOE_QUANT_STAGES", "3"},
-                                {"MXMOE_DEQUANT_WARP", "0"},       {"MXMOE_GEMM_BF16_EPILOGUE", "warpgroup"}});
+                                {"MXMOE_DEQUANT_WARP", "0"}});
   EXPECT_EQ(s.num_threads, 3);
   EXPECT_TRUE(s.print_configs);
   EXPECT_EQ(s.gemm_sm90, GemmSm90::kOwnOnly);
@@ -105,7 +104,6 @@ TEST(EnvParse, ValidValues) {
   EXPECT_EQ(s.gemm_warp_producer, 1);
   EXPECT_EQ(s.gemm_extra_stage, 0);
   EXPECT_EQ(s.gemm_cluster, 2);
-  EXPECT_TRUE(s.gemm_bf16_epi_wg);
   EXPECT_TRUE(s.tile128_raster_n);
   EXPECT_EQ(s.tile128_swizzle, 8);
   EXPECT_FALSE(s.quant_tile128);

@@ -907,7 +907,7 @@ TEST(CudaGemm, Bf16KGatherMatchesTheContract) {
 // pieces: dY' from the device gather GEMM (CudaGemm.Bf16GatherMatchesTheContract checks its bits) and the
 // SwiGLU gradient and value from the device's mxmoe_swiglu_backward / mxmoe_swiglu on fp32 operands (the
 // exact fp32 dg, du and y: host libm's expf may differ from CUDA's by an ulp, so the host's would not
-// do); with and without row weights, partial column tiles, empty groups, padding, clamped and tail rows,
+// do; the optional act output is that y rounded to bf16); with and without row weights, partial column tiles, empty groups, padding, clamped and tail rows,
 // gpt-oss' interleaved clamped SwiGLU; Qwen3-30B-A3B's shape among them.
 TEST(CudaGemm, Bf16GatherDSwigluMatchesTheContract) {
   SKIP_WITHOUT_CUDA();
@@ -975,36 +975,46 @@ TEST(CudaGemm, Bf16GatherDSwigluMatchesTheContract) {
         *y = yv.get(r * I + col);
       };
       const auto [want_dh, want_tw] = mxtest::bf16_dswiglu_expected(g, dy, h, act_grad, w_of, inter);
+      // act (variants 0 and 2; variant 1 leaves it out): the device SwiGLU's value rounded to bf16, rows
+      // past the last group zero
+      const bool with_act = variant != 1;
+      Buffer want_act({M, I}, MXMOE_DTYPE_BF16, 0);
+      for (int64_t i = 0; i < end * I; ++i) want_act.set(i, yv.get(i));
 
-      // Both epilogue forms: the math warpgroups' and the fourth warpgroup's (MXMOE_GEMM_BF16_EPILOGUE).
-      for (const char* epi : {"math", "warpgroup"}) {
-        EnvGuard env;
-        env.set("MXMOE_GEMM_BF16_EPILOGUE", epi);
-        DevBuf drs(rs), dh_in(h), ddh(Buffer({M, 2 * I}, MXMOE_DTYPE_BF16), false),
-            dtw(Buffer({M, ntw}, MXMOE_DTYPE_F32), false);
-        ddh.poison();
-        dtw.poison();
-        auto vrs = drs.view(), vh = dh_in.view(), vdh = ddh.view(), vtw = dtw.view();
-        ASSERT_EQ(mxmoe_grouped_mm_bf16_gather_dswiglu(&va, &vg, c.fanout, weighted ? &vrs : nullptr, &vb, &vo, &vh,
-                                                       p.layout, p.alpha, p.limit, p.up_offset, &vdh, &vtw, nullptr),
-                  MXMOE_OK)
-            << mxmoe_last_error();
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        const Buffer got_dh = ddh.download(), got_tw = dtw.download();
-        int64_t diff_dh = 0, diff_tw = 0, first_dh = -1, first_tw = -1;
-        for (int64_t i = 0; i < got_dh.numel(); ++i)
-          if (got_dh.data<uint16_t>()[i] != want_dh.data<uint16_t>()[i] && diff_dh++ == 0) first_dh = i;
-        for (int64_t i = 0; i < got_tw.numel(); ++i)
-          if (got_tw.data<uint32_t>()[i] != want_tw.data<uint32_t>()[i] && diff_tw++ == 0) first_tw = i;
-        EXPECT_EQ(diff_dh, 0) << "dh, " << epi << ", I=" << I << " variant=" << variant << " first at row "
-                              << (first_dh < 0 ? -1 : first_dh / (2 * I)) << " col "
-                              << (first_dh < 0 ? -1 : first_dh % (2 * I));
-        EXPECT_EQ(diff_tw, 0) << "tw_part, " << epi << ", I=" << I << " variant=" << variant << " first at row "
-                              << (first_tw < 0 ? -1 : first_tw / ntw) << " tile "
-                              << (first_tw < 0 ? -1 : first_tw % ntw) << ": got "
-                              << (first_tw < 0 ? 0.f : got_tw.get(first_tw)) << " want "
-                              << (first_tw < 0 ? 0.f : want_tw.get(first_tw));
+      DevBuf drs(rs), dh_in(h), ddh(Buffer({M, 2 * I}, MXMOE_DTYPE_BF16), false),
+          dtw(Buffer({M, ntw}, MXMOE_DTYPE_F32), false), dact(Buffer({M, I}, MXMOE_DTYPE_BF16), false);
+      ddh.poison();
+      dtw.poison();
+      dact.poison();
+      auto vrs = drs.view(), vh = dh_in.view(), vdh = ddh.view(), vtw = dtw.view(), vact = dact.view();
+      ASSERT_EQ(mxmoe_grouped_mm_bf16_gather_dswiglu(&va, &vg, c.fanout, weighted ? &vrs : nullptr, &vb, &vo, &vh,
+                                                     p.layout, p.alpha, p.limit, p.up_offset, &vdh, &vtw,
+                                                     with_act ? &vact : nullptr, nullptr),
+                MXMOE_OK)
+          << mxmoe_last_error();
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const Buffer got_dh = ddh.download(), got_tw = dtw.download();
+      if (with_act) {
+        const Buffer got_act = dact.download();
+        int64_t diff = 0, first = -1;
+        for (int64_t i = 0; i < got_act.numel(); ++i)
+          if (got_act.data<uint16_t>()[i] != want_act.data<uint16_t>()[i] && diff++ == 0) first = i;
+        EXPECT_EQ(diff, 0) << "act, I=" << I << " variant=" << variant << " first at row "
+                           << (first < 0 ? -1 : first / I) << " col " << (first < 0 ? -1 : first % I);
       }
+      int64_t diff_dh = 0, diff_tw = 0, first_dh = -1, first_tw = -1;
+      for (int64_t i = 0; i < got_dh.numel(); ++i)
+        if (got_dh.data<uint16_t>()[i] != want_dh.data<uint16_t>()[i] && diff_dh++ == 0) first_dh = i;
+      for (int64_t i = 0; i < got_tw.numel(); ++i)
+        if (got_tw.data<uint32_t>()[i] != want_tw.data<uint32_t>()[i] && diff_tw++ == 0) first_tw = i;
+      EXPECT_EQ(diff_dh, 0) << "dh, I=" << I << " variant=" << variant << " first at row "
+                            << (first_dh < 0 ? -1 : first_dh / (2 * I)) << " col "
+                            << (first_dh < 0 ? -1 : first_dh % (2 * I));
+      EXPECT_EQ(diff_tw, 0) << "tw_part, I=" << I << " variant=" << variant << " first at row "
+                            << (first_tw < 0 ? -1 : first_tw / ntw) << " tile "
+                            << (first_tw < 0 ? -1 : first_tw % ntw) << ": got "
+                            << (first_tw < 0 ? 0.f : got_tw.get(first_tw)) << " want "
+                            << (first_tw < 0 ? 0.f : want_tw.get(first_tw));
     }
   }
 }

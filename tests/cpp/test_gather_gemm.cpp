@@ -491,15 +491,27 @@ TEST(Bf16GatherDSwiglu, HostMatchesTheContract) {
     std::mt19937 rng(57);
     std::uniform_real_distribution<float> u(0.f, 1.f);
     for (int64_t i = 0; i < rs.numel(); ++i) rs.set(i, u(rng));
-    Buffer dh({M, 2 * I}, MXMOE_DTYPE_BF16, 0xEE), tw({M, 2}, MXMOE_DTYPE_F32, 0xEE);
+    Buffer dh({M, 2 * I}, MXMOE_DTYPE_BF16, 0xEE), tw({M, 2}, MXMOE_DTYPE_F32, 0xEE),
+        act({M, I}, MXMOE_DTYPE_BF16, 0xEE);
     auto va = c.a.view(), vg = c.index.view(), vrs = rs.view(), vb = c.b.view(), vo = c.offs.view(), vh = h.view(),
-         vdh = dh.view(), vtw = tw.view();
+         vdh = dh.view(), vtw = tw.view(), vact = act.view();
     const mxmoe::SwigluParams p = inter ? mxmoe::SwigluParams{1, 1.702f, 7.f, 1.f}
                                         : mxmoe::SwigluParams{0, 1.f, std::numeric_limits<float>::infinity(), 0.f};
+    const bool with_act = variant != 1;  // the optional act output: mxmoe_swiglu's, rows past the groups zero
     ASSERT_EQ(mxmoe_grouped_mm_bf16_gather_dswiglu(&va, &vg, c.fanout, weighted ? &vrs : nullptr, &vb, &vo, &vh,
-                                                   p.layout, p.alpha, p.limit, p.up_offset, &vdh, &vtw, nullptr),
+                                                   p.layout, p.alpha, p.limit, p.up_offset, &vdh, &vtw,
+                                                   with_act ? &vact : nullptr, nullptr),
               MXMOE_OK)
         << mxmoe_last_error();
+    if (with_act) {
+      Buffer want_act({M, I}, MXMOE_DTYPE_BF16);
+      auto vwant = want_act.view();
+      ASSERT_EQ(mxmoe_swiglu(&vh, p.layout, p.alpha, p.limit, p.up_offset, &vwant, nullptr), MXMOE_OK);
+      for (int64_t i = c.ends.back() * I; i < M * I; ++i) want_act.set(i, 0.f);
+      EXPECT_EQ(act.bytes, want_act.bytes) << "variant " << variant;
+    } else {
+      for (uint8_t v : act.bytes) ASSERT_EQ(v, 0xEE);
+    }
     auto act_grad = [&](int64_t, int64_t, float g, float uu, float d, float* dg, float* du, float* y) {
       mxmoe::swiglu_grad_value(g, uu, d, p, dg, du, y);
     };
@@ -527,22 +539,30 @@ TEST(Bf16GatherDSwiglu, Validation) {
     EXPECT_NE(std::string(mxmoe_last_error()).find(what), std::string::npos) << mxmoe_last_error();
   };
   expect_error(mxmoe_grouped_mm_bf16_gather_dswiglu(&va, &vg, 2, nullptr, &vb, &vo, &vh, 2, 1.f, inf, 0.f, &vdh, &vtw,
-                                                    nullptr),
+                                                    nullptr, nullptr),
                "layout");
   expect_error(mxmoe_grouped_mm_bf16_gather_dswiglu(&va, &vg, 2, nullptr, &vb, &vo, &vh, 0, 1.f, -1.f, 0.f, &vdh, &vtw,
-                                                    nullptr),
+                                                    nullptr, nullptr),
                "limit");
   Buffer h_bad({M, I}, MXMOE_DTYPE_BF16);
   auto vh_bad = h_bad.view();
   expect_error(mxmoe_grouped_mm_bf16_gather_dswiglu(&va, &vg, 2, nullptr, &vb, &vo, &vh_bad, 0, 1.f, inf, 0.f, &vdh,
-                                                    &vtw, nullptr),
+                                                    &vtw, nullptr, nullptr),
                "h");
   Buffer tw_bad({M, 2}, MXMOE_DTYPE_F32);
   auto vtw_bad = tw_bad.view();
   expect_error(mxmoe_grouped_mm_bf16_gather_dswiglu(&va, &vg, 2, nullptr, &vb, &vo, &vh, 0, 1.f, inf, 0.f, &vdh,
-                                                    &vtw_bad, nullptr),
+                                                    &vtw_bad, nullptr, nullptr),
                "tw_part");
-  for (const Buffer* b : {&dh, &tw})
+  Buffer act_bad({M, 2 * I}, MXMOE_DTYPE_BF16, 0xEE), act_f32({M, I}, MXMOE_DTYPE_F32, 0xEE);
+  auto vact_bad = act_bad.view(), vact_f32 = act_f32.view();
+  expect_error(mxmoe_grouped_mm_bf16_gather_dswiglu(&va, &vg, 2, nullptr, &vb, &vo, &vh, 0, 1.f, inf, 0.f, &vdh, &vtw,
+                                                    &vact_bad, nullptr),
+               "act");
+  expect_error(mxmoe_grouped_mm_bf16_gather_dswiglu(&va, &vg, 2, nullptr, &vb, &vo, &vh, 0, 1.f, inf, 0.f, &vdh, &vtw,
+                                                    &vact_f32, nullptr),
+               "act");
+  for (const Buffer* b : {&dh, &tw, &act_bad, &act_f32})
     for (uint8_t v : b->bytes) ASSERT_EQ(v, 0xEE);  // nothing written by the failed calls
   EXPECT_EQ(mxmoe_grouped_mm_bf16_gather_dswiglu_available(10, 64, 64, 2, 20, 2, 0, -1), 1);
   EXPECT_EQ(mxmoe_grouped_mm_bf16_gather_dswiglu_available(10, 64, 64, 2, 20, 2, 1, -1), 1);

@@ -1655,7 +1655,7 @@ void op_bf16_gather_swiglu(FuzzedDataProvider& fdp) {
 }
 
 // mxmoe_grouped_mm_bf16_gather_dswiglu: the bf16 gather GEMM on w2 (G, K, I) as it lies, dH and the
-// routing weights' partials from h (either layout), row_scale optional.
+// routing weights' partials from h (either layout), row_scale and act optional.
 void op_bf16_gather_dswiglu(FuzzedDataProvider& fdp) {
   g_op = "mxmoe_grouped_mm_bf16_gather_dswiglu";
   Call c(fdp);
@@ -1675,12 +1675,13 @@ void op_bf16_gather_dswiglu(FuzzedDataProvider& fdp) {
   Arg& h = c.add("h", Role::kIn, MXMOE_DTYPE_BF16, {M, smul(2, I)}, false);
   Arg& dh = c.add("dh", Role::kOut, MXMOE_DTYPE_BF16, {M, smul(2, I)}, false);
   Arg& tw = c.add("tw_part", Role::kOut, MXMOE_DTYPE_F32, {M, sceil(I, 128)}, false);
+  Arg& act = c.add("act", Role::kOut, MXMOE_DTYPE_BF16, {M, I}, false, c.coin());
   void* stream = c.stream();
   if (!c.prepare()) return;
   c.verbose_dump();
   c.check(mxmoe_grouped_mm_bf16_gather_dswiglu(Call::ptr(a), Call::ptr(gather), fanout, Call::ptr(rs), Call::ptr(b),
                                                Call::ptr(offs), Call::ptr(h), layout, alpha, limit, up, Call::ptr(dh),
-                                               Call::ptr(tw), stream));
+                                               Call::ptr(tw), Call::ptr(act), stream));
 }
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {

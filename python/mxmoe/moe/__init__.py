@@ -22,8 +22,8 @@ combine of the dgrad rows without weights (deterministic); d topk_weights[t, j] 
 (+ <dout[t], bias2[e]>), n = inv[t, j], so the expert outputs o are never kept.
 Saved for backward: x, h (bf16: SwiGLU's input), act(h)'s FP8 wgrad operand (MX paths) and the
 routing -- nothing of T*k rows x H: dispatch(x)'s wgrad operand is built in the backward from x, and
-the bf16 path gathers x and recomputes act(h) there. The weights' FP8 forms live in the weight cache
-(mxmoe/weight_cache.py: once per optimizer step).
+the bf16 path gathers x and recomputes act(h) there (or has it from its fused down-projection dgrad).
+The weights' FP8 forms live in the weight cache (mxmoe/weight_cache.py: once per optimizer step).
 
 Paths, chosen once per call by the backend that runs the layer (Backend.layer_phases, in layer.py);
 tile128 and exact are one autograd Function (functional.FusedMX) over their recipe family's phase ops

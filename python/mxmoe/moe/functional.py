@@ -247,11 +247,11 @@ class Bf16(torch.autograd.Function):
       "up"         the up projection (ops.moe_gather_mm_bf16; b13 and SwiGLU then run as passes);
       "up_swiglu"  the up projection with b13 and act(h) in its epilogue (ops.moe_swiglu_mm_bf16;
                    interleaved halves, or concatenated ones with 2I % 256 == 0; else "up" if named);
-      "down_dgrad" the down projection's dgrad with dH and the routing weights' grad in its epilogue
-                   instead of storing dY' (ops.moe_dswiglu_mm_bf16);
+      "down_dgrad" the down projection's dgrad with dH, the routing weights' grad and dW2's act(h) in its
+                   epilogue instead of storing dY' (ops.moe_dswiglu_mm_bf16);
       "wgrad"      dW13 = dH^T dispatch(x) and dW2 = dispatch(dout)^T (w act(h)) (ops.moe_kgather_mm_bf16).
-    act(h) is recomputed for dW2; the routing weights' grad comes from the unweighted dgrad and h, as on
-    the MX paths."""
+    act(h) is recomputed for dW2 (but by "down_dgrad"); the routing weights' grad comes from the unweighted
+    dgrad and h, as on the MX paths."""
 
     @staticmethod
     def forward(ctx, x, topk_idx, topk_w, w13, w2, b13, b2, mode: int, act: Swiglu, layout: int, w_up=None,
@@ -302,10 +302,13 @@ class Bf16(torch.autograd.Function):
             # experts they are applied where dY' is read next, dH = act'(h, w * dY'), and d w[t, j] =
             # <dout[t], o[n]> = <dY'[n], act(h[n])> (+ <dout[t], b2[e]>): o is not kept.
             if "down_dgrad" in gather and _gather_mm_takes(dout, w2b, k, True):
-                # dY' is never stored: its GEMM's epilogue writes dH = act'(h, bf16(w * dY')) and the
-                # routing weights' per-128-column partials of <dY', act(h)>.
-                dh, tw_part = ops.moe_dswiglu_mm_bf16(_cast(dout, BF16), perm, k, w2b, h, None if score_before else rs,
-                                                      layout, act.alpha, act.limit, act.up_offset, offs)
+                # dY' is never stored: its GEMM's epilogue writes dH = act'(h, bf16(w * dY')), the routing
+                # weights' per-128-column partials of <dY', act(h)> and dW2's act(h) (no second pass over h).
+                dh, tw_part, y_act = ops.moe_dswiglu_mm_bf16(_cast(dout, BF16), perm, k, w2b, h,
+                                                             None if score_before else rs, layout, act.alpha,
+                                                             act.limit, act.up_offset, offs, need_w2)
+                y_w2 = y_act if need_w2 else None
+                del y_act
                 if need_tw and not score_before:
                     d_tw = tw_part.sum(1)[inv.long()]  # rows past the groups (dropped ids) are 0
                 del tw_part
@@ -322,9 +325,10 @@ class Bf16(torch.autograd.Function):
                 dh = ops.swiglu_backward(d_y if score_before else _scale_rows(d_y, perm, rs, k), h, *act_args)
             d_y = None
             if _may_release():
-                # h's reads are done but dW2's act(h): made now (I columns a row instead of h's 2I), and
-                # h's memory goes back before the up projection's grads.
-                y_w2 = ops.swiglu(h, *act_args) if need_w2 else None
+                # h's reads are done but dW2's act(h): made now unless the dgrad's epilogue made it (I
+                # columns a row instead of h's 2I), and h's memory goes back before the up projection's grads.
+                if need_w2 and y_w2 is None:
+                    y_w2 = ops.swiglu(h, *act_args)
                 _release(h)
             if need_b13:
                 db13 = _bias_grad(dh, offs, b13)

@@ -98,9 +98,6 @@ Settings parse(const Lookup& get) {
   });
   var("MXMOE_GEMM_EXTRA_STAGE", [&](const char* n, const char* v) { s.gemm_extra_stage = parse_int(n, v, {0, 1}, unset); });
   var("MXMOE_GEMM_CLUSTER", [&](const char* n, const char* v) { s.gemm_cluster = parse_int(n, v, {1, 2, 4}, unset); });
-  var("MXMOE_GEMM_BF16_EPILOGUE", [&](const char* n, const char* v) {
-    s.gemm_bf16_epi_wg = parse_choice(n, v, {"math", "warpgroup"}, 0) == 1;
-  });
   var("MXMOE_TILE128_RASTER", [&](const char* n, const char* v) { s.tile128_raster_n = parse_choice(n, v, {"m", "n"}, 0) == 1; });
   var("MXMOE_TILE128_SWIZZLE", [&](const char* n, const char* v) { s.tile128_swizzle = parse_int(n, v, {1, 2, 4, 8}, 1); });
   var("MXMOE_QUANT_TILE128", [&](const char* n, const char* v) { s.quant_tile128 = parse_int(n, v, {0, 1}, 1) == 1; });

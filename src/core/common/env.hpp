@@ -31,7 +31,6 @@ struct Settings {
   int gemm_warp_producer = kUnset;  // MXMOE_GEMM_PRODUCER: 1 warp, 0 thread
   int gemm_extra_stage = kUnset;    // MXMOE_GEMM_EXTRA_STAGE: 1, 0
   int gemm_cluster = kUnset;        // MXMOE_GEMM_CLUSTER: 1, 2, 4 (K-grouped; M-grouped takes 4 as 2)
-  bool gemm_bf16_epi_wg = false;    // MXMOE_GEMM_BF16_EPILOGUE: math (false), warpgroup
   bool tile128_raster_n = false;    // MXMOE_TILE128_RASTER: m (false), n
   int tile128_swizzle = 1;          // MXMOE_TILE128_SWIZZLE: 1, 2, 4, 8
   bool quant_tile128 = true;        // MXMOE_QUANT_TILE128

@@ -423,6 +423,7 @@ void grouped_mm_bf16_gather_dswiglu(const Bf16GatherDSwigluArgs& x) {
   const auto* h = static_cast<const uint16_t*>(x.h.data);
   auto* dh = static_cast<uint16_t*>(x.dh.data);
   auto* tw = static_cast<float*>(x.tw_part.data);
+  auto* ya = x.act.present ? static_cast<uint16_t*>(x.act.t.data) : nullptr;  // act(h), optional
   const SwigluParams act{x.layout, x.alpha, x.limit, x.up_offset};
   const bool inter = x.layout == kSwigluInterleaved;
   const int64_t max_index = T * x.g.fanout - 1;
@@ -431,6 +432,7 @@ void grouped_mm_bf16_gather_dswiglu(const Bf16GatherDSwigluArgs& x) {
       if (r >= end) {  // past the last group: zero
         std::fill(dh + r * 2 * I, dh + (r + 1) * 2 * I, uint16_t{0});
         std::fill(tw + r * ntw, tw + (r + 1) * ntw, 0.f);
+        if (ya != nullptr) std::fill(ya + r * I, ya + (r + 1) * I, uint16_t{0});
         continue;
       }
       const int64_t i = std::min<int64_t>(idx[r], max_index);
@@ -453,6 +455,7 @@ void grouped_mm_bf16_gather_dswiglu(const Bf16GatherDSwigluArgs& x) {
               s[q] = add_rn(s[q], mul_rn(d, y));  // the kernel's order, no contraction
               dh[r * 2 * I + gc] = f32_to_bf16(dg);
               dh[r * 2 * I + uc] = f32_to_bf16(du);
+              if (ya != nullptr) ya[r * I + c] = f32_to_bf16(y);
             }
         tw[r * ntw + t] = add_rn(add_rn(s[0], s[1]), add_rn(s[2], s[3]));
       }

@@ -921,6 +921,7 @@ void grouped_mm_bf16_gather_dswiglu(const Bf16GatherDSwigluArgs& x) {
     if (M > 0) {
       cudaMemsetAsync(x.dh.data, 0, static_cast<size_t>(M * 2 * I * 2), stream);
       cudaMemsetAsync(x.tw_part.data, 0, static_cast<size_t>(M * ((I + 127) / 128) * 4), stream);
+      if (x.act.present) cudaMemsetAsync(x.act.t.data, 0, static_cast<size_t>(M * I * 2), stream);
     }
     check_launch(what);
     return;
@@ -936,6 +937,7 @@ void grouped_mm_bf16_gather_dswiglu(const Bf16GatherDSwigluArgs& x) {
   r.up_offset = x.up_offset;
   r.dh = static_cast<uint16_t*>(x.dh.data);
   r.tw_part = static_cast<float*>(x.tw_part.data);
+  r.act = x.act.present ? static_cast<uint16_t*>(x.act.t.data) : nullptr;
   if (gemm::sm90_grouped_m_gather_dswiglu_bf16(r)) return;
 #endif
   fail_status(MXMOE_ERR_UNSUPPORTED, what, ": the sm_90a kernel does not take M = ", M, ", I = ", I, ", K = ", K,

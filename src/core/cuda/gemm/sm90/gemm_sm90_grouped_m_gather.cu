@@ -5,7 +5,6 @@
 
 #include <algorithm>
 
-#include "common/env.hpp"
 #include "common/error.hpp"
 #include "common/moe_activation.hpp"
 #include "cuda/gemm/sm90/sm90_bf16_grouped_m_gather_dswiglu.cuh"
@@ -27,10 +26,8 @@ using Kernel = sm90::GroupedMGather<128, 5, __nv_bfloat16>;
 // The bf16 forms (the bf16 MoE layer): the same 32 KB stages (128-byte k-blocks of 64 elements).
 using Bf16Kernel = sm90::GroupedMGather<128, 5, __nv_bfloat16, true, false>;
 using Bf16KnKernel = sm90::GroupedMGather<128, 5, __nv_bfloat16, true, true>;
-// Its dSwiGLU epilogue variant (the epilogue in the math warpgroups: the same ring) and its fourth-warpgroup
-// form (MXMOE_GEMM_BF16_EPILOGUE=warpgroup: the same ring, S for the hand-over).
+// Its dSwiGLU epilogue variant (the epilogue in the math warpgroups: the same ring).
 using Bf16DSwigluKernel = sm90::GroupedMGatherDSwigluBf16<5>;
-using Bf16DSwigluWgKernel = sm90::GroupedMGatherDSwigluBf16Wg<5>;
 // Its SwiGLU epilogue variants (the epilogue in the math warpgroups): concatenated halves (tiles in gate /
 // up pairs) and interleaved ones.
 using Bf16SwigluKernel = sm90::GroupedMGatherSwigluBf16<5, false>;
@@ -146,7 +143,7 @@ bool sm90_grouped_m_gather_dswiglu_bf16_takes(int64_t m, int64_t n, int64_t k, i
   if (!sm90_grouped_m_gather_bf16_takes(m, n, k, groups, a_rows, fanout, true, device)) return false;
   if (2 * n >= (int64_t{1} << 31)) return false;
   const int g = static_cast<int>(std::min<int64_t>(groups, 1 << 20));
-  return std::max(Bf16DSwigluKernel::smem_bytes(g), Bf16DSwigluWgKernel::smem_bytes(g)) <= 227 * 1024;
+  return Bf16DSwigluKernel::smem_bytes(g) <= 227 * 1024;
 }
 
 bool sm90_grouped_m_gather_dswiglu_bf16(const GroupedMGatherDSwigluBf16Run& r) {
@@ -154,7 +151,7 @@ bool sm90_grouped_m_gather_dswiglu_bf16(const GroupedMGatherDSwigluBf16Run& r) {
       r.lda != r.k || r.h == nullptr || r.dh == nullptr || r.tw_part == nullptr)
     return false;
   for (const void* q : {static_cast<const void*>(r.a), static_cast<const void*>(r.b), static_cast<const void*>(r.h),
-                        static_cast<const void*>(r.dh)})
+                        static_cast<const void*>(r.dh), static_cast<const void*>(r.act)})
     if (reinterpret_cast<uintptr_t>(q) % 16 != 0) return false;
   sm90::GroupedMParams p = sm90::grouped_m_params(r);
   p.out = nullptr;
@@ -165,9 +162,8 @@ bool sm90_grouped_m_gather_dswiglu_bf16(const GroupedMGatherDSwigluBf16Run& r) {
   p.plain = swiglu_is_plain(p.act) ? 1 : 0;
   p.tw_part = r.tw_part;
   p.dh_bf16 = r.dh;
-  return env::settings().gemm_bf16_epi_wg
-             ? launch_gather<Bf16DSwigluWgKernel>(r, p, "grouped_mm_bf16_gather_dswiglu", true)
-             : launch_gather<Bf16DSwigluKernel>(r, p, "grouped_mm_bf16_gather_dswiglu", true);
+  p.act_bf16 = r.act;  // optional
+  return launch_gather<Bf16DSwigluKernel>(r, p, "grouped_mm_bf16_gather_dswiglu", true);
 }
 
 bool sm90_grouped_m_gather_swiglu_bf16_takes(int64_t m, int64_t n, int64_t k, int64_t groups, int64_t a_rows,

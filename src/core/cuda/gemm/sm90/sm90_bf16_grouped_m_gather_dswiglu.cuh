@@ -9,27 +9,24 @@
 //        (interleaved, gpt-oss), as p.act.layout says;
 //   tw_part  per row, <bf16(dY'), act(h)> over the tile's columns in a fixed order (lane q of a row's
 //        quad sums columns n0 + 8 j + 2 q + e, j < 16, e < 2, in that order from +0; then (s0 + s1) +
-//        (s2 + s3)): the routing weights' gradient summed over the column tiles by the caller.
+//        (s2 + s3)): the routing weights' gradient summed over the column tiles by the caller;
+//   act      optional (p.act_bf16): bf16(act(h)), the value the partial used, as mxmoe_swiglu writes it
+//        (the bf16 layer's dW2 operand, which would otherwise cost a SwiGLU pass over h).
 // Bytes: h read once, dH written once, instead of dY' written and read three times (the weight, the
 // SwiGLU backward, the weights' gradient) and h read twice. Unlike the FP8 variant there is no
 // quantization, so the math warpgroups do the epilogue themselves (row pairs from their accumulators,
 // h and dH as bf16 pairs straight from and to global memory; the producer prefetches the tile's rows
 // of h into L2 as the tile starts).
-//
-// GroupedMGatherDSwigluBf16Wg (MXMOE_GEMM_BF16_EPILOGUE=warpgroup, until measured on a GPU): the same
-// outputs from a fourth warpgroup, one tile behind, as the FP8 variant does it: the math warpgroups put
-// dY' in shared memory (S, the base's 32 KB epilogue buffer) and run the next tile's mainloop while the
-// epilogue warpgroup (one thread per tile row) turns the row into dH and its partial. Here the math
-// warpgroups' epilogue stalls the tensor cores for ~650 us of the kernel's ~1500 at Qwen3-30B-A3B 16K
-// (its mainloop alone, storing dY', takes ~840: docs/design/gemm-sm90.md); a row's 128 columns are ~6K
-// instructions for one warp per scheduler, within a tile's ~18 us mainloop.
+// The epilogue stays in the math warpgroups: a fourth-warpgroup form (the FP8 variant's: dY' handed over
+// through shared memory, one epilogue thread per tile row) measured slower, 1698 against 1521 us at
+// Qwen3-30B-A3B 16K (H100): a row per thread makes each h load and dH store touch 32 rows' lines
+// (docs/design/gemm-sm90.md).
 #pragma once
 
 #include <cuda_bf16.h>
 
 #include "common/moe_activation.hpp"
 #include "cuda/common/bf16_pack.cuh"
-#include "cuda/gemm/sm90/sm90_epilogue_handoff.cuh"
 #include "cuda/gemm/sm90/sm90_fp8_grouped_m_1x128_128x128.cuh"
 
 namespace mxmoe {
@@ -63,11 +60,11 @@ struct GroupedMGatherDSwigluBf16 : GroupedMGather<128, Stages_, __nv_bfloat16, t
   // One element of both forms: dH's gate and up values (dg, du) at dY' element d (a bf16 value), gate g
   // and up u of h and the row weight w, the unfused layer's bits (bf16(w * dY'): one fp32 multiply
   // rounded to bf16), and the routing weights' partial continued with <d, act(h)>.
+  // y: act(h) of the element (fp32; the optional act output is its bf16 rounding).
   template <bool PLAIN>
   static __device__ __forceinline__ void dswiglu_element(float d, float g, float u, float w, const SwigluParams& act,
-                                                         float& dg, float& du, float& part) {
+                                                         float& dg, float& du, float& y, float& part) {
     const uint32_t dw2 = cvt_bf16x2(__fmul_rn(d, w), 0.f);
-    float y;
     swiglu_grad_value<PLAIN>(g, u, __uint_as_float(dw2 << 16), act, &dg, &du, &y);
     part = add_rn(part, mul_rn(d, y));
   }
@@ -130,14 +127,15 @@ struct GroupedMGatherDSwigluBf16 : GroupedMGather<128, Stages_, __nv_bfloat16, t
         const uint32_t d2 = cvt_bf16x2(__fadd_rn(fin[4 * j + 2 * r], 0.f), __fadd_rn(fin[4 * j + 2 * r + 1], 0.f));
         const uint32_t g2 = inter ? __byte_perm(G[r][j], U[r][j], 0x5410) : G[r][j];
         const uint32_t u2 = inter ? __byte_perm(G[r][j], U[r][j], 0x7632) : U[r][j];
-        float dg[2], du[2];
+        float dg[2], du[2], y[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const float d = __uint_as_float(e ? d2 & 0xFFFF0000u : d2 << 16);
           const float g = __uint_as_float(e ? g2 & 0xFFFF0000u : g2 << 16);
           const float u = __uint_as_float(e ? u2 & 0xFFFF0000u : u2 << 16);
-          dswiglu_element<PLAIN>(d, g, u, w[r], p.act, dg[e], du[e], part);
+          dswiglu_element<PLAIN>(d, g, u, w[r], p.act, dg[e], du[e], y[e], part);
         }
+        if (p.act_bf16 != nullptr) *reinterpret_cast<uint32_t*>(p.act_bf16 + row * I + col) = pack_bf16x2(y[0], y[1]);
         if (inter) {
           *reinterpret_cast<uint2*>(dr + 2 * col) = make_uint2(pack_bf16x2(dg[0], du[0]), pack_bf16x2(dg[1], du[1]));
         } else {
@@ -161,143 +159,9 @@ struct GroupedMGatherDSwigluBf16 : GroupedMGather<128, Stages_, __nv_bfloat16, t
     uint4* dh = reinterpret_cast<uint4*>(p.dh_bf16 + end * C2);  // 2 C2 bytes a row, a multiple of 16
     for (int64_t i = first; i < rows * C2 / 8; i += stride) dh[i] = make_uint4(0, 0, 0, 0);
     for (int64_t i = first; i < rows * ntw; i += stride) p.tw_part[end * ntw + i] = 0.f;
-  }
-};
-
-// The fourth-warpgroup form (see the top of this file): the same contract, bit for bit.
-template <int Stages_>
-struct GroupedMGatherDSwigluBf16Wg : GroupedMGather<128, Stages_, __nv_bfloat16, true, true> {
-  using Base = GroupedMGather<128, Stages_, __nv_bfloat16, true, true>;
-  using MathForm = GroupedMGatherDSwigluBf16<Stages_>;  // prefetch_tile, tail and the element math are that form's
-  static constexpr bool kFusedEpilogue = true;
-  static constexpr bool kEpiWarpgroup = true;
-  static constexpr int kThreads = 512;  // producer, two math warpgroups, epilogue
-  static constexpr bool kOverlap = false;  // (an FP8 promotion setting; bf16 accumulates in place)
-  static constexpr int kProducerRegs = 40, kMathRegs = 168, kEpiRegs = 136;
-  static_assert(kProducerRegs + 2 * kMathRegs + kEpiRegs <= 512, "four warpgroups share 64K registers");
-  static_assert(Base::kEpiBytes == kHandoffTileBytes, "the epilogue buffer holds one hand-over tile");
-  // After S: the hand-over barriers (full: 256 math threads stored their dY'; empty: 128 epilogue
-  // threads read theirs).
-  static constexpr int kEpiExtraBytes = 2 * 8;
-  // Base::smem_bytes plus the barriers and the third group table the fused epilogues' kernel path
-  // writes (G + 1 ints).
-  static constexpr size_t smem_bytes(int groups) {
-    return Base::smem_bytes(groups) + kEpiExtraBytes + (static_cast<size_t>(groups) + 1) * sizeof(int);
-  }
-  static __device__ __forceinline__ uint64_t* handoff_bars(uint8_t* smem_epi) {
-    return reinterpret_cast<uint64_t*>(smem_epi + kHandoffTileBytes);
-  }
-  static __device__ __forceinline__ void init_handoff(uint8_t* smem_epi) {
-    uint64_t* bars = handoff_bars(smem_epi);
-    cutlass::arch::ClusterBarrier::init(&bars[0], 256);
-    cutlass::arch::ClusterBarrier::init(&bars[1], 128);
-  }
-  static __device__ __forceinline__ void prefetch_tile(const GroupedMParams& p, const TileCoord& c, int t) {
-    MathForm::prefetch_tile(p, c, t);
-  }
-  static __device__ __forceinline__ void tail(const GroupedMParams& p, int64_t end, int64_t runs, int t) {
-    MathForm::tail(p, end, runs, t);
-  }
-
-  // A math thread (mw, warp, lane) after its tile's mainloop, holding rows lr and lr + 8, columns
-  // 8 j + 2 (lane % 4) + {0, 1} of dY': the rows as bf16 pairs into S once the epilogue warpgroup has
-  // freed it (phase ph), then on to the next tile.
-  template <bool PLAIN>
-  static __device__ __forceinline__ void handoff(const GroupedMParams&, const TileCoord&,
-                                                 const float (&fin)[Base::kAcc], uint8_t* smem_epi, uint32_t ph,
-                                                 int mw, int warp, int lane, int, int, typename Base::HandoffState&) {
-    constexpr int kJ = Base::kAcc / 4;
-    uint64_t* bars = handoff_bars(smem_epi);
-    const int lr = mw * 64 + warp * 16 + lane / 4, q = lane & 3;
-    // dY' as the gather GEMM stores it (+ 0, its bias-free output, so -0 is +0; then bf16)
-    uint32_t d[kJ][2];
-#pragma unroll
-    for (int j = 0; j < kJ; ++j)
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-        d[j][r] = cvt_bf16x2(__fadd_rn(fin[4 * j + 2 * r], 0.f), __fadd_rn(fin[4 * j + 2 * r + 1], 0.f));
-    cutlass::arch::ClusterBarrier::wait(&bars[1], ph ^ 1u);
-#pragma unroll
-    for (int j = 0; j < kJ; ++j)
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-        *reinterpret_cast<uint32_t*>(smem_epi + handoff_offset(lr + 8 * r, j) + 4 * q) = d[j][r];
-    cutlass::arch::ClusterBarrier::arrive(&bars[0]);
-  }
-
-  // The epilogue warpgroup's thread et (< 128) on one tile (hand-over phase ph): tile row et's dH from
-  // its dY' in S and its h, its partial <bf16(dY'), act(h)> in the contract's order (column 8 j + 2 w +
-  // e into sum w, j and e ascending; then (s0 + s1) + (s2 + s3)).
-  template <bool PLAIN>
-  static __device__ __forceinline__ void epilogue_tile(const GroupedMParams& p, const TileCoord& c, int et,
-                                                       uint8_t* smem_epi, const int*, const int*, int, uint32_t ph) {
-    uint64_t* bars = handoff_bars(smem_epi);
-    const int I = p.n, ntw = (I + 127) / 128;
-    const int64_t C2 = 2 * static_cast<int64_t>(I);
-    const bool inter = p.act.layout == kSwigluInterleaved;
-    const int r = et;
-    const bool in = r < c.rows;
-    const int64_t row = c.row0 + r;
-    const int nj = min(16, (I - c.n0) / 8);  // 8-column chunks inside I (I % 64 == 0)
-    // the routing weight of the row: 0 for a padding row, 1 without row_scale (weights before the experts)
-    float w = 1.f;
-    if (p.row_scale != nullptr) {
-      const int src = in ? gather_row(p, static_cast<int>(row)) : -1;
-      w = src >= 0 ? __ldg(p.row_scale + gather_index(p, static_cast<int>(row))) : 0.f;
-    }
-    // h's words of chunk j (columns n0 + 8 j .. + 7): concatenated, the gate chunk and the up chunk (bf16
-    // pairs of adjacent columns); interleaved, h[2 (n0 + 8 j) ..] as two 16-byte halves ((gate, up) of
-    // one column a word). A ring of 4 chunks, 3 loaded ahead of their use (the first 3 before the wait).
-    const uint4* hp = reinterpret_cast<const uint4*>(p.h + (in ? row : c.row0) * C2);
-    uint4 HA[4], HB[4];
-    auto load = [&](int j, int slot) {
-      const bool ok = in && j < nj;
-      const int64_t o = inter ? (c.n0 + 8 * j) / 4 : (c.n0 + 8 * j) / 8;  // in 16-byte units
-      HA[slot] = ok ? __ldg(hp + o) : make_uint4(0, 0, 0, 0);
-      HB[slot] = ok ? __ldg(hp + (inter ? o + 1 : o + I / 8)) : make_uint4(0, 0, 0, 0);
-    };
-    load(0, 0);
-    load(1, 1);
-    load(2, 2);
-    uint16_t* dr = p.dh_bf16 + row * C2;
-    float s4[4] = {0.f, 0.f, 0.f, 0.f};
-    cutlass::arch::ClusterBarrier::wait(&bars[0], ph);
-#pragma unroll 1
-    for (int j0 = 0; j0 < 16; j0 += 4) {
-#pragma unroll
-      for (int jj = 0; jj < 4; ++jj) {
-        const int j = j0 + jj;
-        if (j + 3 < 16) load(j + 3, (jj + 3) % 4);
-        const uint4 d4 = *reinterpret_cast<const uint4*>(smem_epi + handoff_offset(r, j));
-        const uint32_t dw[4] = {d4.x, d4.y, d4.z, d4.w};
-        const uint4 a4 = HA[jj], b4 = HB[jj];
-        const uint32_t aw[4] = {a4.x, a4.y, a4.z, a4.w}, bw[4] = {b4.x, b4.y, b4.z, b4.w};
-        if (!in || j >= nj) continue;
-        float dg[8], du[8];
-#pragma unroll
-        for (int e8 = 0; e8 < 8; ++e8) {
-          const int wd = e8 / 2, e = e8 % 2;  // dY' word and half: column 8 j + 2 wd + e
-          const float d = __uint_as_float(e ? dw[wd] & 0xFFFF0000u : dw[wd] << 16);
-          // interleaved: column e8's (gate, up) word is word e8 % 4 of half e8 / 4
-          const uint32_t gu = e8 < 4 ? aw[e8] : bw[e8 - 4];
-          const uint32_t gw = inter ? gu << 16 : (e ? aw[wd] & 0xFFFF0000u : aw[wd] << 16);
-          const uint32_t uw = inter ? gu & 0xFFFF0000u : (e ? bw[wd] & 0xFFFF0000u : bw[wd] << 16);
-          MathForm::template dswiglu_element<PLAIN>(d, __uint_as_float(gw), __uint_as_float(uw), w, p.act, dg[e8],
-                                                    du[e8], s4[wd]);
-        }
-        uint32_t o[8];
-#pragma unroll
-        for (int k = 0; k < 8; ++k)  // interleaved: (gate, up) of column k; concatenated: gate pairs, then up
-          o[k] = inter ? pack_bf16x2(dg[k], du[k])
-                       : (k < 4 ? pack_bf16x2(dg[2 * k], dg[2 * k + 1]) : pack_bf16x2(du[2 * k - 8], du[2 * k - 7]));
-        uint4* lo = reinterpret_cast<uint4*>(dr + (inter ? 2 * (c.n0 + 8 * j) : c.n0 + 8 * j));
-        uint4* hi = inter ? lo + 1 : reinterpret_cast<uint4*>(dr + I + c.n0 + 8 * j);
-        *lo = make_uint4(o[0], o[1], o[2], o[3]);
-        *hi = make_uint4(o[4], o[5], o[6], o[7]);
-      }
-    }
-    cutlass::arch::ClusterBarrier::arrive(&bars[1]);  // S read: the next tile's dY' may come
-    if (in) p.tw_part[row * ntw + c.n0 / 128] = add_rn(add_rn(s4[0], s4[1]), add_rn(s4[2], s4[3]));
+    if (p.act_bf16 == nullptr) return;
+    uint4* act = reinterpret_cast<uint4*>(p.act_bf16 + end * p.n);  // 2 I bytes a row, a multiple of 16
+    for (int64_t i = first; i < rows * p.n / 8; i += stride) act[i] = make_uint4(0, 0, 0, 0);
   }
 };
 

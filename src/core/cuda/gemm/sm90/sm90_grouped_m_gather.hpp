@@ -72,14 +72,15 @@ bool sm90_grouped_m_gather_dswiglu(const GroupedMGatherDSwigluRun& r);
 // the bf16 gather GEMM's dY' = A[rows] . B[g] (M, N = I) with B[g] (K, I) MN-major (b_kn; k and lda in
 // bytes as sm90_grouped_m_gather_bf16), never stored; the kernel writes dH = act'(h, bf16(row_scale *
 // bf16(dY'))) (M, 2I) bf16 (concatenated or interleaved halves; row_scale optional: 1 without) and
-// tw_part (M, ceil(I / 128)), the per-128-column partials of <bf16(dY'), act(h)>; rows past the last
-// group zero.
+// tw_part (M, ceil(I / 128)), the per-128-column partials of <bf16(dY'), act(h)>, and, where act is
+// given, act(h) (M, I) bf16 (the bf16 layer's dW2 operand); rows past the last group zero.
 struct GroupedMGatherDSwigluBf16Run : GroupedMGatherRun {
   const uint16_t* h = nullptr;
   int layout = 0;  // kSwigluConcat or kSwigluInterleaved
   float alpha = 1.f, limit = 0.f, up_offset = 0.f;
   uint16_t* dh = nullptr;
   float* tw_part = nullptr;
+  uint16_t* act = nullptr;  // optional
 };
 
 // Whether it takes a call (m, n = I, k = H in elements: K and I multiples of 64). Launches nothing.
