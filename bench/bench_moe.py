@@ -38,6 +38,8 @@ with grads for x, topk_weights, w13, w2 (and the biases where the model has them
                      epilogue and the wgrads, which lose on Hopper and are off by default)
   mxmoe_bf16_gathered  (only when named) mxmoe_bf16 with none of them: every GEMM on gathered copies for
                      torch._grouped_mm; beside mxmoe_bf16 it shows what the default pieces buy
+  mxmoe_bf16_kgather  (only when named) mxmoe_bf16's default pieces plus the K-grouped gather wgrads
+                     (dW13 and dW2 without gathered copies): beside mxmoe_bf16, what turning them on buys
 Routing (outside the timed step, seeded): router logits = x @ R for a random bf16 R (H, E), softmax in
 fp32, top-k, renormalized (Qwen3's norm_topk_prob), weights in bf16; the load imbalance that gives is
 in each row (load_max_over_mean). Weights are bf16 N(0, 1/fan_in).
@@ -101,10 +103,12 @@ CACHED = {"mxmoe_tile128_cached"}
 UNFUSED = "mxmoe_tile128_unfused"
 BF16_GATHER = "mxmoe_bf16_gather"  # the bf16 layer with every gather GEMM on (Sm90Backend.bf16_gather_gemms)
 BF16_GATHERED = "mxmoe_bf16_gathered"  # the bf16 layer with none: gathered copies for torch._grouped_mm
-EXTRA_IMPLS = [UNFUSED, BF16_GATHER, BF16_GATHERED]
+BF16_KGATHER = "mxmoe_bf16_kgather"  # the default pieces plus the K-grouped gather wgrads
+EXTRA_IMPLS = [UNFUSED, BF16_GATHER, BF16_GATHERED, BF16_KGATHER]
 RECIPES[UNFUSED] = "mxfp8_rceil_tile128"
 RECIPES[BF16_GATHER] = None
 RECIPES[BF16_GATHERED] = None
+RECIPES[BF16_KGATHER] = None
 MODES = ["eager", "graph"]
 GPT_OSS_ALPHA, GPT_OSS_LIMIT = 1.702, 7.0  # transformers' GptOssExperts
 
@@ -473,13 +477,15 @@ class Case:
     def paths(self):
         """The layer's path choice for this impl's steps: UNFUSED turns the tile128 phases' epilogue
         fusions off while a step runs (forward and backward, also while a CUDA graph is captured),
-        BF16_GATHER / BF16_GATHERED all / none of the bf16 layer's gather GEMMs on."""
-        if self.impl in (BF16_GATHER, BF16_GATHERED):
+        BF16_GATHER / BF16_GATHERED all / none of the bf16 layer's gather GEMMs on, BF16_KGATHER the
+        default ones at this hidden size plus the wgrads."""
+        if self.impl in (BF16_GATHER, BF16_GATHERED, BF16_KGATHER):
             from mxmoe.backends import BF16_GATHER_PIECES
             from mxmoe.backends.sm90 import Sm90Backend
 
-            return _patched(Sm90Backend, bf16_gather_gemms=BF16_GATHER_PIECES if self.impl == BF16_GATHER
-                            else frozenset())
+            pieces = {BF16_GATHER: BF16_GATHER_PIECES, BF16_GATHERED: frozenset(),
+                      BF16_KGATHER: frozenset(Sm90Backend().bf16_gather_pieces(self.cfg.hidden)) | {"wgrad"}}
+            return _patched(Sm90Backend, bf16_gather_gemms=pieces[self.impl])
         if self.impl != UNFUSED:
             return contextlib.nullcontext()
         from mxmoe.backends.phases import Tile128Phases

@@ -326,6 +326,27 @@ def test_cpu_smoke_keeps_the_committed_rows(tmp_path, monkeypatch):
     assert not (tmp_path / "bench" / "results" / "moe_layer.json").exists()
 
 
+def test_bf16_gather_impls_choose_their_pieces():
+    """The measurement impls set Sm90Backend's bf16 gather pieces while their steps run and restore them
+    after: mxmoe_bf16_gather all of them, mxmoe_bf16_gathered none, mxmoe_bf16_kgather the pieces Hopper
+    takes at the config's hidden size plus the K-grouped gather wgrads."""
+    _need_moe_experts()
+    from mxmoe.backends import BF16_GATHER_PIECES
+    from mxmoe.backends.sm90 import Sm90Backend
+
+    bench_moe = _load()
+    # the tiny config at Qwen3-30B-A3B's hidden size, where Hopper takes the up projection and the dgrad
+    case = bench_moe.Case(bench_moe.CONFIGS["tiny"]._replace(hidden=2048), 16, torch.device("cpu"))
+    want = {"mxmoe_bf16_gather": frozenset(BF16_GATHER_PIECES), "mxmoe_bf16_gathered": frozenset(),
+            "mxmoe_bf16_kgather": frozenset({"up", "down_dgrad", "wgrad"})}
+    for impl, pieces in want.items():
+        case.impl = impl
+        with case.paths():
+            assert frozenset(Sm90Backend.bf16_gather_gemms) == pieces, impl
+        assert Sm90Backend.bf16_gather_gemms is None, impl
+    assert bench_moe.BF16_KGATHER in bench_moe.EXTRA_IMPLS and bench_moe.RECIPES[bench_moe.BF16_KGATHER] is None
+
+
 def test_merge_joins_runs_of_one_commit(tmp_path, capsys):
     """--moe-merge joins runs split over device calls (rows, breakdowns, configs and impls in order,
     wall_s summed) and refuses runs of different commits, whose ratios do not compare."""
