@@ -31,15 +31,13 @@ def commit_id(fallback: str = "not recorded") -> str:
 
 
 @contextlib.contextmanager
-def library_env(env, lib=None):
+def library_env(env, lib):
     """os.environ updated by `env` (a None value unsets) for the block. libmxmoe reads its MXMOE_*
-    variables once per process, so each change is followed by mxmoe_reload_env on `lib` (default: the
-    libmxmoe.so this process has loaded, found by its soname). An empty `env` changes nothing."""
+    variables once per process, so each change is followed by mxmoe_reload_env on `lib` (the caller's
+    ctypes handle of libmxmoe). An empty `env` changes nothing."""
     if not env:
         yield
         return
-    if lib is None:
-        lib = ctypes.CDLL("libmxmoe.so")
     lib.mxmoe_reload_env.restype = ctypes.c_int
     lib.mxmoe_last_error.restype = ctypes.c_char_p
     saved = {k: os.environ.get(k) for k in env}

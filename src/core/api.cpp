@@ -31,13 +31,6 @@ OptTensor optional(const mxmoe_tensor* t) {
 
 void check_offs_view(const mxmoe_tensor& offs, const mxmoe_tensor& like) { api::check_offs(offs, like.device); }
 
-void check_output(const mxmoe_tensor& t, const char* name, mxmoe_dtype dtype,
-                  const std::vector<int64_t>& shape, int32_t device) {
-  check_dtype(t, name, {dtype});
-  check_shape(t, name, shape);
-  check_device(t, name, device);
-  check_contiguous(t, name);
-}
 
 // out must share no memory with any (present) input.
 void check_no_overlap_inputs(const mxmoe_tensor& out,
@@ -276,7 +269,7 @@ mxmoe_status mxmoe_quantize(const mxmoe_tensor* x_, const mxmoe_tensor* offs_,
   for (auto& o : outs) {
     if (o.t == nullptr) continue;
     const mxmoe_tensor& t = require(o.t, o.name);
-    check_output(t, o.name, o.dtype, o.shape, x.device);
+    api::check_dense(t, o.name, o.dtype, o.shape, x.device);
     check_no_overlap(t, o.name, x, "x");
     if (offs_ != nullptr) check_no_overlap(t, o.name, *offs_, "offs");
     for (auto& other : outs)
@@ -507,7 +500,7 @@ mxmoe_status mxmoe_clamp_offsets(const mxmoe_tensor* offs_, int64_t m, mxmoe_ten
   if (m < 0) fail("m: expected >= 0, got ", m);
   if (m > INT32_MAX) fail("m: expected <= 2^31 - 1 (int32 offsets), got ", m);
   const mxmoe_tensor& out = require(out_, "out");
-  check_output(out, "out", MXMOE_DTYPE_I32, {offs.shape[0]}, offs.device);
+  api::check_dense(out, "out", MXMOE_DTYPE_I32, {offs.shape[0]}, offs.device);
   check_no_overlap(out, "out", offs, "offs");
   if (offs.device >= 0) {
 #if defined(MXMOE_WITH_CUDA)

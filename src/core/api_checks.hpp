@@ -44,6 +44,15 @@ inline void check_backend(int32_t device, const char* name) {
 #endif
 }
 
+// t: of this dtype and shape, on `device`, contiguous (one message each, in that order).
+inline void check_dense(const mxmoe_tensor& t, const char* name, mxmoe_dtype dtype, const std::vector<int64_t>& shape,
+                        int32_t device) {
+  check_dtype(t, name, {dtype});
+  check_shape(t, name, shape);
+  check_device(t, name, device);
+  check_contiguous(t, name);
+}
+
 // offs: 1-D int32 on the given device.
 inline void check_offs(const mxmoe_tensor& offs, int32_t device) {
   check_dtype(offs, "offs", {MXMOE_DTYPE_I32});

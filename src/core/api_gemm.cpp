@@ -828,36 +828,24 @@ mxmoe_status mxmoe_grouped_mm_bf16_gather_dswiglu(const mxmoe_tensor* a_, const 
     x.row_scale = {true, rs};
   }
   const mxmoe_tensor& h = require(h_, "h");
-  check_dtype(h, "h", {MXMOE_DTYPE_BF16});
-  check_shape(h, "h", {M, 2 * I});
-  check_device(h, "h", a.device);
-  check_contiguous(h, "h");
+  api::check_dense(h, "h", MXMOE_DTYPE_BF16, {M, 2 * I}, a.device);
   mxmoe_tensor& dh = const_cast<mxmoe_tensor&>(require(dh_, "dh"));
-  check_dtype(dh, "dh", {MXMOE_DTYPE_BF16});
-  check_shape(dh, "dh", {M, 2 * I});
-  check_device(dh, "dh", a.device);
-  check_contiguous(dh, "dh");
+  api::check_dense(dh, "dh", MXMOE_DTYPE_BF16, {M, 2 * I}, a.device);
   mxmoe_tensor& tw = const_cast<mxmoe_tensor&>(require(tw_part_, "tw_part"));
-  check_dtype(tw, "tw_part", {MXMOE_DTYPE_F32});
-  check_shape(tw, "tw_part", {M, (I + 127) / 128});
-  check_device(tw, "tw_part", a.device);
-  check_contiguous(tw, "tw_part");
+  api::check_dense(tw, "tw_part", MXMOE_DTYPE_F32, {M, (I + 127) / 128}, a.device);
   if (act_ != nullptr) {
-    mxmoe_tensor& act = const_cast<mxmoe_tensor&>(require(act_, "act"));
-    check_dtype(act, "act", {MXMOE_DTYPE_BF16});
-    check_shape(act, "act", {M, I});
-    check_device(act, "act", a.device);
-    check_contiguous(act, "act");
-    x.act = {true, act};
+    api::check_dense(*act_, "act", MXMOE_DTYPE_BF16, {M, I}, a.device);
+    x.act = {true, *act_};
   }
+  // The outputs (act where given) share no memory with an input or with each other.
   const std::pair<const mxmoe_tensor*, const char*> read[] = {
       {&a, "a"}, {&gather, "gather"}, {&b, "b"}, {&offs, "offs"}, {&h, "h"},
       {x.row_scale.present ? &x.row_scale.t : &a, x.row_scale.present ? "row_scale" : "a"}};
-  for (const auto& [t, name] : read) {
-    check_no_overlap(dh, "dh", *t, name);
-    check_no_overlap(tw, "tw_part", *t, name);
-    if (x.act.present) check_no_overlap(x.act.t, "act", *t, name);
-  }
+  const std::pair<const mxmoe_tensor*, const char*> written[] = {
+      {&dh, "dh"}, {&tw, "tw_part"}, {x.act.present ? &x.act.t : nullptr, "act"}};
+  for (const auto& [t, name] : read)
+    for (const auto& [w, wname] : written)
+      if (w != nullptr) check_no_overlap(*w, wname, *t, name);
   check_no_overlap(dh, "dh", tw, "tw_part");
   if (x.act.present) {
     check_no_overlap(x.act.t, "act", dh, "dh");

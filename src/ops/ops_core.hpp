@@ -131,7 +131,8 @@ std::tuple<Tensor, Tensor> moe_swiglu_mm_bf16(Tensor x, Tensor perm, int64_t k, 
                                               int64_t layout, double alpha, double limit, double up_offset,
                                               Tensor offs);
 // The bf16 layer's down-projection dgrad with dSwiGLU in its epilogue: (dH (M, 2I) bf16, tw_part (M, ceil(I/128))
-// f32) from dout's rows x[perm // k] . w2[g] (w2 (G, H, I) as it lies) and h (mxmoe_grouped_mm_bf16_gather_dswiglu).
+// f32, act(h) (M, I) bf16 where want_act, else (0, I)) from dout's rows x[perm // k] . w2[g] (w2 (G, H, I) as it
+// lies) and h (mxmoe_grouped_mm_bf16_gather_dswiglu).
 std::tuple<Tensor, Tensor, Tensor> moe_dswiglu_mm_bf16(Tensor dout, Tensor perm, int64_t k, Tensor w2, Tensor h,
                                                        OptTensor row_scale, int64_t layout, double alpha, double limit,
                                                        double up_offset, Tensor offs, bool want_act);

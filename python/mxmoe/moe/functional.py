@@ -307,8 +307,8 @@ class Bf16(torch.autograd.Function):
                 dh, tw_part, y_act = ops.moe_dswiglu_mm_bf16(_cast(dout, BF16), perm, k, w2b, h,
                                                              None if score_before else rs, layout, act.alpha,
                                                              act.limit, act.up_offset, offs, need_w2)
-                y_w2 = y_act if need_w2 else None
-                del y_act
+                y_w2 = y_act if need_w2 else None  # (0, I) when not asked for
+                del y_act  # y_w2 alone holds it, so that dropping y_w2 frees it
                 if need_tw and not score_before:
                     d_tw = tw_part.sum(1)[inv.long()]  # rows past the groups (dropped ids) are 0
                 del tw_part

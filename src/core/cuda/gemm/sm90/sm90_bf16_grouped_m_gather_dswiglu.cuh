@@ -57,10 +57,10 @@ struct GroupedMGatherDSwigluBf16 : GroupedMGather<128, Stages_, __nv_bfloat16, t
     }
   }
 
-  // One element of both forms: dH's gate and up values (dg, du) at dY' element d (a bf16 value), gate g
-  // and up u of h and the row weight w, the unfused layer's bits (bf16(w * dY'): one fp32 multiply
-  // rounded to bf16), and the routing weights' partial continued with <d, act(h)>.
-  // y: act(h) of the element (fp32; the optional act output is its bf16 rounding).
+  // One element of the epilogue: dH's gate and up values (dg, du) at dY' element d (a bf16 value), gate
+  // g and up u of h and the row weight w, the unfused layer's bits (bf16(w * dY'): one fp32 multiply
+  // rounded to bf16), y = act(h) (fp32; the optional act output is its bf16 rounding), and the routing
+  // weights' partial continued with <d, y>.
   template <bool PLAIN>
   static __device__ __forceinline__ void dswiglu_element(float d, float g, float u, float w, const SwigluParams& act,
                                                          float& dg, float& du, float& y, float& part) {
