@@ -11,7 +11,12 @@
 // tile). A k-block is 64 tokens: the producer's 128 threads copy both operands' 64 rows x 256 bytes
 // (the tile's 128 columns) with cp.async into two 128-byte swizzled boxes of 64 columns each (thread t:
 // box t / 8 % 2, chunk t % 8 of rows t / 16 + 8 i), token rows past the group and columns past M / N as
-// zeros, and arrive on the stage's barrier when they land; the math warpgroups issue m64n128k16 wgmmas
+// zeros, and arrive on the stage's barrier when they land. Each row's source is resolved once per
+// k-block, thread t taking row t % 64 of operand t / 64 (the index clamp, the division by the fanout,
+// the 64-bit address) into a shared row table (two slots, one named barrier a k-block); a copy is then
+// a 16-byte table read, an add and the cp.async. Resolving the rows per copy took ~400 instructions a
+// k-block per producer warp, which left the math warps waiting on the full barriers ~2/3 of the time
+// (ncu, docs/design/gemm-sm90.md); the math warpgroups issue m64n128k16 wgmmas
 // with both operands MN-major (warpgroup w reads A's box w) and accumulate every k-block in place.
 // Tiles run group-major (a group's tiles share its token rows in L2); a group without tokens stores zeros.
 // The epilogue stages each warpgroup's 64 x 128 bf16 as the M-grouped kernel does and stores it with a
@@ -73,10 +78,12 @@ struct GroupedKGatherBf16 {
   // The epilogue staging of GroupedM<128, ., bf16> (epi_offset / epi_swizzle read these).
   static constexpr int kRowBytes = 256, kEpiBoxBytes = 128, kEpiBoxes = 2, kEpiBoxCols = 64;
   static constexpr int kEpiWgBytes = 64 * kRowBytes, kEpiBytes = 2 * kEpiWgBytes;
-  // 1024 alignment slack | stages | epilogue | full / empty barriers | group starts and lengths.
+  // The producer's row table: two slots of 64 rows x (A's, B's source row address).
+  static constexpr int kRowTableBytes = 2 * kBlockK * 2 * sizeof(uint64_t);
+  // 1024 alignment slack | stages | epilogue | full / empty barriers | row table | group starts and lengths.
   static constexpr size_t smem_bytes(int groups) {
     return 1024 + static_cast<size_t>(kStages) * kStageBytes + kEpiBytes + 2 * kStages * sizeof(uint64_t) +
-           2 * static_cast<size_t>(groups) * sizeof(int);
+           kRowTableBytes + 2 * static_cast<size_t>(groups) * sizeof(int);
   }
 };
 
@@ -100,7 +107,9 @@ __global__ void __launch_bounds__(K::kThreads, 1)
   uint8_t* smem_epi = smem + K::kStages * K::kStageBytes;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem_epi + K::kEpiBytes);
   uint64_t* empty = full + K::kStages;
-  int* s_start = reinterpret_cast<int*>(empty + K::kStages);
+  uint64_t* row_table = empty + K::kStages;  // 16-byte aligned: 2 kStages barriers after a 1024-byte boundary
+  static_assert(2 * K::kStages * sizeof(uint64_t) % 16 == 0, "the row table's entries are read as 16 bytes");
+  int* s_start = reinterpret_cast<int*>(row_table + K::kRowTableBytes / sizeof(uint64_t));
   int* s_len = s_start + p.groups;
 
   const int tid = threadIdx.x;
@@ -142,46 +151,56 @@ __global__ void __launch_bounds__(K::kThreads, 1)
     cutlass::arch::warpgroup_reg_dealloc<K::kProducerRegs>();
     const int box = (tid >> 3) & 1, chunk = tid & 7, r_lo = tid >> 4;  // rows r_lo + 8 i, i < 8
     const int dst = box * K::kBoxBytes + r_lo * 128 + ((chunk ^ (r_lo & 7)) << 4);
+    // The row this thread resolves for the table: row tr of operand B (tid >= 64) or A.
+    const int tr = tid & (K::kBlockK - 1);
+    const bool t_b = tid >= K::kBlockK, t_gathered = t_b == (p.gather_b != 0);
+    const uint8_t* t_base = t_b ? p.b : p.a;
+    const int64_t t_ld = t_b ? p.ldb : p.lda;
     RingPos<K::kStages> rp;
+    uint32_t slot = 0;  // the row table's slot of the next k-block
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
       int g, m0, n0;
       decode(t, g, m0, n0);
       const int start = s_start[g], len = s_len[g];
       const int ca = m0 + 64 * box + 8 * chunk, cb = n0 + 64 * box + 8 * chunk;  // this thread's columns
       const bool a_col = ca < p.m, b_col = cb < p.n;
-      // The gather indices of a k-block's rows are loaded one k-block ahead (the copies of k-block kb
-      // are issued while kb + 1's indices are in flight), so their latency is not paid per k-block.
-      auto load_index = [&](int k0, int (&idx)[8]) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const int tok = k0 + r_lo + 8 * i;
-          idx[i] = tok < len ? __ldg(p.gather + start + tok) : -1;
-        }
+      // The gather index of the thread's table row is loaded one k-block ahead, so its latency is not
+      // paid per k-block.
+      auto load_index = [&](int k0) {
+        const int tok = k0 + tr;
+        return t_gathered && tok < len ? __ldg(p.gather + start + tok) : -1;
       };
-      int cur[8], nxt[8] = {-1, -1, -1, -1, -1, -1, -1, -1};
-      if (len > 0) load_index(0, cur);
-      for (int k0 = 0; k0 < len; k0 += K::kBlockK, rp.advance()) {
-        if (k0 + K::kBlockK < len) load_index(k0 + K::kBlockK, nxt);
+      int cur = len > 0 ? load_index(0) : -1;
+      for (int k0 = 0; k0 < len; k0 += K::kBlockK, rp.advance(), slot ^= 1u) {
+        const int nxt = k0 + K::kBlockK < len ? load_index(k0 + K::kBlockK) : -1;
+        // The table row: the plain operand's row start + tok, the gathered one's gather[.] / fanout
+        // (clamped into [0, T fanout); negative: none); none past the group. Null: a zero row.
+        const int tok = k0 + tr;
+        int row = -1;
+        if (tok < len) {
+          const int idx = min(cur, p.max_index);
+          row = !t_gathered ? start + tok
+                            : (idx >= 0 ? static_cast<int>(fast_div(static_cast<uint32_t>(idx), p.fanout_div)) : -1);
+        }
+        uint64_t* tab = row_table + slot * (2 * K::kBlockK);
+        tab[2 * tr + (t_b ? 1 : 0)] =
+            row >= 0 ? reinterpret_cast<uint64_t>(t_base + static_cast<int64_t>(row) * t_ld) : 0ull;
+        // The table's writes are seen by every producer thread; the slot written next was last read
+        // before this barrier.
+        asm volatile("bar.sync 3, 128;" ::: "memory");
         const int s = rp.s;
         cutlass::arch::ClusterBarrier::wait(&empty[s], rp.ph ^ 1);
         uint8_t* sa = smem_a + s * K::kABytes + dst;
         uint8_t* sb = smem_b + s * K::kBBytes + dst;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-          const int tok = k0 + r_lo + 8 * i;
-          const int idx = min(cur[i], p.max_index);
-          // the plain and the gathered operand's source rows (-1: zeros); rows past the group are zeros
-          const int plain = tok < len ? start + tok : -1;
-          const int routed =
-              tok < len && idx >= 0 ? static_cast<int>(fast_div(static_cast<uint32_t>(idx), p.fanout_div)) : -1;
-          const int ra = p.gather_b ? plain : routed, rb = p.gather_b ? routed : plain;
-          const bool on_a = a_col && ra >= 0, on_b = b_col && rb >= 0;
-          cp_async_16(sa + i * 8 * 128, p.a + (on_a ? static_cast<int64_t>(ra) * p.lda + 2 * ca : 0), on_a ? 16 : 0);
-          cp_async_16(sb + i * 8 * 128, p.b + (on_b ? static_cast<int64_t>(rb) * p.ldb + 2 * cb : 0), on_b ? 16 : 0);
+          const ulonglong2 e = *reinterpret_cast<const ulonglong2*>(tab + 2 * (r_lo + 8 * i));
+          const bool on_a = a_col && e.x != 0, on_b = b_col && e.y != 0;
+          cp_async_16(sa + i * 8 * 128, on_a ? reinterpret_cast<const uint8_t*>(e.x) + 2 * ca : p.a, on_a ? 16 : 0);
+          cp_async_16(sb + i * 8 * 128, on_b ? reinterpret_cast<const uint8_t*>(e.y) + 2 * cb : p.b, on_b ? 16 : 0);
         }
         cp_async_arrive_noinc(&full[s]);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) cur[i] = nxt[i];
+        cur = nxt;
       }
     }
   } else {
