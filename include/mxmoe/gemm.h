@@ -260,8 +260,8 @@ MXMOE_API mxmoe_status mxmoe_grouped_mm_bf16_gather(const mxmoe_tensor* a, const
  *   h (M, 2I) bf16 = A[rows] . B[g]^T   (mxmoe_grouped_mm_bf16_gather with b_kn 0: a (T, K) bf16,
  *                                         gather (M,), fanout, b (G, 2I, K) bf16, offs)
  * with bias (optional (G, 2I) bf16 or f32) added in fp32 to the bf16 result and rounded again (the bits
- * of the GEMM, then a bias add), is stored (layout MXMOE_SWIGLU_CONCAT: gate | up halves, 2I a multiple
- * of 256 on a device; MXMOE_SWIGLU_INTERLEAVED: gpt-oss) and act (M, I) bf16 = mxmoe_swiglu of it
+ * of the GEMM, then a bias add), is stored (layout MXMOE_SWIGLU_CONCAT: gate | up halves, I a multiple
+ * of 64 on a device; MXMOE_SWIGLU_INTERLEAVED: gpt-oss) and act (M, I) bf16 = mxmoe_swiglu of it
  * (alpha, limit, up_offset as mxmoe_swiglu); rows past the last group are zero in both. On the host a
  * reference composes the two; on a device only the sm_90a kernel runs it (UNSUPPORTED elsewhere:
  * ..._available says).

@@ -1021,8 +1021,9 @@ TEST(CudaGemm, Bf16GatherDSwigluMatchesTheContract) {
 
 // The bf16 SwiGLU gather GEMM (mxmoe_grouped_mm_bf16_gather_swiglu, the bf16 MoE layer's up projection):
 // h the contract's bits on exact operands, act(h) the device mxmoe_swiglu's of that h (the unfused
-// layer's act); the gate / up tile pairs, empty groups, padding, clamped and tail rows; Qwen3-30B-A3B's
-// shape and gpt-oss's clamped activation among them.
+// layer's act); both halves in one tile (I % 128 == 64: an odd tile count; a bias, whose gate and up
+// columns the halves place), empty groups, padding, clamped and tail rows; Qwen3-30B-A3B's shape and
+// gpt-oss's clamped activation among them.
 TEST(CudaGemm, Bf16GatherSwigluMatchesTheContract) {
   SKIP_WITHOUT_CUDA();
   const float inf = std::numeric_limits<float>::infinity();
@@ -1030,10 +1031,12 @@ TEST(CudaGemm, Bf16GatherSwigluMatchesTheContract) {
     int64_t t, k, i, fanout;
     std::vector<int32_t> sizes;
     mxmoe::SwigluParams act;
+    bool bias;
   };
-  const Case cases[] = {{300, 520, 256, 8, {400, 0, 333, 700, 16, 951}, {0, 1.702f, 7.f, 1.f}},
-                        {1024, 2048, 768, 8, {1000, 2000, 3000, 2192}, {0, 1.f, inf, 0.f}},
-                        {300, 520, 200, 8, {400, 0, 333, 700, 16, 951}, {1, 1.702f, 7.f, 1.f}}};  // gpt-oss
+  const Case cases[] = {{300, 520, 256, 8, {400, 0, 333, 700, 16, 951}, {0, 1.702f, 7.f, 1.f}, false},
+                        {300, 520, 320, 8, {400, 0, 333, 700, 16, 951}, {0, 1.702f, 7.f, 1.f}, true},
+                        {1024, 2048, 768, 8, {1000, 2000, 3000, 2192}, {0, 1.f, inf, 0.f}, false},
+                        {300, 520, 200, 8, {400, 0, 333, 700, 16, 951}, {1, 1.702f, 7.f, 1.f}, true}};  // gpt-oss
   uint32_t seed = 90;
   for (const Case& c : cases) {
     mxtest::Bf16Gather g = mxtest::bf16_gather_case(c.t, c.k, 2 * c.i, c.fanout, c.sizes, false, seed++);
@@ -1045,11 +1048,11 @@ TEST(CudaGemm, Bf16GatherSwigluMatchesTheContract) {
     dh.poison();
     dact.poison();
     auto va = da.view(), vb = db.view(), vo = doffs.view(), vg = dgi.view(), vh = dh.view(), vact = dact.view();
-    // a bf16 bias on the gpt-oss case (added to h in fp32 and rounded again)
+    // a bf16 bias (added to h in fp32 and rounded again)
     Buffer bias = mxtest::random_input({G, 2 * c.i}, MXMOE_DTYPE_BF16, seed + 50, 2.f);
     DevBuf dbias(bias);
     auto vbias = dbias.view();
-    const bool with_bias = c.act.layout == 1;
+    const bool with_bias = c.bias;
     ASSERT_EQ(mxmoe_grouped_mm_bf16_gather_swiglu(&va, &vg, c.fanout, &vb, &vo, with_bias ? &vbias : nullptr,
                                                   c.act.layout, c.act.alpha, c.act.limit, c.act.up_offset, &vh, &vact,
                                                   nullptr),

@@ -335,10 +335,11 @@ def test_bf16_gather_impls_choose_their_pieces():
     from mxmoe.backends.sm90 import Sm90Backend
 
     bench_moe = _load()
-    # the tiny config at Qwen3-30B-A3B's hidden size, where Hopper takes the up projection and the dgrad
+    # the tiny config at Qwen3-30B-A3B's hidden size, where Hopper takes the up projection (with its SwiGLU
+    # epilogue) and the dgrad
     case = bench_moe.Case(bench_moe.CONFIGS["tiny"]._replace(hidden=2048), 16, torch.device("cpu"))
     want = {"mxmoe_bf16_gather": frozenset(BF16_GATHER_PIECES), "mxmoe_bf16_gathered": frozenset(),
-            "mxmoe_bf16_kgather": frozenset({"up", "down_dgrad", "wgrad"})}
+            "mxmoe_bf16_kgather": frozenset({"up", "up_swiglu", "down_dgrad", "wgrad"})}
     for impl, pieces in want.items():
         case.impl = impl
         with case.paths():

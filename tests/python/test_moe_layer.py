@@ -223,8 +223,8 @@ def test_bf16_gather_gemm_same_bits_as_gathered_rows(monkeypatch, device, dtype,
     """With its backend's bf16_gather_gemms, GEMMs of the bf16 layer that read routed rows of x or dout
     read them inside the GEMM instead of from a gathered copy: all: every one (moe_swiglu_mm_bf16: the up
     projection with act(h) in its epilogue; moe_dswiglu_mm_bf16: the down-projection dgrad with dH in its
-    epilogue; moe_kgather_mm_bf16: dW13, dW2); sm90: Sm90Backend's default (the plain up projection,
-    moe_gather_mm_bf16, and the dSwiGLU dgrad); the sm_90a kernels, on the CPU their references. With
+    epilogue; moe_kgather_mm_bf16: dW13, dW2); sm90: Sm90Backend's default (the up projection with the
+    SwiGLU epilogue, moe_swiglu_mm_bf16, and the dSwiGLU dgrad); the sm_90a kernels, on the CPU their references. With
     exact operands (multiples of 1/8: every fp32 sum of the forward and dgrad GEMMs exact, so their
     summation order cannot matter) the output and the grad of x are the bits of the same layer gathering
     the rows first for torch._grouped_mm; the weights' grads (sums of inexact products, and dW2 weighting
@@ -234,7 +234,7 @@ def test_bf16_gather_gemm_same_bits_as_gathered_rows(monkeypatch, device, dtype,
     from mxmoe.backends.sm90 import Sm90Backend
 
     sm90 = Sm90Backend().bf16_gather_pieces(2048)  # what Hopper takes at Qwen3-30B-A3B's hidden size
-    assert sm90 == {"up", "down_dgrad"} and not Sm90Backend().bf16_gather_pieces(7168)
+    assert sm90 == {"up", "up_swiglu", "down_dgrad"} and not Sm90Backend().bf16_gather_pieces(7168)
     _bf16_gather_on(monkeypatch, device, mxmoe.backends.BF16_GATHER_PIECES if pieces == "all" else sm90)
     T, H, I, E, k = 300, 256, 128, 6, 4
     inp, _ = _inputs(device, T=T, H=H, I=I, E=E, k=k, seed=31, dtype=dtype, bias=gpt_oss)
@@ -249,7 +249,7 @@ def test_bf16_gather_gemm_same_bits_as_gathered_rows(monkeypatch, device, dtype,
         out, grads = _run(inp, dout, recipe=None, **kw)
     names = lambda op: sum(f"mxmoe.{op}." in n for n in seen.names)  # noqa: E731
     assert (names("moe_swiglu_mm_bf16"), names("moe_gather_mm_bf16"), names("moe_dswiglu_mm_bf16"),
-            names("moe_kgather_mm_bf16")) == ((1, 0, 1, 2) if pieces == "all" else (0, 1, 1, 0)), \
+            names("moe_kgather_mm_bf16")) == ((1, 0, 1, 2) if pieces == "all" else (1, 0, 1, 0)), \
         "the up projection; the down-projection dgrad with dSwiGLU; dW13 and dW2"
     backend = mxmoe.backends.get_backend(mxmoe.backends.resolve_backend("auto", inp["x"].device))
     monkeypatch.setattr(backend, "bf16_gather_gemms", frozenset())

@@ -54,15 +54,16 @@ class Sm90Backend(Backend):
     bf16_gather_gemms = None  # bf16_gather_pieces decides per shape
 
     def bf16_gather_pieces(self, hidden: int):
-        """The bf16 layer's gather GEMMs where they beat the path they replace, from bench_moe's
-        mxmoe_bf16 vs mxmoe_bf16_gathered (H100, 16K tokens, docs/design/gemm-sm90.md): at Qwen3-30B-A3B's
-        hidden 2048 the plain up projection and the dSwiGLU down-projection dgrad win (layer 1.05x at 16K
-        and 4K tokens); at hidden 2880-7168 (gpt-oss, Scout, Mixtral, DeepSeek-V3) the gather kernels
-        run at ~60% of cuBLAS's rate and the layer loses 1-13%. The SwiGLU epilogue and the K-grouped
-        wgrads lose everywhere measured."""
+        """The bf16 layer's gather GEMMs where they beat the path they replace (bench_bf16_gather and
+        bench_moe's mxmoe_bf16 vs mxmoe_bf16_gathered, H100, 16K tokens, docs/design/gemm-sm90.md): at
+        Qwen3-30B-A3B's hidden 2048 the up projection with the SwiGLU epilogue (1.06-1.12x gather +
+        grouped_mm + SwiGLU pass) and the dSwiGLU down-projection dgrad (1.4-1.75x) win; at hidden
+        2880-7168 (gpt-oss, Scout, Mixtral, DeepSeek-V3) the gather mainloop runs at ~60-77% of cuBLAS's
+        rate and the layer loses 1-13%. The K-grouped gather wgrads lose everywhere measured (0.73-0.92x
+        cuBLAS on a gathered copy at Qwen3-30B-A3B)."""
         if self.bf16_gather_gemms is not None:
             return self.bf16_gather_gemms
-        return frozenset({"up", "down_dgrad"}) if hidden <= 2048 else frozenset()
+        return frozenset({"up", "up_swiglu", "down_dgrad"}) if hidden <= 2048 else frozenset()
 
     def auto_on(self, device: torch.device) -> bool:
         return is_sm90(device)

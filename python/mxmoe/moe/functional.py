@@ -246,7 +246,7 @@ class Bf16(torch.autograd.Function):
     routed rows of x or dout inside the GEMM instead of from a gathered copy for torch._grouped_mm:
       "up"         the up projection (ops.moe_gather_mm_bf16; b13 and SwiGLU then run as passes);
       "up_swiglu"  the up projection with b13 and act(h) in its epilogue (ops.moe_swiglu_mm_bf16;
-                   interleaved halves, or concatenated ones with 2I % 256 == 0; else "up" if named);
+                   interleaved halves, or concatenated ones with I % 64 == 0; else "up" if named);
       "down_dgrad" the down projection's dgrad with dH, the routing weights' grad and dW2's act(h) in its
                    epilogue instead of storing dY' (ops.moe_dswiglu_mm_bf16);
       "wgrad"      dW13 = dH^T dispatch(x) and dW2 = dispatch(dout)^T (w act(h)) (ops.moe_kgather_mm_bf16).
@@ -260,7 +260,7 @@ class Bf16(torch.autograd.Function):
         offs, perm, inv = ops.moe_routing(topk_idx, E)
         w13b, w2b = _cast(w13 if w_up is None else weight_cache.joined((w13, w_up)), BF16), _cast(w2, BF16)
         gather_up = not score_before and _gather_mm_takes(x, w13b, k, False)
-        if gather_up and "up_swiglu" in gather and (layout == ops.SWIGLU_INTERLEAVED or w13b.shape[1] % 256 == 0):
+        if gather_up and "up_swiglu" in gather and (layout == ops.SWIGLU_INTERLEAVED or w13b.shape[1] % 128 == 0):
             # h (+ b13) and act(h) from the GEMM's epilogue: no bias pass, no SwiGLU pass over h
             h, y = ops.moe_swiglu_mm_bf16(_cast(x, BF16), perm, k, w13b, b13, layout, act.alpha, act.limit,
                                           act.up_offset, offs)

@@ -26,10 +26,10 @@ using Kernel = sm90::GroupedMGather<128, 5, __nv_bfloat16>;
 // The bf16 forms (the bf16 MoE layer): the same 32 KB stages (128-byte k-blocks of 64 elements).
 using Bf16Kernel = sm90::GroupedMGather<128, 5, __nv_bfloat16, true, false>;
 using Bf16KnKernel = sm90::GroupedMGather<128, 5, __nv_bfloat16, true, true>;
-// Its dSwiGLU epilogue variant (the epilogue in the math warpgroups: the same ring).
+// Its dSwiGLU epilogue variant (a fourth warpgroup, one tile behind: the same ring).
 using Bf16DSwigluKernel = sm90::GroupedMGatherDSwigluBf16<5>;
-// Its SwiGLU epilogue variants (the epilogue in the math warpgroups): concatenated halves (tiles in gate /
-// up pairs) and interleaved ones.
+// Its SwiGLU epilogue variants (the epilogue in the math warpgroups): concatenated halves (a tile holds
+// 64 gate and the same 64 up columns) and interleaved ones.
 using Bf16SwigluKernel = sm90::GroupedMGatherSwigluBf16<5, false>;
 using Bf16SwigluInterKernel = sm90::GroupedMGatherSwigluBf16<5, true>;
 // The dSwiGLU epilogue's variant: the same mainloop with 3 stages beside its hand-over buffers (64 KB).
@@ -168,7 +168,7 @@ bool sm90_grouped_m_gather_dswiglu_bf16(const GroupedMGatherDSwigluBf16Run& r) {
 
 bool sm90_grouped_m_gather_swiglu_bf16_takes(int64_t m, int64_t n, int64_t k, int64_t groups, int64_t a_rows,
                                              int64_t fanout, int layout, int device) {
-  if (layout == kSwigluConcat ? n % 256 != 0 : layout != kSwigluInterleaved) return false;
+  if (layout == kSwigluConcat ? n % 128 != 0 : layout != kSwigluInterleaved) return false;  // concat: I % 64
   if (!sm90_grouped_m_gather_bf16_takes(m, n, k, groups, a_rows, fanout, false, device)) return false;
   return Bf16SwigluKernel::smem_bytes(static_cast<int>(std::min<int64_t>(groups, 1 << 20))) <= 227 * 1024;
 }

@@ -1,7 +1,7 @@
 // sm_90a bf16 grouped GEMM on routed rows with the dSwiGLU epilogue: the bf16 MoE layer's
 // down-projection dgrad. The mainloop is the bf16 gather GEMM's (GroupedMGather<128, ., bf16, true,
 // true>: dY' = gather(dout) . w2[e], w2 (E, H, I) read as it lies); dY' is never stored. Each 128 x 128
-// tile of it (one group's rows, columns n0 .. n0 + 127 of I) becomes, in the math warpgroups' epilogue:
+// tile of it (one group's rows, columns n0 .. n0 + 127 of I) becomes:
 //   dH = act'(h, bf16(w * bf16(dY')))  bf16, from the saved pre-activation h (M, 2I) and the row's
 //        routing weight w (1 without row_scale): the bits of the unfused bf16 layer (the gather GEMM's
 //        bf16 dY', the weight applied in fp32 and rounded to bf16, then mxmoe_swiglu_backward). Column c
@@ -13,20 +13,22 @@
 //   act      optional (p.act_bf16): bf16(act(h)), the value the partial used, as mxmoe_swiglu writes it
 //        (the bf16 layer's dW2 operand, which would otherwise cost a SwiGLU pass over h).
 // Bytes: h read once, dH written once, instead of dY' written and read three times (the weight, the
-// SwiGLU backward, the weights' gradient) and h read twice. Unlike the FP8 variant there is no
-// quantization, so the math warpgroups do the epilogue themselves (row pairs from their accumulators,
-// h and dH as bf16 pairs straight from and to global memory; the producer prefetches the tile's rows
-// of h into L2 as the tile starts).
-// The epilogue stays in the math warpgroups: a fourth-warpgroup form (the FP8 variant's: dY' handed over
-// through shared memory, one epilogue thread per tile row) measured slower, 1698 against 1521 us at
-// Qwen3-30B-A3B 16K (H100): a row per thread makes each h load and dH store touch 32 rows' lines
-// (docs/design/gemm-sm90.md).
+// SwiGLU backward, the weights' gradient) and h read twice.
+// A fourth warpgroup runs the epilogue one tile behind: the math warpgroups put dY' in shared memory (S)
+// and run the next tile's mainloop while the epilogue warpgroup turns the tile into dH, act and the
+// partials, a warp per row with its lanes across the columns (lane l: columns 4 l .. 4 l + 3), so every
+// h load and dH / act store of a warp is one contiguous run of the row. The partials' order (lane q of
+// 4 summing columns 8 j + 2 q + e) is rebuilt through a per-warp scratch of 8 rows' fp32 products.
+// Measured against the two forms it replaced (docs/design/gemm-sm90.md): the epilogue in the math
+// warpgroups (h and dH as bf16 pairs of two rows a thread) and a fourth warpgroup with one thread per
+// row, whose 16-byte accesses touched 32 rows' lines each.
 #pragma once
 
 #include <cuda_bf16.h>
 
 #include "common/moe_activation.hpp"
 #include "cuda/common/bf16_pack.cuh"
+#include "cuda/gemm/sm90/sm90_epilogue_handoff.cuh"
 #include "cuda/gemm/sm90/sm90_fp8_grouped_m_1x128_128x128.cuh"
 
 namespace mxmoe {
@@ -38,11 +40,31 @@ template <int Stages_>
 struct GroupedMGatherDSwigluBf16 : GroupedMGather<128, Stages_, __nv_bfloat16, true, true> {
   using Base = GroupedMGather<128, Stages_, __nv_bfloat16, true, true>;
   static constexpr bool kFusedEpilogue = true;
-  // Base::smem_bytes plus the third group table the fused epilogues' kernel path writes (G + 1 ints).
+  static constexpr bool kEpiWarpgroup = true;
+  static constexpr int kThreads = 512;  // producer, two math warpgroups, epilogue
+  static constexpr bool kOverlap = false;  // (an FP8 promotion setting; bf16 accumulates in place)
+  static constexpr int kProducerRegs = 40, kMathRegs = 168, kEpiRegs = 136;
+  static_assert(kProducerRegs + 2 * kMathRegs + kEpiRegs <= 512, "four warpgroups share 64K registers");
+  static_assert(Base::kEpiBytes == kHandoffTileBytes, "the epilogue buffer holds one hand-over tile");
+  // A warp's scratch: 8 rows of 128 fp32 products, rows 136 words apart (two wavefronts a 64-bit read).
+  static constexpr int kScratchStride = 136, kScratchBytes = 4 * 8 * kScratchStride * 4;
+  // After S: the hand-over barriers (full: 256 math threads stored their dY'; empty: 128 epilogue
+  // threads read theirs), then the four warps' scratch.
+  static constexpr int kEpiExtraBytes = 16 + kScratchBytes;
   static constexpr size_t smem_bytes(int groups) {
-    return Base::smem_bytes(groups) + (static_cast<size_t>(groups) + 1) * sizeof(int);
+    return Base::smem_bytes(groups) + kEpiExtraBytes + (static_cast<size_t>(groups) + 1) * sizeof(int);
   }
-
+  static __device__ __forceinline__ uint64_t* handoff_bars(uint8_t* smem_epi) {
+    return reinterpret_cast<uint64_t*>(smem_epi + kHandoffTileBytes);
+  }
+  static __device__ __forceinline__ float* scratch(uint8_t* smem_epi, int warp) {
+    return reinterpret_cast<float*>(smem_epi + kHandoffTileBytes + 16) + warp * 8 * kScratchStride;
+  }
+  static __device__ __forceinline__ void init_handoff(uint8_t* smem_epi) {
+    uint64_t* bars = handoff_bars(smem_epi);
+    cutlass::arch::ClusterBarrier::init(&bars[0], 256);
+    cutlass::arch::ClusterBarrier::init(&bars[1], 128);
+  }
   // The producer warpgroup's thread t (< 128), at the start of a tile: tile row t's h (the tile's 128
   // gate and 128 up values) into L2 for the epilogue.
   static __device__ __forceinline__ void prefetch_tile(const GroupedMParams& p, const TileCoord& c, int t) {
@@ -69,87 +91,6 @@ struct GroupedMGatherDSwigluBf16 : GroupedMGather<128, Stages_, __nv_bfloat16, t
     part = add_rn(part, mul_rn(d, y));
   }
 
-  // A math thread (mw, warp, lane) after its tile's mainloop, holding rows lr and lr + 8, columns
-  // 8 j + 2 (lane % 4) + {0, 1} of dY': dH and the partial for its two rows (rows outside the tile are
-  // left alone).
-  template <bool PLAIN>
-  static __device__ __forceinline__ void handoff(const GroupedMParams& p, const TileCoord& c,
-                                                 const float (&fin)[Base::kAcc], uint8_t*, uint32_t, int mw,
-                                                 int warp, int lane, int src0, int src1,
-                                                 typename Base::HandoffState&) {
-    const int I = p.n, q = lane & 3;
-    const int lr = mw * 64 + warp * 16 + lane / 4;
-    const bool inter = p.act.layout == kSwigluInterleaved;
-    const int ntw = (I + 127) / 128;
-    constexpr int kJ = Base::kAcc / 4;
-    // Every h word of the thread's two rows and their routing weights are loaded before any math: dH's
-    // stores may alias h as far as the compiler knows, so loads placed between them waited one L2 round
-    // trip per chunk (32 a tile: 1690 instead of 1490 us at Qwen3-30B-A3B 16K, H100). Gate and up bf16
-    // pairs of columns c, c + 1 (c = n0 + 8 j + 2 q): h[c], h[I + c] or, interleaved, h[2 c .. 2 c + 3].
-    bool in[2];
-    float w[2];
-    uint32_t G[2][kJ], U[2][kJ];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int tr = lr + 8 * r;
-      const int src = r ? src1 : src0;
-      in[r] = tr < c.rows;
-      const int64_t row = c.row0 + tr;
-      // the routing weight of the row: 0 for a padding row, 1 without row_scale (weights before the experts)
-      w[r] = 1.f;
-      if (p.row_scale != nullptr)
-        w[r] = src >= 0 && in[r] ? __ldg(p.row_scale + gather_index(p, static_cast<int>(row))) : 0.f;
-      const uint16_t* hr = p.h + (in[r] ? row : c.row0) * 2 * I;
-#pragma unroll
-      for (int j = 0; j < kJ; ++j) {
-        const int col = c.n0 + 8 * j + 2 * q;
-        const bool ok = in[r] && col < I;
-        if (inter) {
-          const uint2 v = ok ? __ldg(reinterpret_cast<const uint2*>(hr + 2 * col)) : make_uint2(0u, 0u);
-          G[r][j] = v.x;  // g0 u0
-          U[r][j] = v.y;  // g1 u1
-        } else {
-          G[r][j] = ok ? __ldg(reinterpret_cast<const uint32_t*>(hr + col)) : 0u;
-          U[r][j] = ok ? __ldg(reinterpret_cast<const uint32_t*>(hr + I + col)) : 0u;
-        }
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int64_t row = c.row0 + lr + 8 * r;
-      uint16_t* dr = p.dh_bf16 + row * 2 * I;
-      float part = 0.f;
-#pragma unroll
-      for (int j = 0; j < kJ; ++j) {
-        const int col = c.n0 + 8 * j + 2 * q;
-        if (!in[r] || col >= I) continue;
-        // dY' as the gather GEMM stores it (+ 0, its bias-free output, so -0 is +0; then bf16)
-        const uint32_t d2 = cvt_bf16x2(__fadd_rn(fin[4 * j + 2 * r], 0.f), __fadd_rn(fin[4 * j + 2 * r + 1], 0.f));
-        const uint32_t g2 = inter ? __byte_perm(G[r][j], U[r][j], 0x5410) : G[r][j];
-        const uint32_t u2 = inter ? __byte_perm(G[r][j], U[r][j], 0x7632) : U[r][j];
-        float dg[2], du[2], y[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float d = __uint_as_float(e ? d2 & 0xFFFF0000u : d2 << 16);
-          const float g = __uint_as_float(e ? g2 & 0xFFFF0000u : g2 << 16);
-          const float u = __uint_as_float(e ? u2 & 0xFFFF0000u : u2 << 16);
-          dswiglu_element<PLAIN>(d, g, u, w[r], p.act, dg[e], du[e], y[e], part);
-        }
-        if (p.act_bf16 != nullptr) *reinterpret_cast<uint32_t*>(p.act_bf16 + row * I + col) = pack_bf16x2(y[0], y[1]);
-        if (inter) {
-          *reinterpret_cast<uint2*>(dr + 2 * col) = make_uint2(pack_bf16x2(dg[0], du[0]), pack_bf16x2(dg[1], du[1]));
-        } else {
-          *reinterpret_cast<uint32_t*>(dr + col) = pack_bf16x2(dg[0], dg[1]);
-          *reinterpret_cast<uint32_t*>(dr + I + col) = pack_bf16x2(du[0], du[1]);
-        }
-      }
-      // (s0 + s1) + (s2 + s3) over the row's quad: every lane of the quad ends with the same sum
-      part = add_rn(part, __shfl_xor_sync(0xffffffffu, part, 1));
-      part = add_rn(part, __shfl_xor_sync(0xffffffffu, part, 2));
-      if (in[r] && q == 0) p.tw_part[row * ntw + c.n0 / 128] = part;
-    }
-  }
-
   // The math threads t (< 256) of every CTA after the tile loop: the rows past the last group (from
   // `end`) of dH and tw_part are zero.
   static __device__ __forceinline__ void tail(const GroupedMParams& p, int64_t end, int64_t, int t) {
@@ -162,6 +103,131 @@ struct GroupedMGatherDSwigluBf16 : GroupedMGather<128, Stages_, __nv_bfloat16, t
     if (p.act_bf16 == nullptr) return;
     uint4* act = reinterpret_cast<uint4*>(p.act_bf16 + end * p.n);  // 2 I bytes a row, a multiple of 16
     for (int64_t i = first; i < rows * p.n / 8; i += stride) act[i] = make_uint4(0, 0, 0, 0);
+  }
+
+  // A math thread (mw, warp, lane) after its tile's mainloop, holding rows lr and lr + 8, columns
+  // 8 j + 2 (lane % 4) + {0, 1} of dY': the rows as bf16 pairs into S once the epilogue warpgroup has
+  // freed it (phase ph), then on to the next tile.
+  template <bool PLAIN>
+  static __device__ __forceinline__ void handoff(const GroupedMParams&, const TileCoord&,
+                                                 const float (&fin)[Base::kAcc], uint8_t* smem_epi, uint32_t ph,
+                                                 int mw, int warp, int lane, int, int, typename Base::HandoffState&) {
+    constexpr int kJ = Base::kAcc / 4;
+    uint64_t* bars = handoff_bars(smem_epi);
+    const int lr = mw * 64 + warp * 16 + lane / 4, q = lane & 3;
+    // dY' as the gather GEMM stores it (+ 0, its bias-free output, so -0 is +0; then bf16)
+    uint32_t d[kJ][2];
+#pragma unroll
+    for (int j = 0; j < kJ; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        d[j][r] = cvt_bf16x2(__fadd_rn(fin[4 * j + 2 * r], 0.f), __fadd_rn(fin[4 * j + 2 * r + 1], 0.f));
+    cutlass::arch::ClusterBarrier::wait(&bars[1], ph ^ 1u);
+#pragma unroll
+    for (int j = 0; j < kJ; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        *reinterpret_cast<uint32_t*>(smem_epi + handoff_offset(lr + 8 * r, j) + 4 * q) = d[j][r];
+    cutlass::arch::ClusterBarrier::arrive(&bars[0]);
+  }
+
+  // The epilogue warpgroup's thread et (< 128) on one tile (hand-over phase ph). Warp ew takes tile rows
+  // 32 ew .. 32 ew + 31 in blocks of 8, lane l columns n0 + 4 l .. + 3 of each (inside I or none: I %
+  // 64 == 0). h is read 4 rows ahead of its use; each row's products <bf16(dY'), act(h)> go to the
+  // warp's scratch, and after a block lane 4 rs + q sums row rs's columns 8 j + 2 q + e (j, e
+  // ascending, from +0: a column past I adds +0, which leaves every such sum as it is), then (s0 + s1)
+  // + (s2 + s3).
+  template <bool PLAIN>
+  static __device__ __forceinline__ void epilogue_tile(const GroupedMParams& p, const TileCoord& c, int et,
+                                                       uint8_t* smem_epi, const int*, const int*, int, uint32_t ph) {
+    uint64_t* bars = handoff_bars(smem_epi);
+    const int I = p.n, ntw = (I + 127) / 128;
+    const int64_t C2 = 2 * static_cast<int64_t>(I);
+    const bool inter = p.act.layout == kSwigluInterleaved;
+    const int ew = et >> 5, lane = et & 31;
+    const int col = c.n0 + 4 * lane;
+    const bool col_ok = col < I;
+    const int r0 = 32 * ew;  // the warp's first tile row
+    float* sc = scratch(smem_epi, ew);
+    // The routing weight of row r0 + lane (0 for a padding row, 1 without row_scale), shuffled per row.
+    float w_lane = 1.f;
+    if (p.row_scale != nullptr) {
+      const int r = r0 + lane;
+      const int src = r < c.rows ? gather_row(p, c.row0 + r) : -1;
+      w_lane = src >= 0 ? __ldg(p.row_scale + gather_index(p, c.row0 + r)) : 0.f;
+    }
+    // h's words of a row at this lane's columns: concatenated, the gate pair words (x, y) and the up
+    // pair words (z, w); interleaved, the 4 (gate, up) words. A ring of 4 rows.
+    auto load = [&](int r) {
+      if (r >= c.rows || !col_ok) return make_uint4(0, 0, 0, 0);
+      const uint16_t* hr = p.h + (c.row0 + r) * C2;
+      if (inter) return __ldg(reinterpret_cast<const uint4*>(hr + 2 * col));
+      const uint2 g = __ldg(reinterpret_cast<const uint2*>(hr + col));
+      const uint2 u = __ldg(reinterpret_cast<const uint2*>(hr + I + col));
+      return make_uint4(g.x, g.y, u.x, u.y);
+    };
+    uint4 H[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) H[i] = load(r0 + i);
+    cutlass::arch::ClusterBarrier::wait(&bars[0], ph);
+#pragma unroll 1
+    for (int b = 0; b < 4; ++b) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int r = r0 + 8 * b + i;
+        const uint4 hw = H[i % 4];
+        if (8 * b + i + 4 < 32) H[i % 4] = load(r + 4);
+        const float w = __shfl_sync(0xffffffffu, w_lane, 8 * b + i);
+        const uint2 d2 = *reinterpret_cast<const uint2*>(smem_epi + handoff_offset(r, lane >> 1) + 8 * (lane & 1));
+        const bool on = r < c.rows && col_ok;
+        float prod[4] = {0.f, 0.f, 0.f, 0.f};
+        if (on) {
+          const uint32_t dw[2] = {d2.x, d2.y};
+          const uint32_t hwd[4] = {hw.x, hw.y, hw.z, hw.w};
+          float dg[4], du[4], y[4];
+#pragma unroll
+          for (int t = 0; t < 4; ++t) {
+            const float d = __uint_as_float(t & 1 ? dw[t / 2] & 0xFFFF0000u : dw[t / 2] << 16);
+            // concatenated: gate word t / 2 (x, y), up word 2 + t / 2 (z, w); interleaved: word t is (g, u)
+            const uint32_t gw = inter ? hwd[t] << 16 : (t & 1 ? hwd[t / 2] & 0xFFFF0000u : hwd[t / 2] << 16);
+            const uint32_t uw = inter ? hwd[t] & 0xFFFF0000u
+                                      : (t & 1 ? hwd[2 + t / 2] & 0xFFFF0000u : hwd[2 + t / 2] << 16);
+            dswiglu_element<PLAIN>(d, __uint_as_float(gw), __uint_as_float(uw), w, p.act, dg[t], du[t], y[t],
+                                  prod[t]);
+          }
+          const int64_t row = c.row0 + r;
+          uint16_t* dr = p.dh_bf16 + row * C2;
+          if (inter) {
+            *reinterpret_cast<uint4*>(dr + 2 * col) = make_uint4(pack_bf16x2(dg[0], du[0]), pack_bf16x2(dg[1], du[1]),
+                                                                 pack_bf16x2(dg[2], du[2]), pack_bf16x2(dg[3], du[3]));
+          } else {
+            *reinterpret_cast<uint2*>(dr + col) = make_uint2(pack_bf16x2(dg[0], dg[1]), pack_bf16x2(dg[2], dg[3]));
+            *reinterpret_cast<uint2*>(dr + I + col) = make_uint2(pack_bf16x2(du[0], du[1]), pack_bf16x2(du[2], du[3]));
+          }
+          if (p.act_bf16 != nullptr)
+            *reinterpret_cast<uint2*>(p.act_bf16 + row * I + col) =
+                make_uint2(pack_bf16x2(y[0], y[1]), pack_bf16x2(y[2], y[3]));
+        }
+        // dswiglu_element added each product to its +0 start: a -0 product is +0 here, which no sum
+        // from +0 can tell apart
+        *reinterpret_cast<float4*>(sc + i * kScratchStride + 4 * lane) = make_float4(prod[0], prod[1], prod[2], prod[3]);
+      }
+      __syncwarp();
+      // lane 4 rs + q: sum q of row rs of the block
+      const int rs = lane >> 2, q = lane & 3;
+      float s = 0.f;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const float2 v = *reinterpret_cast<const float2*>(sc + rs * kScratchStride + 8 * j + 2 * q);
+        s = add_rn(add_rn(s, v.x), v.y);
+      }
+      const float s2 = add_rn(s, __shfl_xor_sync(0xffffffffu, s, 1));  // q 0: s0 + s1; q 2: s2 + s3
+      const float tot = add_rn(s2, __shfl_xor_sync(0xffffffffu, s2, 2));
+      const int r = r0 + 8 * b + rs;
+      if (q == 0 && r < c.rows) p.tw_part[(static_cast<int64_t>(c.row0) + r) * ntw + c.n0 / 128] = tot;
+      __syncwarp();  // the scratch is read before the next block writes it
+    }
+    cutlass::arch::ClusterBarrier::arrive(&bars[1]);  // S read: the next tile's dY' may come
   }
 };
 

@@ -164,6 +164,9 @@ struct GroupedM {
   static constexpr bool kPairs = false;
   static __device__ __forceinline__ int pair_n0(int n0, int second, int n) { return second ? n0 + n / 2 : n0; }
   static __device__ __forceinline__ int load_n0(int n0, int) { return n0; }
+  // The B row of a tile's second half-box, after its first one's row (GroupedMGatherSwigluBf16's
+  // halves: the up rows, N / 2 further than the gate rows).
+  static __device__ __forceinline__ int b_second_half(int) { return kBlockN / 2; }
   static constexpr int kEpiExtraBytes = 0;
   // What a fused epilogue's math side keeps from one tile to the next (K::handoff's last argument):
   // nothing here; GroupedMGatherSwiglu holds the gate tile of a pair.
@@ -507,7 +510,7 @@ __global__ void __launch_bounds__(K::kThreads, 1)
               tma_load_2d(&tma_b, &full[s], b + kHalfB, 2 * sl.c.n0 + 128, krow);
             } else {
               tma_load_2d(&tma_b, &full[s], b, k0, brow);
-              tma_load_2d(&tma_b, &full[s], b + kHalfB, k0, brow + K::kBlockN / 2);
+              tma_load_2d(&tma_b, &full[s], b + kHalfB, k0, brow + K::b_second_half(p.n));
             }
           }
           const bool col_in = k0 + 16 * chunk < p.k;
